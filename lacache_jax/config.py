@@ -1,0 +1,216 @@
+"""Model configuration: read from a LLaDA `config.json`, validated once, hashable for `jit`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is missing, malformed or describes a model we do not implement."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and constants of a LLaDA model (REFERENCE.md §1).
+
+    `vocab_size` is the number of embedding rows and logit columns (LLaDA's `embedding_size`
+    when set, which may exceed the tokenizer's vocabulary).
+    """
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab_size: int
+    rope_theta: float
+    norm_eps: float
+    max_seq_len: int
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    tie_embeddings: bool = False
+
+    def __post_init__(self):
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
+                     "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+        for name in ("mask_id", "eos_id", "pad_id"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                    0 <= value < self.vocab_size):
+                raise ConfigError(f"{name}={value!r} is not a token id in [0, {self.vocab_size})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_params(self) -> int:
+        D, F, V, hd = self.d_model, self.d_ff, self.vocab_size, self.head_dim
+        attn = D * hd * (2 * self.n_heads + 2 * self.n_kv_heads)
+        per_layer = attn + 3 * D * F + 2 * D
+        head = 0 if self.tie_embeddings else V * D
+        return V * D + self.n_layers * per_layer + D + head
+
+    # --- Hugging Face LLaDA config.json -------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> "ModelConfig":
+        """Build from a LLaDA `config.json` dict; refuse every feature we do not implement."""
+        return cls(**_read_hf(hf))
+
+    @classmethod
+    def from_hf_file(cls, path: str | os.PathLike) -> "ModelConfig":
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{path}: expected a JSON object")
+        try:
+            return cls.from_hf(hf)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """A LLaDA-style `config.json` dict describing this model."""
+        return {
+            "architectures": ["LLaDAModelLM"], "model_type": "llada",
+            "d_model": self.d_model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads, "mlp_hidden_size": self.d_ff,
+            "mlp_ratio": max(1, self.d_ff // self.d_model),
+            "vocab_size": self.vocab_size, "embedding_size": self.vocab_size,
+            "rope_theta": self.rope_theta, "rms_norm_eps": self.norm_eps,
+            "max_sequence_length": self.max_seq_len, "mask_token_id": self.mask_id,
+            "eos_token_id": self.eos_id, "pad_token_id": self.pad_id,
+            "weight_tying": self.tie_embeddings, **_SUPPORTED_FIXED,
+        }
+
+    # --- our own checkpoint metadata ----------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        if unknown := sorted(set(d) - names):
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        if missing := sorted(f.name for f in dataclasses.fields(cls)
+                             if f.name not in d and f.default is dataclasses.MISSING):
+            raise ConfigError(f"missing config field(s): {', '.join(missing)}")
+        return cls(**d)
+
+
+# Keys whose value must be exactly this (the only variant implemented). A missing key is
+# accepted: LLaDA's code defaults of these keys are the values below.
+_SUPPORTED_FIXED: dict[str, Any] = {
+    "block_type": "llama",
+    "activation_type": "silu",
+    "layer_norm_type": "rms",
+    "layer_norm_with_affine": True,
+    "alibi": False,
+    "rope": True,
+    "rope_full_precision": True,
+    "include_bias": False,
+    "include_qkv_bias": False,
+    "bias_for_layer_norm": False,
+    "attention_layer_norm": False,
+    "input_emb_norm": False,
+    "scale_logits": False,
+    "block_group_size": 1,
+}
+# Keys that must be absent or null.
+_SUPPORTED_NULL = ("clip_qkv", "rope_scaling")
+
+
+def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in hf or hf[key] is None:
+        raise ConfigError(f"missing required key {key!r}")
+    value = hf[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"key {key!r} has value {value!r} of the wrong type")
+    return value
+
+
+def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
+    for key, want in _SUPPORTED_FIXED.items():
+        # bias_for_layer_norm may be null in LLaDA configs (falls back to include_bias).
+        if key in hf and not (hf[key] is None and key == "bias_for_layer_norm") and (
+                hf[key] != want or type(hf[key]) is not type(want)):
+            raise ConfigError(f"unsupported value {key}={hf[key]!r} (only {want!r} is implemented)")
+    for key in _SUPPORTED_NULL:
+        if hf.get(key) is not None:
+            raise ConfigError(f"unsupported value {key}={hf[key]!r} (only null is implemented)")
+
+    d_model = _require(hf, "d_model", int)
+    n_heads = _require(hf, "n_heads", int)
+    if hf.get("multi_query_attention"):
+        n_kv_heads = 1
+    elif hf.get("n_kv_heads") is None:
+        n_kv_heads = n_heads
+    else:
+        n_kv_heads = _require(hf, "n_kv_heads", int)
+    if hf.get("mlp_hidden_size") is not None:
+        d_ff = _require(hf, "mlp_hidden_size", int)
+    else:
+        d_ff = _require(hf, "mlp_ratio", int) * d_model
+    vocab = _require(hf, "vocab_size", int)
+    if hf.get("embedding_size") is not None:
+        embedding_size = _require(hf, "embedding_size", int)
+        if embedding_size < vocab:
+            raise ConfigError(f"embedding_size={embedding_size} is smaller than vocab_size={vocab}")
+        vocab = embedding_size
+    weight_tying = hf.get("weight_tying", False)
+    if not isinstance(weight_tying, bool):
+        raise ConfigError(f"key 'weight_tying' has value {weight_tying!r} of the wrong type")
+    eos_id = _require(hf, "eos_token_id", int)
+    pad_id = hf.get("pad_token_id")
+    return dict(
+        d_model=d_model, n_layers=_require(hf, "n_layers", int), n_heads=n_heads,
+        n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=vocab,
+        rope_theta=float(_require(hf, "rope_theta", (int, float))),
+        norm_eps=float(_require(hf, "rms_norm_eps", (int, float))),
+        max_seq_len=_require(hf, "max_sequence_length", int),
+        mask_id=_require(hf, "mask_token_id", int), eos_id=eos_id,
+        pad_id=eos_id if pad_id is None else _require(hf, "pad_token_id", int),
+        tie_embeddings=weight_tying,
+    )
+
+
+# --- presets ---------------------------------------------------------------------------
+
+def llada_8b() -> ModelConfig:
+    """LLaDA-8B (Base, Instruct) and LLaDA-1.5: REFERENCE.md §1."""
+    return ModelConfig(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=12288,
+                       vocab_size=126464, rope_theta=500000.0, norm_eps=1e-5, max_seq_len=4096,
+                       mask_id=126336, eos_id=126081, pad_id=126081)
+
+
+def tiny(**overrides: Any) -> ModelConfig:
+    """A small LLaDA-shaped config for CPU tests; special ids sit at the top of its vocabulary."""
+    base = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=160, vocab_size=320,
+                rope_theta=500000.0, norm_eps=1e-5, max_seq_len=512,
+                mask_id=319, eos_id=318, pad_id=318)
+    base.update(overrides)
+    return ModelConfig(**base)

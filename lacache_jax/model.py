@@ -1,0 +1,239 @@
+"""LLaDA: weights as a dataclass pytree, pure forward functions over it, a thin NNX wrapper.
+
+Shape letters: B batch, L query length, S key length, D d_model, H query heads, G kv heads,
+K head dim, F FFN hidden size, V vocabulary.
+
+Numerics follow REFERENCE.md §3: RMSNorm statistics in fp32, cast back, then the weight;
+rotate-half RoPE in fp32; softmax attention with fp32 accumulation; no biases; untied head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from lacache_jax.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Layer:
+    """One transformer block; matrices are stored [in, out]."""
+    attn_norm: jax.Array  # [D]
+    wq: jax.Array         # [D, H*K]
+    wk: jax.Array         # [D, G*K]
+    wv: jax.Array         # [D, G*K]
+    wo: jax.Array         # [H*K, D]
+    ff_norm: jax.Array    # [D]
+    w_gate: jax.Array     # [D, F]  (LLaDA `ff_proj`; SiLU applies to it)
+    w_up: jax.Array       # [D, F]
+    w_down: jax.Array     # [F, D]  (LLaDA block `ff_out`)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Params:
+    embed: jax.Array           # [V, D]
+    layers: list[Layer]
+    norm_f: jax.Array          # [D]
+    head: jax.Array | None     # [D, V]; None when tied to `embed`
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of one layer's weights, by `Layer` field name."""
+    D, F, HK, GK = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return dict(attn_norm=(D,), wq=(D, HK), wk=(D, GK), wv=(D, GK), wo=(HK, D), ff_norm=(D,),
+                w_gate=(D, F), w_up=(D, F), w_down=(F, D))
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.bfloat16,
+                std: float = 0.02) -> Params:
+    """Random weights (normal(0, std) matrices, unit norms), built one layer at a time on device."""
+    shapes = param_shapes(cfg)
+
+    @jax.jit
+    def make_layer(key):
+        keys = jax.random.split(key, len(shapes))
+        return Layer(**{
+            name: (jnp.ones(shape, dtype) if len(shape) == 1
+                   else (std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+            for k, (name, shape) in zip(keys, shapes.items())})
+
+    def normal(key, shape):
+        return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+    k_embed, k_head, *k_layers = jax.random.split(key, cfg.n_layers + 2)
+    D, V = cfg.d_model, cfg.vocab_size
+    return Params(
+        embed=jax.jit(normal, static_argnums=1)(k_embed, (V, D)),
+        layers=[make_layer(k) for k in k_layers],
+        norm_f=jnp.ones((D,), dtype),
+        head=None if cfg.tie_embeddings else jax.jit(normal, static_argnums=1)(k_head, (D, V)),
+    )
+
+
+# --- building blocks ------------------------------------------------------------------
+
+def rms_norm(x_BLD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
+    x32 = x_BLD.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    # LLaDA rounds to the activation dtype before the weight multiply (one rounding differs
+    # if the weight were applied in fp32).
+    return normed.astype(x_BLD.dtype) * w_D
+
+
+def rope_tables(positions_BL: jax.Array, head_dim: int, theta: float):
+    """cos, sin [B, L, K/2] in fp32 for rotate-half RoPE at the given absolute positions."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions_BL.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BLHK: jax.Array, cos_BLk: jax.Array, sin_BLk: jax.Array) -> jax.Array:
+    x = x_BLHK.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_BLk[:, :, None, :], sin_BLk[:, :, None, :]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x_BLHK.dtype)
+
+
+def _attention_impl(dtype) -> str:
+    # cuDNN fused attention on GPU for half types; XLA elsewhere (CPU, fp32 parity runs).
+    if jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    return "xla"
+
+
+def attention(q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
+              key_mask_BS: jax.Array | None = None) -> jax.Array:
+    """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight."""
+    mask = None if key_mask_BS is None else key_mask_BS.astype(bool)[:, None, None, :]
+    return jax.nn.dot_product_attention(
+        q_BLHK, k_BSGK, v_BSGK, mask=mask, scale=1.0 / math.sqrt(q_BLHK.shape[-1]),
+        implementation=_attention_impl(q_BLHK.dtype))
+
+
+def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
+    """Projected queries and keys after RoPE, and values: [B, L, H|G, K]."""
+    B, L, _ = h_BLD.shape
+    K = cfg.head_dim
+    q = (h_BLD @ layer.wq).reshape(B, L, cfg.n_heads, K)
+    k = (h_BLD @ layer.wk).reshape(B, L, cfg.n_kv_heads, K)
+    v = (h_BLD @ layer.wv).reshape(B, L, cfg.n_kv_heads, K)
+    return apply_rope(q, cos_BLk, sin_BLk), apply_rope(k, cos_BLk, sin_BLk), v
+
+
+def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
+    h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
+    return (jax.nn.silu(h @ layer.w_gate) * (h @ layer.w_up)) @ layer.w_down
+
+
+def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
+          key_mask_BL: jax.Array | None) -> jax.Array:
+    B, L, _ = x_BLD.shape
+    h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
+    q, k, v = qkv(h, layer, cfg, cos_BLk, sin_BLk)
+    x_BLD = x_BLD + attention(q, k, v, key_mask_BL).reshape(B, L, -1) @ layer.wo
+    return x_BLD + mlp(x_BLD, layer, cfg)
+
+
+def lm_head(params: Params, cfg: ModelConfig, x_BLD: jax.Array) -> jax.Array:
+    h = rms_norm(x_BLD, params.norm_f, cfg.norm_eps)
+    return h @ params.embed.T if params.head is None else h @ params.head
+
+
+def forward_hidden(params: Params, cfg: ModelConfig, tokens_BL: jax.Array,
+                   attention_mask_BL: jax.Array | None = None,
+                   positions_BL: jax.Array | None = None) -> jax.Array:
+    """Final hidden states [B, L, D] before the last norm (layers unrolled: see DESIGN.md)."""
+    B, L = tokens_BL.shape
+    if positions_BL is None:
+        positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    cos, sin = rope_tables(positions_BL, cfg.head_dim, cfg.rope_theta)
+    x = params.embed[tokens_BL]
+    for layer in params.layers:
+        x = block(x, layer, cfg, cos, sin, attention_mask_BL)
+    return x
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _forward(params, cfg, tokens_BL, attention_mask_BL, positions_BL):
+    return lm_head(params, cfg,
+                   forward_hidden(params, cfg, tokens_BL, attention_mask_BL, positions_BL))
+
+
+def forward(params: Params, config: ModelConfig, tokens: Any, attention_mask: Any = None,
+            positions: Any = None) -> jax.Array:
+    """Full bidirectional pass: int tokens [B, L] -> logits [B, L, V] in the weights' dtype.
+
+    `attention_mask` [B, L] marks real tokens (1/True) against padding: padded keys get no
+    attention weight. `positions` [B, L] are RoPE positions (default: the column index).
+    """
+    tokens = _check_tokens(tokens, config)
+    B, L = tokens.shape
+    if attention_mask is not None:
+        attention_mask = jnp.asarray(attention_mask)
+        if attention_mask.shape != (B, L):
+            raise ValueError(f"attention_mask has shape {attention_mask.shape}, expected {(B, L)}")
+        attention_mask = attention_mask.astype(bool)
+    if positions is not None:
+        positions = jnp.asarray(positions)
+        if positions.shape != (B, L) or not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise ValueError(f"positions must be integers of shape {(B, L)}, got "
+                             f"{positions.dtype}{list(positions.shape)}")
+    if len(params.layers) != config.n_layers:
+        raise ValueError(f"params has {len(params.layers)} layers, config says {config.n_layers}")
+    return _forward(params, config, tokens, attention_mask, positions)
+
+
+def _check_tokens(tokens: Any, cfg: ModelConfig) -> jax.Array:
+    concrete = not isinstance(tokens, jax.core.Tracer)
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an integer array [B, L], got "
+                         f"{tokens.dtype}{list(tokens.shape)}")
+    B, L = tokens.shape
+    if B == 0 or L == 0:
+        raise ValueError(f"tokens must be non-empty, got shape {(B, L)}")
+    if L > cfg.max_seq_len:
+        raise ValueError(f"tokens length {L} exceeds max_seq_len={cfg.max_seq_len}")
+    if concrete:
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"tokens must lie in [0, {cfg.vocab_size}), got [{lo}, {hi}]")
+    return tokens.astype(jnp.int32)
+
+
+# --- thin Flax NNX module -----------------------------------------------------------------
+
+class LLaDA(nnx.Module):
+    """NNX view of a `Params` pytree, for training with `nnx.Optimizer`; calls the same
+    pure `forward_hidden` / `lm_head` functions as inference."""
+
+    def __init__(self, config: ModelConfig, params: Params):
+        self.config = config
+        self.params = nnx.data(jax.tree.map(nnx.Param, params))
+
+    @classmethod
+    def random(cls, config: ModelConfig, key: jax.Array, dtype: Any = jnp.float32) -> "LLaDA":
+        return cls(config, init_params(config, key, dtype))
+
+    def weights(self) -> Params:
+        return jax.tree.map(lambda v: v[...], self.params,
+                            is_leaf=lambda v: isinstance(v, nnx.Variable))
+
+    def __call__(self, tokens_BL, attention_mask_BL=None, positions_BL=None) -> jax.Array:
+        params = self.weights()
+        return lm_head(params, self.config, forward_hidden(
+            params, self.config, tokens_BL, attention_mask_BL, positions_BL))

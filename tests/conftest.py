@@ -1,0 +1,142 @@
+"""Shared test helpers: random LLaDA checkpoints in the real HF layout, written independently of
+our exporter, and the independent PyTorch reference (`transformers` Llama, bidirectional mask)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from convert import safetensors_file as stf
+from lacache_jax.config import ModelConfig
+
+# REFERENCE.md §2: LLaDA name -> transformers Llama name ({i} is the block index).
+LLADA_TO_LLAMA = {
+    "model.transformer.wte.weight": "model.embed_tokens.weight",
+    "model.transformer.ln_f.weight": "model.norm.weight",
+    "model.transformer.ff_out.weight": "lm_head.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "q_proj.weight": "self_attn.q_proj.weight",
+    "k_proj.weight": "self_attn.k_proj.weight",
+    "v_proj.weight": "self_attn.v_proj.weight",
+    "attn_out.weight": "self_attn.o_proj.weight",
+    "ff_norm.weight": "post_attention_layernorm.weight",
+    "ff_proj.weight": "mlp.gate_proj.weight",
+    "up_proj.weight": "mlp.up_proj.weight",
+    "ff_out.weight": "mlp.down_proj.weight",
+}
+
+
+def random_llada_state(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random fp32 weights under LLaDA names and PyTorch shapes ([out, in]).
+
+    Norm weights are drawn around 1 (not exactly 1) so a misplaced norm weight shows up.
+    """
+    rng = np.random.default_rng(seed)
+    D, F, V, K = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.head_dim
+    H, G = cfg.n_heads, cfg.n_kv_heads
+
+    def mat(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def norm():
+        return (1.0 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    state = {"model.transformer.wte.weight": mat(V, D)}
+    for i in range(cfg.n_layers):
+        b = f"model.transformer.blocks.{i}."
+        state.update({b + "attn_norm.weight": norm(), b + "q_proj.weight": mat(H * K, D),
+                      b + "k_proj.weight": mat(G * K, D), b + "v_proj.weight": mat(G * K, D),
+                      b + "attn_out.weight": mat(D, H * K), b + "ff_norm.weight": norm(),
+                      b + "ff_proj.weight": mat(F, D), b + "up_proj.weight": mat(F, D),
+                      b + "ff_out.weight": mat(D, F)})
+    state["model.transformer.ln_f.weight"] = norm()
+    if not cfg.tie_embeddings:
+        state["model.transformer.ff_out.weight"] = mat(V, D)
+    return state
+
+
+def write_hf_llada(path: Path, cfg: ModelConfig, state: dict[str, np.ndarray], *,
+                   dtype=np.float32, n_shards: int = 3, hf_config: dict | None = None) -> Path:
+    """Write `state` as a HF LLaDA directory: config.json, `n_shards` safetensors shards and
+    model.safetensors.index.json (or a single model.safetensors when n_shards == 1)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config or cfg.to_hf()))
+    names = list(state)
+    groups = [names[k::n_shards] for k in range(n_shards)]
+    if n_shards == 1:
+        stf.write_file(path / "model.safetensors", {n: state[n].astype(dtype) for n in names})
+        return path
+    weight_map = {}
+    for k, group in enumerate(groups, 1):
+        fname = f"model-{k:05d}-of-{n_shards:05d}.safetensors"
+        stf.write_file(path / fname, {n: state[n].astype(dtype) for n in group})
+        weight_map.update({n: fname for n in group})
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return path
+
+
+def hf_llama(cfg: ModelConfig, state: dict[str, np.ndarray], torch_dtype):
+    """transformers LlamaForCausalLM holding the LLaDA weights (REFERENCE.md §2)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(
+        hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, vocab_size=cfg.vocab_size, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, max_position_embeddings=cfg.max_seq_len,
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False,
+        hidden_act="silu", attn_implementation="eager")
+    model = LlamaForCausalLM(config).eval()
+    mapped = {}
+    for name, w in state.items():
+        if name in LLADA_TO_LLAMA:
+            mapped[LLADA_TO_LLAMA[name]] = w
+            continue
+        _, _, _, i, *rest = name.split(".")
+        mapped[f"model.layers.{i}.{LLADA_TO_LLAMA['.'.join(rest)]}"] = w
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch_dtype)
+               for k, v in mapped.items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    # Tied heads legitimately have no lm_head entry; nothing else may be missing.
+    assert not unexpected and set(missing) <= ({"lm_head.weight"} if cfg.tie_embeddings else set())
+    return model.to(torch_dtype)
+
+
+def hf_logits(model, tokens: np.ndarray, key_mask: np.ndarray | None = None,
+              positions: np.ndarray | None = None) -> np.ndarray:
+    """Bidirectional forward: a 4-D additive mask that is zero except on padded keys."""
+    import torch
+    B, L = tokens.shape
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(B, 1, L, L, dtype=dtype)
+    if key_mask is not None:
+        mask[torch.from_numpy(~key_mask.astype(bool))[:, None, None, :].expand(B, 1, L, L)] = (
+            torch.finfo(dtype).min)
+    kwargs = {} if positions is None else {"position_ids": torch.from_numpy(positions).long()}
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(tokens).long(), attention_mask=mask, **kwargs)
+    return out.logits.float().numpy()
+
+
+def rel_err(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def pytest_collection_modifyitems(config, items):
+    import jax
+    if jax.default_backend() == "gpu":
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def bf16():
+    return np.dtype(ml_dtypes.bfloat16)

@@ -1,0 +1,77 @@
+"""orbax checkpoints: exact round trips, dtype conversion on load, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from lacache_jax.checkpoint import CheckpointError, atomic_dir
+
+CFG = lj.tiny(n_kv_heads=2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_round_trip_is_exact(tmp_path, dtype):
+    params = lj.init_params(CFG, jax.random.key(0), dtype)
+    lj.save(tmp_path / "ck", CFG, params)
+    cfg, back = lj.load(tmp_path / "ck")
+    assert cfg == CFG and back.dtype == dtype
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+
+
+def test_load_converts_dtype(tmp_path):
+    params = lj.init_params(CFG, jax.random.key(1), jnp.bfloat16)
+    lj.save(tmp_path / "ck", CFG, params)
+    _, back = lj.load(tmp_path / "ck", dtype=jnp.float32)
+    assert back.dtype == jnp.float32
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b.astype(jnp.float32)), back, params)
+
+
+def test_save_refuses_existing_and_mismatched(tmp_path):
+    params = lj.init_params(CFG, jax.random.key(0), jnp.float32)
+    lj.save(tmp_path / "ck", CFG, params)
+    with pytest.raises(FileExistsError):
+        lj.save(tmp_path / "ck", CFG, params)
+    lj.save(tmp_path / "ck", CFG, params, force=True)
+    with pytest.raises(CheckpointError, match=r"layer_000.wk has shape \(64, 32\), config implies \(64, 64\)"):
+        lj.save(tmp_path / "other", lj.tiny(), params)
+    assert not (tmp_path / "other").exists()
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint directory not found"):
+        lj.load(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="lacache.json: missing"):
+        lj.load(tmp_path / "empty")
+    lj.save(tmp_path / "ck", CFG, lj.init_params(CFG, jax.random.key(0), jnp.float32))
+    meta = json.loads((tmp_path / "ck" / "lacache.json").read_text())
+
+    shutil.copytree(tmp_path / "ck", tmp_path / "wrong")
+    meta_wrong = {**meta, "config": {**meta["config"], "d_ff": 96}}
+    (tmp_path / "wrong" / "lacache.json").write_text(json.dumps(meta_wrong))
+    with pytest.raises(CheckpointError, match=r"layer_000.w_down has shape \(160, 64\), config implies \(96, 64\)"):
+        lj.load(tmp_path / "wrong")
+
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "format": 99}))
+    with pytest.raises(CheckpointError, match="unknown checkpoint format 99"):
+        lj.load(tmp_path / "ck")
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
+    shutil.rmtree(tmp_path / "ck" / "params" / "layer_001")
+    with pytest.raises(CheckpointError, match="layer_001: weight group missing"):
+        lj.load(tmp_path / "ck")
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "partial").write_text("x")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []

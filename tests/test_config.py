@@ -1,0 +1,115 @@
+"""ModelConfig from LLaDA config.json: every key read, every unsupported value refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import lacache_jax as lj
+from lacache_jax.config import ConfigError, ModelConfig
+
+# LLaDA-8B-Instruct's config.json, keys and values as REFERENCE.md §1 lists them (plus the
+# code-default keys that ship in the file).
+LLADA_8B_HF = {
+    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
+    "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0,
+    "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
+    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama",
+    "d_model": 4096, "embedding_dropout": 0.0, "embedding_size": 126464,
+    "eos_token_id": 126081, "flash_attention": False, "include_bias": False,
+    "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
+    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False,
+    "layer_norm_type": "rms", "layer_norm_with_affine": True, "mask_token_id": 126336,
+    "max_sequence_length": 4096, "mlp_hidden_size": 12288, "mlp_ratio": 4,
+    "model_type": "llada", "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32,
+    "n_layers": 32, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0,
+    "rms_norm_eps": 1e-05, "rope": True, "rope_full_precision": True, "rope_theta": 500000.0,
+    "scale_logits": False, "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+}
+
+
+def test_llada_8b_config_json_matches_preset():
+    cfg = ModelConfig.from_hf(LLADA_8B_HF)
+    assert cfg == lj.llada_8b()
+    assert cfg.head_dim == 128
+    assert cfg.n_params == 8_015_581_184  # REFERENCE.md §2
+
+
+def test_round_trip_through_hf_dict():
+    for cfg in (lj.tiny(), lj.tiny(n_kv_heads=2), lj.tiny(tie_embeddings=True), lj.llada_8b()):
+        assert ModelConfig.from_hf(cfg.to_hf()) == cfg
+        assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("key,value", [
+    ("alibi", True), ("rope", False), ("rope_full_precision", False), ("include_bias", True),
+    ("include_qkv_bias", True), ("bias_for_layer_norm", True), ("attention_layer_norm", True),
+    ("layer_norm_type", "default"), ("layer_norm_with_affine", False), ("block_type", "sequential"),
+    ("activation_type", "gelu"), ("input_emb_norm", True), ("scale_logits", True),
+    ("block_group_size", 2), ("clip_qkv", 8.0), ("rope_scaling", {"type": "linear"}),
+])
+def test_unsupported_values_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError, match=f"unsupported value {key}="):
+        ModelConfig.from_hf({**LLADA_8B_HF, key: value})
+
+
+@pytest.mark.parametrize("key", ["d_model", "n_heads", "n_layers", "rope_theta", "rms_norm_eps",
+                                 "max_sequence_length", "vocab_size", "mask_token_id",
+                                 "eos_token_id"])
+def test_missing_required_key(key):
+    hf = dict(LLADA_8B_HF)
+    del hf[key]
+    with pytest.raises(ConfigError, match=f"missing required key '{key}'"):
+        ModelConfig.from_hf(hf)
+
+
+def test_wrong_types_and_values():
+    with pytest.raises(ConfigError, match="'d_model' has value '4096' of the wrong type"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "d_model": "4096"})
+    with pytest.raises(ConfigError, match="n_heads=32 is not divisible by n_kv_heads=5"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "n_kv_heads": 5})
+    with pytest.raises(ConfigError, match="embedding_size=100 is smaller than vocab_size"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "embedding_size": 100})
+    with pytest.raises(ConfigError, match=r"mask_id=126336 is not a token id in \[0, 1000\)"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "vocab_size": 1000, "embedding_size": None,
+                             "eos_token_id": 1, "pad_token_id": 1})
+    with pytest.raises(ConfigError, match="weight_tying"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "weight_tying": "no"})
+
+
+def test_gqa_mqa_and_defaults():
+    assert ModelConfig.from_hf({**LLADA_8B_HF, "n_kv_heads": 8}).n_kv_heads == 8
+    assert ModelConfig.from_hf({**LLADA_8B_HF, "n_kv_heads": None}).n_kv_heads == 32
+    assert ModelConfig.from_hf({**LLADA_8B_HF, "multi_query_attention": True}).n_kv_heads == 1
+    hf = {**LLADA_8B_HF, "mlp_hidden_size": None, "mlp_ratio": 2}
+    assert ModelConfig.from_hf(hf).d_ff == 8192
+    hf = {**LLADA_8B_HF, "embedding_size": 126500}
+    assert ModelConfig.from_hf(hf).vocab_size == 126500
+    hf = dict(LLADA_8B_HF)
+    del hf["pad_token_id"]
+    assert ModelConfig.from_hf(hf).pad_id == 126081
+
+
+def test_from_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        ModelConfig.from_hf_file(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ModelConfig.from_hf_file(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps({**LLADA_8B_HF, "alibi": True}))
+    with pytest.raises(ConfigError, match=r"config.json: unsupported value alibi=True"):
+        ModelConfig.from_hf_file(tmp_path / "config.json")
+
+
+def test_from_dict_rejects_unknown_and_missing_fields():
+    with pytest.raises(ConfigError, match="unknown config field"):
+        ModelConfig.from_dict({**lj.tiny().to_dict(), "extra": 1})
+    d = lj.tiny().to_dict()
+    del d["d_model"]
+    with pytest.raises(ConfigError, match="missing config field.*d_model"):
+        ModelConfig.from_dict(d)
+
+
+def test_config_is_hashable_for_jit():
+    assert hash(lj.tiny()) == hash(lj.tiny())

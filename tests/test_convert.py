@@ -1,0 +1,225 @@
+"""`python -m convert`: formats it reads, what it writes, and clean refusals of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from convert import export_hf
+from convert import safetensors_file as stf
+from convert.__main__ import main as convert_main
+from tests.conftest import random_llada_state, write_hf_llada
+
+CFG = lj.tiny(n_heads=4, n_kv_heads=2)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    return write_hf_llada(tmp_path / "hf", CFG, random_llada_state(CFG), dtype=np.float32)
+
+
+def _run(src, dst, *extra):
+    return convert_main([str(src), str(dst), "--quiet", *extra])
+
+
+def _assert_weights_match(params, state, dtype):
+    """Every array equals its source, transposed from [out, in], cast to `dtype`."""
+    def same(ours, hf, transposed=True):
+        np.testing.assert_array_equal(np.asarray(ours),
+                                      (hf.T if transposed else hf).astype(dtype))
+    same(params.embed, state["model.transformer.wte.weight"], transposed=False)
+    same(params.head, state["model.transformer.ff_out.weight"])
+    same(params.norm_f, state["model.transformer.ln_f.weight"], transposed=False)
+    for i, layer in enumerate(params.layers):
+        b = f"model.transformer.blocks.{i}."
+        same(layer.wq, state[b + "q_proj.weight"])
+        same(layer.wk, state[b + "k_proj.weight"])
+        same(layer.wo, state[b + "attn_out.weight"])
+        same(layer.w_gate, state[b + "ff_proj.weight"])
+        same(layer.w_up, state[b + "up_proj.weight"])
+        same(layer.w_down, state[b + "ff_out.weight"])
+        same(layer.attn_norm, state[b + "attn_norm.weight"], transposed=False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_sharded_safetensors(tmp_path, hf_dir, dtype):
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (hf_dir / f).write_text("{}")
+    assert _run(hf_dir, tmp_path / "out", "--dtype", dtype) == 0
+    cfg, params = lj.load(tmp_path / "out")
+    assert cfg == CFG and params.dtype == jnp.dtype(dtype)
+    _assert_weights_match(params, random_llada_state(CFG), jnp.dtype(dtype))
+    assert (tmp_path / "out" / "tokenizer.json").is_file()
+    assert (tmp_path / "out" / "tokenizer_config.json").is_file()
+
+
+def test_bf16_source_single_file_and_bare_names(tmp_path, bf16):
+    state = random_llada_state(CFG, seed=1)
+    bare = {k.removeprefix("model."): v for k, v in state.items()}
+    src = write_hf_llada(tmp_path / "hf", CFG, bare, dtype=bf16, n_shards=1)
+    assert _run(src, tmp_path / "out") == 0
+    _, params = lj.load(tmp_path / "out")
+    _assert_weights_match(params, {k: v.astype(bf16) for k, v in state.items()}, bf16)
+
+
+def test_pytorch_state_dict(tmp_path):
+    import torch
+    state = random_llada_state(CFG, seed=2)
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(CFG.to_hf()))
+    torch.save({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in state.items()},
+               src / "pytorch_model.bin")
+    assert _run(src, tmp_path / "out", "--dtype", "float32") == 0
+    _, params = lj.load(tmp_path / "out")
+    bf16 = np.dtype(jnp.bfloat16)
+    _assert_weights_match(params, {k: v.astype(bf16) for k, v in state.items()}, np.float32)
+
+
+def test_tied_embeddings(tmp_path):
+    cfg = lj.tiny(tie_embeddings=True)
+    state = random_llada_state(cfg, seed=3)
+    src = write_hf_llada(tmp_path / "hf", cfg, state)
+    assert _run(src, tmp_path / "out", "--dtype", "float32") == 0
+    cfg2, params = lj.load(tmp_path / "out")
+    assert cfg2.tie_embeddings and params.head is None
+    h = np.random.default_rng(0).standard_normal((1, 1, cfg.d_model)).astype(np.float32)
+    logits = lj.model.lm_head(params, cfg, jnp.asarray(h))
+    ref = lj.model.rms_norm(h, params.norm_f, cfg.norm_eps) @ state["model.transformer.wte.weight"].T
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref), rtol=1e-6, atol=1e-6)
+
+
+def test_export_then_convert_round_trip(tmp_path):
+    params = lj.init_params(CFG, jax.random.key(0), jnp.float32)
+    export_hf(tmp_path / "hf", CFG, params, dtype=jnp.float32, max_shard_bytes=40_000)
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert _run(tmp_path / "hf", tmp_path / "out", "--dtype", "float32") == 0
+    cfg, back = lj.load(tmp_path / "out")
+    assert cfg == CFG
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+
+
+# --- bad input: one clean line naming the culprit, exit 1, nothing left behind ------------
+
+def _drop(hf: Path, name: str):
+    shard, tensors = _shard_of(hf, name)
+    del tensors[name]
+    stf.write_file(hf / shard, tensors)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    del index["weight_map"][name]
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _put(hf: Path, name: str, value: np.ndarray, shard: str = "model-00001-of-00003.safetensors"):
+    tensors = {n: stf.read_tensor(i) for n, i in stf.read_header(hf / shard).items()}
+    tensors[name] = value
+    stf.write_file(hf / shard, tensors)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    index["weight_map"][name] = shard
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _shard_of(hf: Path, name: str):
+    shard = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"][name]
+    return shard, {n: stf.read_tensor(i) for n, i in stf.read_header(hf / shard).items()}
+
+
+def _set_config(hf: Path, **kv):
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, **kv}))
+
+
+def _truncate(hf: Path, nbytes: int = 100):
+    path = hf / "model-00003-of-00003.safetensors"
+    os.truncate(path, path.stat().st_size - nbytes)
+
+
+HEAD = "model.transformer.ff_out.weight"
+Q1 = "model.transformer.blocks.1.q_proj.weight"
+BAD_INPUTS = {
+    "missing_key": (lambda hf: _drop(hf, Q1), f"missing key '{Q1}'"),
+    "unexpected_key": (lambda hf: _put(hf, "model.transformer.extra.weight", np.ones(3, np.float32)),
+                       "unexpected key 'model.transformer.extra.weight'"),
+    "wrong_shape": (lambda hf: _put(hf, Q1, np.ones((64, 60), np.float32),
+                                    _shard_of(hf, Q1)[0]),
+                    f"'{Q1}' has shape [64, 60], config.json implies [64, 64]"),
+    "truncated_shard": (_truncate, "model-00003-of-00003.safetensors: truncated"),
+    "corrupt_header": (lambda hf: (hf / "model-00002-of-00003.safetensors").write_bytes(
+        b"\xff" * 64), "model-00002-of-00003.safetensors: corrupt or truncated header"),
+    "missing_shard": (lambda hf: (hf / "model-00002-of-00003.safetensors").unlink(),
+                      "shard model-00002-of-00003.safetensors is missing"),
+    "unsupported_config": (lambda hf: _set_config(hf, alibi=True),
+                           "unsupported value alibi=True"),
+    "bad_config_value": (lambda hf: _set_config(hf, n_heads=3),
+                         "d_model=64 is not divisible by n_heads=3"),
+    "missing_config": (lambda hf: (hf / "config.json").unlink(), "config.json: no such file"),
+    "int_weights": (lambda hf: _put(hf, Q1, np.ones((64, 64), np.int32), _shard_of(hf, Q1)[0]),
+                    f"'{Q1}' has unsupported dtype int32"),
+    "nan_in_last_tensor": (lambda hf: _put(hf, HEAD, np.full((320, 64), np.nan, np.float32),
+                                           _shard_of(hf, HEAD)[0]),
+                           f"'{HEAD}' holds NaN or Inf"),
+    "tied_but_head_present": (lambda hf: _set_config(hf, weight_tying=True),
+                              "separate LM head"),
+    "no_weights": (lambda hf: [p.unlink() for p in hf.glob("model*")], "no weights found"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_cleanly(tmp_path, hf_dir, capsys, case):
+    damage, message = BAD_INPUTS[case]
+    damage(hf_dir)
+    capsys.readouterr()
+    assert _run(hf_dir, tmp_path / "out") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("convert: error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no DST, no temporary dir
+
+
+def test_existing_destination(tmp_path, hf_dir, capsys):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep").write_text("x")
+    assert _run(hf_dir, dst) == 1
+    assert "already exists (use --force to replace it)" in capsys.readouterr().err
+    assert (dst / "keep").read_text() == "x"
+    assert _run(hf_dir, dst, "--force") == 0
+    assert not (dst / "keep").exists() and lj.load(dst)[0] == CFG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+
+
+def test_failed_force_keeps_the_old_destination(tmp_path, hf_dir):
+    assert _run(hf_dir, tmp_path / "out") == 0
+    _truncate(hf_dir)
+    assert _run(hf_dir, tmp_path / "out", "--force") == 1
+    assert lj.load(tmp_path / "out")[0] == CFG
+
+
+def test_refuses_to_overwrite_source(hf_dir, capsys):
+    assert _run(hf_dir, hf_dir, "--force") == 1
+    assert "would overwrite the source" in capsys.readouterr().err
+    assert (hf_dir / "config.json").is_file()
+
+
+def test_cli_subprocess(tmp_path, hf_dir):
+    """The real entry point: progress on stderr, summary on stdout, no traceback on error."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ok = subprocess.run([sys.executable, "-m", "convert", str(hf_dir), str(tmp_path / "out")],
+                        capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "wrote" in ok.stdout and "2 layers" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "convert", str(tmp_path / "nope"),
+                          str(tmp_path / "out2")], capture_output=True, text=True, env=env,
+                         cwd=tmp_path)
+    assert bad.returncode == 1
+    assert "Traceback" not in bad.stderr and "source directory not found" in bad.stderr

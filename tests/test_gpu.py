@@ -1,0 +1,45 @@
+"""Accelerator-only checks (`pytest -m gpu` on the device machine): the cuDNN attention path
+that CPU runs never take, against XLA attention in fp32."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from lacache_jax.model import attention
+from tests.conftest import rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("B,L,H,G", [(1, 512, 32, 32), (2, 300, 8, 2)])
+def test_cudnn_attention_matches_fp32(B, L, H, G):
+    kq, kk, kv = jax.random.split(jax.random.key(L), 3)
+    q = jax.random.normal(kq, (B, L, H, 128), jnp.float32)
+    k = jax.random.normal(kk, (B, L, G, 128), jnp.float32)
+    v = jax.random.normal(kv, (B, L, G, 128), jnp.float32)
+    pad = np.arange(B) * 37
+    key_mask = jnp.asarray(np.arange(L)[None, :] >= pad[:, None])
+    with jax.default_matmul_precision("highest"):
+        ref = attention(q, k, v, key_mask)  # fp32 -> XLA implementation
+    bf = lambda x: x.astype(jnp.bfloat16)
+    out = jax.jit(attention)(bf(q), bf(k), bf(v), key_mask)
+    # bf16 inputs (rounding 2^-9) and bf16 probabilities before P@V: ~4e-3 relative.
+    assert out.dtype == jnp.bfloat16
+    assert rel_err(out.astype(jnp.float32), ref) <= 1e-2
+
+
+def test_bf16_forward_on_gpu_matches_fp32():
+    cfg = lj.tiny(d_model=256, n_heads=2, n_kv_heads=1, d_ff=512)  # head_dim 128 as in LLaDA
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 96))
+    key_mask = np.arange(96)[None, :] >= np.array([0, 30])[:, None]
+    with jax.default_matmul_precision("highest"):
+        ref = lj.forward(params, cfg, tokens, attention_mask=key_mask)
+    params16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    out = lj.forward(params16, cfg, tokens, attention_mask=key_mask).astype(jnp.float32)
+    # Same bf16 budget as the CPU parity test (tests/test_model.py::test_bf16_parity).
+    assert rel_err(out, ref) <= 3e-2
