@@ -45,6 +45,9 @@ def measure_ceilings(key=jax.random.key(0)) -> dict:
 
 
 def git_commit() -> str:
+    """$COMMIT when set (the device machine's copy of the tree has no .git), else git's."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"

@@ -1,10 +1,12 @@
 """lacache_jax: fast, exact-where-possible inference for diffusion LLMs (LLaDA) in JAX."""
 
 from lacache_jax.checkpoint import CheckpointError, load, save
-from lacache_jax.config import ConfigError, ModelConfig, llada_8b, tiny
+from lacache_jax.config import (ConfigError, DPadConfig, GenerationConfig, ModelConfig, llada_8b,
+                                tiny)
+from lacache_jax.generate import GenerateOutput, generate
 from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
 
 __all__ = [
-    "CheckpointError", "ConfigError", "LLaDA", "Layer", "ModelConfig", "Params", "forward",
-    "init_params", "llada_8b", "load", "save", "tiny",
+    "CheckpointError", "ConfigError", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA", "Layer", "ModelConfig", "Params", "forward",
+    "generate", "init_params", "llada_8b", "load", "save", "tiny",
 ]

@@ -214,3 +214,146 @@ def tiny(**overrides: Any) -> ModelConfig:
                 mask_id=319, eos_id=318, pad_id=318)
     base.update(overrides)
     return ModelConfig(**base)
+
+
+# --- generation ------------------------------------------------------------------------
+
+CACHE_MODES = ("none", "exact", "prefix", "dual")
+REMASKING = ("low_confidence", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPadConfig:
+    """DPad suffix dropout (REFERENCE.md §6), drawn once per block from the JAX key.
+
+    `gaussian`: keep suffix position at distance d < window with probability
+    `scale * phi(k * d / (window - 1))`; `uniform`: keep `keep` positions drawn uniformly
+    inside the window. Positions beyond the window are always dropped.
+    """
+    strategy: str = "gaussian"
+    window: int = 256
+    k: float = 4.0
+    scale: float = 2.0
+    keep: int = 32
+
+    def __post_init__(self):
+        if self.strategy not in ("gaussian", "uniform"):
+            raise ValueError(f"dpad.strategy must be 'gaussian' or 'uniform', got {self.strategy!r}")
+        _positive_int(self.window, "dpad.window")
+        if self.window < 2:
+            raise ValueError(f"dpad.window must be at least 2, got {self.window}")
+        _positive_int(self.keep, "dpad.keep")
+        for name in ("k", "scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ValueError(f"dpad.{name} must be a positive number, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    """Static settings of one jitted generation program (hashable; validated on creation).
+
+    The fixed schedule (LLaDA) applies when neither `threshold` nor `factor` is set: each block
+    takes `steps // (gen_length // block_length)` steps. With `threshold` or `factor`
+    (Fast-dLLM), a block takes as many steps as it needs. `mask_id`/`eos_id` default to the
+    model's; `eot_id` (LLaDA: 126348) only matters for `confidence_eos_eot_inf`.
+    """
+    gen_length: int = 256
+    block_length: int = 32
+    steps: int = 256
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    factor: float | None = None
+    cache: str = "none"
+    refresh_interval: int | None = None
+    dpad: DPadConfig | None = None
+    fp8_ffn: bool = False
+    stop_at_eos: bool = True
+    cfg_scale: float = 0.0
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    mask_id: int | None = None
+    eos_id: int | None = None
+    eot_id: int | None = None
+
+    def __post_init__(self):
+        _positive_int(self.gen_length, "gen_length")
+        _positive_int(self.block_length, "block_length")
+        _positive_int(self.steps, "steps")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"block_length={self.block_length} does not divide "
+                             f"gen_length={self.gen_length}")
+        if self.steps % self.num_blocks:
+            raise ValueError(f"steps={self.steps} is not divisible by the number of blocks "
+                             f"{self.num_blocks} (gen_length / block_length)")
+        _number(self.temperature, "temperature", lo=0.0)
+        _number(self.cfg_scale, "cfg_scale", lo=0.0)
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        if self.threshold is not None:
+            _number(self.threshold, "threshold")
+            if not 0.0 < self.threshold <= 1.0:
+                raise ValueError(f"threshold must lie in (0, 1], got {self.threshold}")
+        if self.factor is not None:
+            _number(self.factor, "factor")
+            if not self.factor > 0:
+                raise ValueError(f"factor must be positive, got {self.factor}")
+        if self.threshold is not None and self.factor is not None:
+            raise ValueError("threshold and factor are alternatives: set at most one")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"cache must be one of {CACHE_MODES}, got {self.cache!r}")
+        for name in ("stop_at_eos", "logits_eos_inf", "confidence_eos_eot_inf", "fp8_ffn"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.cache == "exact":
+            raise ValueError("cache='exact' (LaCache) is not implemented yet")
+        if self.fp8_ffn:
+            raise ValueError("fp8_ffn is not implemented yet")
+        if self.refresh_interval is not None:
+            _positive_int(self.refresh_interval, "refresh_interval")
+            if self.cache != "dual":
+                raise ValueError("refresh_interval applies to cache='dual' only")
+        if self.dpad is not None and not isinstance(self.dpad, DPadConfig):
+            raise ValueError(f"dpad must be a DPadConfig or None, got {type(self.dpad).__name__}")
+        for name in ("mask_id", "eos_id", "eot_id"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{name} must be a non-negative token id, got {v!r}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+    @property
+    def parallel(self) -> bool:
+        return self.threshold is not None or self.factor is not None
+
+    def resolve(self, model: ModelConfig) -> "GenerationConfig":
+        """Fill `mask_id`/`eos_id` from the model and check every id lies in its vocabulary."""
+        out = dataclasses.replace(self, mask_id=model.mask_id if self.mask_id is None else self.mask_id,
+                                  eos_id=model.eos_id if self.eos_id is None else self.eos_id)
+        for name in ("mask_id", "eos_id", "eot_id"):
+            v = getattr(out, name)
+            if v is not None and v >= model.vocab_size:
+                raise ValueError(f"{name}={v} is outside the model's vocabulary "
+                                 f"({model.vocab_size})")
+        if out.mask_id == out.eos_id:
+            raise ValueError(f"mask_id and eos_id must differ, both are {out.mask_id}")
+        return out
+
+
+def _positive_int(v: Any, name: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def _number(v: Any, name: str, lo: float | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {v}")

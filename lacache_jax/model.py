@@ -118,10 +118,16 @@ def _attention_impl(dtype) -> str:
 def attention(q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
               key_mask_BS: jax.Array | None = None) -> jax.Array:
     """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight."""
-    mask = None if key_mask_BS is None else key_mask_BS.astype(bool)[:, None, None, :]
+    impl = _attention_impl(q_BLHK.dtype)
+    mask = None
+    if key_mask_BS is not None:
+        B, L, S = q_BLHK.shape[0], q_BLHK.shape[1], k_BSGK.shape[1]
+        mask = key_mask_BS.astype(bool)[:, None, None, :]
+        if impl == "cudnn":  # cuDNN takes a mask (bias) only at its full [B, 1, L, S] shape
+            mask = jnp.broadcast_to(mask, (B, 1, L, S))
     return jax.nn.dot_product_attention(
         q_BLHK, k_BSGK, v_BSGK, mask=mask, scale=1.0 / math.sqrt(q_BLHK.shape[-1]),
-        implementation=_attention_impl(q_BLHK.dtype))
+        implementation=impl)
 
 
 def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
@@ -140,12 +146,15 @@ def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
 
 
 def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
-          key_mask_BL: jax.Array | None) -> jax.Array:
+          key_mask_BS: jax.Array | None, kv_fn=None):
+    """One pre-norm block. `kv_fn(k, v) -> (k_all, v_all)` lets a cache supply the keys and
+    values the queries attend to (default: the block's own); returns (x, k_all, v_all)."""
     B, L, _ = x_BLD.shape
     h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
     q, k, v = qkv(h, layer, cfg, cos_BLk, sin_BLk)
-    x_BLD = x_BLD + attention(q, k, v, key_mask_BL).reshape(B, L, -1) @ layer.wo
-    return x_BLD + mlp(x_BLD, layer, cfg)
+    k_all, v_all = (k, v) if kv_fn is None else kv_fn(k, v)
+    x_BLD = x_BLD + attention(q, k_all, v_all, key_mask_BS).reshape(B, L, -1) @ layer.wo
+    return x_BLD + mlp(x_BLD, layer, cfg), k_all, v_all
 
 
 def lm_head(params: Params, cfg: ModelConfig, x_BLD: jax.Array) -> jax.Array:
@@ -160,11 +169,24 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens_BL: jax.Array,
     B, L = tokens_BL.shape
     if positions_BL is None:
         positions_BL = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    return forward_layers(params, cfg, tokens_BL, positions_BL, attention_mask_BL)[0]
+
+
+def forward_layers(params: Params, cfg: ModelConfig, tokens_BL: jax.Array,
+                   positions_BL: jax.Array, key_mask_BS: jax.Array | None, kv_fns=None):
+    """Embedding and all blocks; returns (hidden [B, L, D], per-layer keys and values attended).
+
+    `kv_fns[i]` (see `block`) substitutes cached keys/values in layer i; the query tokens
+    sit at `positions_BL` and `key_mask_BS` masks the keys they attend to.
+    """
     cos, sin = rope_tables(positions_BL, cfg.head_dim, cfg.rope_theta)
     x = params.embed[tokens_BL]
-    for layer in params.layers:
-        x = block(x, layer, cfg, cos, sin, attention_mask_BL)
-    return x
+    ks, vs = [], []
+    for i, layer in enumerate(params.layers):
+        x, k, v = block(x, layer, cfg, cos, sin, key_mask_BS, None if kv_fns is None else kv_fns[i])
+        ks.append(k)
+        vs.append(v)
+    return x, ks, vs
 
 
 @functools.partial(jax.jit, static_argnames="cfg")

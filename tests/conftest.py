@@ -30,10 +30,13 @@ LLADA_TO_LLAMA = {
 }
 
 
-def random_llada_state(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+def random_llada_state(cfg: ModelConfig, seed: int = 0,
+                       head_std: float = 0.05) -> dict[str, np.ndarray]:
     """Random fp32 weights under LLaDA names and PyTorch shapes ([out, in]).
 
-    Norm weights are drawn around 1 (not exactly 1) so a misplaced norm weight shows up.
+    Norm weights are drawn around 1 (not exactly 1) so a misplaced norm weight shows up. A
+    large `head_std` makes the output distributions peaked, so that confidence thresholds
+    are crossed as with a trained model.
     """
     rng = np.random.default_rng(seed)
     D, F, V, K = cfg.d_model, cfg.d_ff, cfg.vocab_size, cfg.head_dim
@@ -54,7 +57,7 @@ def random_llada_state(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]
                       b + "ff_out.weight": mat(D, F)})
     state["model.transformer.ln_f.weight"] = norm()
     if not cfg.tie_embeddings:
-        state["model.transformer.ff_out.weight"] = mat(V, D)
+        state["model.transformer.ff_out.weight"] = mat(V, D) * (head_std / 0.05)
     return state
 
 

@@ -1,0 +1,279 @@
+"""The semi-autoregressive (SAR) generation loop: one jitted program per configuration.
+
+Canvas `x [B, T]`, T = P + G: prompts left-padded to P, then G masks. Padding never shows:
+padded keys are masked and RoPE positions count from each row's first real token, so a row
+generates exactly what it generates alone. Blocks [s, s + block_length) are decoded in order by
+a `lax.while_loop` over blocks and, inside, one over steps until the block has no mask left in
+any unfinished row. Every block opens with a full forward whose logits decode its first step:
+
+  cache    first step of a block                 later steps
+  none     full forward                          full forward
+  prefix   full forward, keep all K/V            queries [P, T) against cached K/V before s
+  dual     full forward, keep all K/V            queries [s, e); their K/V overwrite the cache
+
+Only the block's rows go through the LM head and the sampler (sampling.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lacache_jax import sampling
+from lacache_jax.cache import KVCache
+from lacache_jax.config import GenerationConfig, ModelConfig
+from lacache_jax.model import Params, forward_layers, lm_head
+
+_DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class GenerateOutput:
+    tokens: jax.Array          # [B, P + G] canvas; prompts left-padded with pad_id
+    prompt_lengths: jax.Array  # [B] real prompt tokens per row
+    nfe: jax.Array             # [B] forward passes the row took part in (CFG counts two)
+    steps: jax.Array           # [B] decoding steps the row took part in
+    revealed: jax.Array        # [B] tokens the sampler revealed (not the EOS fill)
+    gen_lengths: jax.Array     # [B] generated tokens before the first EOS
+
+    @property
+    def tokens_per_step(self) -> jax.Array:
+        return self.revealed / jnp.maximum(self.steps, 1)
+
+    def answers(self, gen_length: int) -> list[list[int]]:
+        """Each row's generated tokens up to (not including) its first EOS."""
+        toks, lens = np.asarray(self.tokens), np.asarray(self.gen_lengths)
+        start = toks.shape[1] - gen_length
+        return [toks[b, start:start + lens[b]].tolist() for b in range(toks.shape[0])]
+
+
+def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
+             key: jax.Array | None = None, prompt_lengths: Any = None) -> GenerateOutput:
+    """Generate `gen.gen_length` tokens after each prompt.
+
+    `prompts`: an int array [B, P], a list of token lists (ragged), or an array [B, P] with
+    `prompt_lengths` [B] (row b's prompt is its first `prompt_lengths[b]` tokens).
+    `key`: one key, or one key per row ([B]); with one key row b draws from
+    `fold_in(key, b)`, so pass per-row keys when a row's random draws (temperature > 0,
+    random remasking, DPad) must not depend on its place in the batch.
+    Every invalid argument raises ValueError before anything is compiled.
+    """
+    if not isinstance(gen, GenerationConfig):
+        raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
+    gen = gen.resolve(config)
+    rows = _prompt_rows(prompts, prompt_lengths, config, gen)
+    B, P = len(rows), max(len(r) for r in rows)
+    if P + gen.gen_length > config.max_seq_len:
+        raise ValueError(f"prompt length {P} + gen_length {gen.gen_length} exceeds the model's "
+                         f"max_seq_len={config.max_seq_len}")
+    if len(params.layers) != config.n_layers:
+        raise ValueError(f"params has {len(params.layers)} layers, config says {config.n_layers}")
+    x = np.full((B, P + gen.gen_length), gen.mask_id, np.int32)
+    pad = np.array([P - len(r) for r in rows], np.int32)
+    for b, r in enumerate(rows):
+        x[b, :pad[b]] = config.pad_id
+        x[b, pad[b]:P] = r
+    return _generate(params, config, gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B))
+
+
+def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
+    """Per-row keys of the DPad draw for block `block` (exposed for tests)."""
+    return jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _DPAD_STREAM), block))(keys_B)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "gen"))
+def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad_B, keys_B):
+    B, T = x_BT.shape
+    G, bl = gen.gen_length, gen.block_length
+    P = T - G
+    col = jnp.arange(T)
+    valid_BT = col[None, :] >= pad_B[:, None]
+    pos_BT = jnp.maximum(col[None, :] - pad_B[:, None], 0).astype(jnp.int32)
+    use_cfg = gen.cfg_scale > 0
+    # Classifier-free guidance runs the unconditional copies (prompt tokens -> mask) as extra
+    # rows of the same batch, so every cache mode supports it unchanged.
+    dup = (lambda a: jnp.concatenate([a, a])) if use_cfg else (lambda a: a)
+    prompt_BT = valid_BT & (col[None, :] < P)
+
+    def model_rows(x):
+        return jnp.concatenate([x, jnp.where(prompt_BT, gen.mask_id, x)]) if use_cfg else x
+
+    pos_M = dup(pos_BT)
+
+    def block_logits(h_MQD):
+        logits = lm_head(params, cfg, h_MQD).astype(jnp.float32)
+        if use_cfg:
+            cond, uncond = logits[:B], logits[B:]
+            logits = uncond + (gen.cfg_scale + 1.0) * (cond - uncond)
+        return logits
+
+    def forward_full(x, keep_BT, s):
+        h, ks, vs = forward_layers(params, cfg, model_rows(x), pos_M, dup(keep_BT))
+        return block_logits(jax.lax.dynamic_slice_in_dim(h, s, bl, axis=1)), KVCache(ks, vs)
+
+    def forward_dual(x, keep_BT, s, cache):
+        tok = jax.lax.dynamic_slice_in_dim(model_rows(x), s, bl, axis=1)
+        pos = jax.lax.dynamic_slice_in_dim(pos_M, s, bl, axis=1)
+        put = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
+        kv_fns = [lambda k, v, i=i: (put(cache.k[i], k), put(cache.v[i], v))
+                  for i in range(cfg.n_layers)]
+        h, ks, vs = forward_layers(params, cfg, tok, pos, dup(keep_BT), kv_fns)
+        return block_logits(h), KVCache(ks, vs)
+
+    def forward_prefix(x, keep_BT, s, cache):
+        # Static query window [P, T): rows before s are computed and ignored; their keys come
+        # from the cache, as do all keys before s (see DESIGN.md on static shapes).
+        fresh = (col >= s)[None, :, None, None]
+        mix = lambda c, new: jnp.where(fresh, c.at[:, P:].set(new), c)
+        kv_fns = [lambda k, v, i=i: (mix(cache.k[i], k), mix(cache.v[i], v))
+                  for i in range(cfg.n_layers)]
+        h, _, _ = forward_layers(params, cfg, model_rows(x)[:, P:], pos_M[:, P:],
+                                 dup(keep_BT), kv_fns)
+        return block_logits(jax.lax.dynamic_slice_in_dim(h, s - P, bl, axis=1)), cache
+
+    def decode(st, logits, i, s, sched, step_keys):
+        xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
+        masked = xb == gen.mask_id
+        active = ~st["done"] & masked.any(-1)
+        if gen.logits_eos_inf:
+            logits = logits.at[..., gen.eos_id].set(-jnp.inf)
+        k_sample = jax.vmap(lambda k: jax.random.fold_in(k, 0))(step_keys)
+        k_conf = jax.vmap(lambda k: jax.random.fold_in(k, 1))(step_keys)
+        x0 = sampling.sample(logits, gen.temperature, k_sample)
+        conf_logits = logits
+        if gen.confidence_eos_eot_inf:
+            for tok in (gen.eos_id, gen.eot_id):
+                if tok is not None:
+                    conf_logits = conf_logits.at[..., tok].set(-jnp.inf)
+        conf = sampling.confidence(conf_logits, x0, gen.remasking, k_conf)
+        k_fixed = None if gen.parallel else sched[:, jnp.minimum(i, sched.shape[1] - 1)]
+        reveal = sampling.choose(conf, masked, k_fixed, gen.threshold, gen.factor)
+        reveal &= active[:, None]
+        x = jax.lax.dynamic_update_slice_in_dim(st["x"], jnp.where(reveal, x0, xb), s, axis=1)
+        return {**st, "x": x, "nfe": st["nfe"] + active * (2 if use_cfg else 1),
+                "steps": st["steps"] + active, "revealed": st["revealed"] + reveal.sum(-1)}
+
+    def has_work(st, s):
+        xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
+        return (~st["done"] & (xb == gen.mask_id).any(-1)).any()
+
+    def run_block(st):
+        k = st["block"]
+        s = P + k * bl
+        block_keys = jax.vmap(lambda key: jax.random.fold_in(key, k))(keys_B)
+        step_keys = lambda i: jax.vmap(lambda key: jax.random.fold_in(key, i))(block_keys)
+        keep = valid_BT
+        if gen.dpad is not None:
+            keep &= sampling.dpad_keep(gen.dpad, dpad_block_keys(keys_B, k), s + bl, T)
+        n_masked = (jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1) == gen.mask_id).sum(-1)
+        sched = None if gen.parallel else sampling.transfer_schedule(n_masked, gen.steps_per_block)
+
+        logits, cache = forward_full(st["x"], keep, s)
+        st = decode(st, logits, 0, s, sched, step_keys(0))
+        if gen.cache != "none":
+            st["cache"] = cache
+
+        def step_cond(carry):
+            st, i = carry
+            return (i < bl) & has_work(st, s)
+
+        def step_body(carry):
+            st, i = carry
+            if gen.cache == "none":
+                logits, _ = forward_full(st["x"], keep, s)
+            elif gen.cache == "prefix":
+                logits, _ = forward_prefix(st["x"], keep, s, st["cache"])
+            else:
+                dual = lambda x, c: forward_dual(x, keep, s, c)
+                if gen.refresh_interval is None:
+                    logits, cache = dual(st["x"], st["cache"])
+                else:
+                    logits, cache = jax.lax.cond(
+                        i % gen.refresh_interval == 0,
+                        lambda x, c: forward_full(x, keep, s), dual, st["x"], st["cache"])
+                st = {**st, "cache": cache}
+            return decode(st, logits, i, s, sched, step_keys(i)), i + 1
+
+        st, _ = jax.lax.while_loop(step_cond, step_body, (st, jnp.int32(1)))
+        if gen.stop_at_eos:
+            xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
+            finished = ~st["done"] & (xb == gen.eos_id).any(-1)
+            fill = finished[:, None] & (col[None, :] >= s + bl)
+            st = {**st, "x": jnp.where(fill, gen.eos_id, st["x"]),
+                  "done": st["done"] | finished}
+        return {**st, "block": k + 1}
+
+    zeros = jnp.zeros((B,), jnp.int32)
+    st = {"x": x_BT, "done": jnp.zeros((B,), bool), "nfe": zeros, "steps": zeros,
+          "revealed": zeros, "block": jnp.int32(0)}
+    if gen.cache != "none":
+        shape = (B * (2 if use_cfg else 1), T, cfg.n_kv_heads, cfg.head_dim)
+        st["cache"] = KVCache([jnp.zeros(shape, params.dtype) for _ in range(cfg.n_layers)],
+                              [jnp.zeros(shape, params.dtype) for _ in range(cfg.n_layers)])
+    st = jax.lax.while_loop(lambda st: (st["block"] < gen.num_blocks) & ~st["done"].all(),
+                            run_block, st)
+    is_eos = st["x"][:, P:] == gen.eos_id
+    gen_lengths = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), G).astype(jnp.int32)
+    return GenerateOutput(tokens=st["x"], prompt_lengths=P - pad_B,
+                          nfe=st["nfe"], steps=st["steps"], revealed=st["revealed"],
+                          gen_lengths=gen_lengths)
+
+
+def row_keys(key: jax.Array | None, B: int) -> jax.Array:
+    """One key per row: `key` itself if it holds B keys, else fold_in(key, b)."""
+    if key is None:
+        key = jax.random.key(0)
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        if key.dtype != jnp.uint32 or key.shape[-1:] != (2,):
+            raise ValueError(f"key must be a JAX PRNG key (jax.random.key), got {key.dtype}"
+                             f"{list(key.shape)}")
+        key = jax.random.wrap_key_data(key)
+    if key.shape == ():
+        return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(B))
+    if key.shape != (B,):
+        raise ValueError(f"key must be one key or one per row ({B}), got shape {key.shape}")
+    return key
+
+
+def _prompt_rows(prompts: Any, lengths: Any, cfg: ModelConfig,
+                 gen: GenerationConfig) -> list[np.ndarray]:
+    if isinstance(prompts, (list, tuple)) and lengths is None:
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt")
+        rows = [np.asarray(p) for p in prompts]
+        if any(r.ndim != 1 for r in rows):
+            raise ValueError("prompts must be a list of token lists or an int array [B, P]")
+    else:
+        arr = np.asarray(prompts)
+        if arr.ndim != 2:
+            raise ValueError(f"prompts must be an int array [B, P], got shape {list(arr.shape)}")
+        if lengths is None:
+            rows = list(arr)
+        else:
+            lengths = np.asarray(lengths)
+            if lengths.shape != (arr.shape[0],) or not np.issubdtype(lengths.dtype, np.integer):
+                raise ValueError(f"prompt_lengths must be {arr.shape[0]} integers, got "
+                                 f"{lengths.dtype}{list(lengths.shape)}")
+            if (lengths > arr.shape[1]).any() or (lengths < 0).any():
+                raise ValueError(f"prompt_lengths must lie in [0, {arr.shape[1]}]")
+            rows = [arr[b, :n] for b, n in enumerate(lengths)]
+        if not rows:
+            raise ValueError("prompts is empty: give at least one prompt")
+    for b, r in enumerate(rows):
+        if r.size == 0:
+            raise ValueError(f"prompts[{b}] is empty: every prompt needs at least one token")
+        if not (np.issubdtype(r.dtype, np.integer)):
+            raise ValueError(f"prompts[{b}] must hold integer token ids, got {r.dtype}")
+        if r.min() < 0 or r.max() >= cfg.vocab_size:
+            raise ValueError(f"prompts[{b}] has token ids outside [0, {cfg.vocab_size})")
+        if (r == gen.mask_id).any():
+            raise ValueError(f"prompts[{b}] contains the mask id {gen.mask_id} at position "
+                             f"{int(np.argmax(r == gen.mask_id))}")
+    return [r.astype(np.int32) for r in rows]

@@ -1,0 +1,281 @@
+"""lj.generate against the eager PyTorch reference sampler (fp32, temperature 0), batching
+invariants, early stop at EOS, and refusal of every bad GenerationConfig value."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from convert.__main__ import main as convert_main
+from lacache_jax import sampling
+from lacache_jax.generate import dpad_block_keys, row_keys
+from tests.conftest import hf_llama, random_llada_state, write_hf_llada
+from tests.reference_sampler import reference_generate
+
+CFG = lj.tiny(n_heads=4, n_kv_heads=2)
+G, BL = 24, 8
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 64, 128, 11]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Our fp32 params (through convert + load) and the transformers reference, same weights;
+    a large head makes confidences peaked like a trained model's, so thresholds matter."""
+    tmp = tmp_path_factory.mktemp("gen")
+    state = random_llada_state(CFG, seed=7, head_std=2.0)
+    write_hf_llada(tmp / "hf", CFG, state)
+    assert convert_main([str(tmp / "hf"), str(tmp / "ck"), "--dtype", "float32", "--quiet"]) == 0
+    import torch
+    return lj.load(tmp / "ck")[1], hf_llama(CFG, state, torch.float32)
+
+
+def _gen(**kw):
+    base = dict(gen_length=G, block_length=BL, steps=G, stop_at_eos=False)
+    return lj.GenerationConfig(**{**base, **kw})
+
+
+PARITY = {
+    "fixed_1_per_step": dict(),
+    "fixed_2_per_step": dict(steps=12),
+    "fixed_uneven": dict(steps=9),  # 3 steps for 8 tokens: 3, 3, 2
+    "threshold_0.9": dict(threshold=0.9),
+    "threshold_0.5": dict(threshold=0.5),
+    "factor_1": dict(factor=1.0),
+    "factor_3": dict(factor=3.0),
+    "prefix_fixed": dict(cache="prefix", steps=12),
+    "prefix_threshold": dict(cache="prefix", threshold=0.9),
+    "dual_fixed": dict(cache="dual", steps=12),
+    "dual_threshold": dict(cache="dual", threshold=0.9),
+    "dual_factor": dict(cache="dual", factor=1.0),
+    "dual_refresh_2": dict(cache="dual", refresh_interval=2),
+    "cfg_scale": dict(cfg_scale=1.5, steps=12),
+    "logits_eos_inf": dict(logits_eos_inf=True, eos_id=70),
+    "confidence_eos_eot_inf": dict(confidence_eos_eot_inf=True, eos_id=70, eot_id=123),
+}
+
+
+@pytest.mark.parametrize("case", list(PARITY))
+def test_matches_reference_sampler(models, case):
+    params, ref_model = models
+    gen = _gen(**PARITY[case])
+    out = lj.generate(params, CFG, [PROMPT], gen)
+    r = gen.resolve(CFG)
+    ref, ref_nfe = reference_generate(
+        ref_model, PROMPT, gen_length=G, block_length=BL, steps=gen.steps, mask_id=r.mask_id,
+        eos_id=r.eos_id, cache=gen.cache, threshold=gen.threshold, factor=gen.factor,
+        refresh_interval=gen.refresh_interval, cfg_scale=gen.cfg_scale,
+        logits_eos_inf=gen.logits_eos_inf, confidence_eos_eot_inf=gen.confidence_eos_eot_inf,
+        eot_id=gen.eot_id)
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+    assert int(out.nfe[0]) == ref_nfe
+    assert int(out.revealed[0]) == G and not (ref == CFG.mask_id).any()
+
+
+def test_parallel_modes_reveal_several_tokens_per_step(models):
+    """Guards the parity cases above against vacuity: thresholds do fire on this model."""
+    params, _ = models
+    out = lj.generate(params, CFG, [PROMPT], _gen(threshold=0.9))
+    assert int(out.steps[0]) < G and float(out.tokens_per_step[0]) > 1.2
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("strategy", ["gaussian", "uniform"])
+def test_dpad_matches_reference_with_the_same_kept_set(models, cache, strategy):
+    params, ref_model = models
+    dpad = lj.DPadConfig(strategy=strategy, window=10, keep=4)
+    gen = _gen(cache=cache, steps=12, dpad=dpad)
+    key = jax.random.key(3)
+    out = lj.generate(params, CFG, [PROMPT], gen, key=key)
+    keys = row_keys(key, 1)
+    P = len(PROMPT)
+
+    def keep_fn(b, T):
+        e = P + (b + 1) * BL
+        return np.asarray(sampling.dpad_keep(dpad, dpad_block_keys(keys, b), e, T))[0]
+    assert not keep_fn(0, P + G).all()  # something is dropped
+    ref, _ = reference_generate(ref_model, PROMPT, gen_length=G, block_length=BL, steps=12,
+                                mask_id=CFG.mask_id, eos_id=CFG.eos_id, cache=cache,
+                                keep_fn=keep_fn)
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+
+
+def test_dpad_keep_probabilities():
+    """Gaussian keep rate at suffix distance d follows scale * phi(k d / (window - 1))."""
+    dpad = lj.DPadConfig(window=64, k=4.0, scale=2.0)
+    keys = jax.random.split(jax.random.key(0), 4000)
+    kept = np.asarray(sampling.dpad_keep(dpad, keys, jnp.int32(10), 100))
+    assert kept[:, :10].all() and not kept[:, 74:].any()
+    d = np.arange(64)
+    want = 2.0 * np.exp(-0.5 * (4.0 * d / 63) ** 2) / np.sqrt(2 * np.pi)
+    # 4000 Bernoulli draws: standard error <= 0.008; 5 sigma.
+    np.testing.assert_allclose(kept[:, 10:74].mean(0), want, atol=0.04)
+    uniform = lj.DPadConfig(strategy="uniform", window=64, keep=5)
+    kept = np.asarray(sampling.dpad_keep(uniform, keys[:50], jnp.int32(10), 100))
+    assert (kept[:, 10:74].sum(1) == 5).all() and not kept[:, 74:].any()
+
+
+RAGGED = [[7, 8, 9, 10, 11], list(range(20, 29)), list(range(100, 113))]
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(cache="prefix", steps=12),
+                                dict(cache="dual", threshold=0.9),
+                                dict(factor=1.0, cfg_scale=1.0),
+                                dict(cache="dual", dpad=lj.DPadConfig(window=10), temperature=1.0,
+                                     remasking="random", steps=12)],
+                         ids=["none", "prefix", "dual_threshold", "factor_cfg", "dual_dpad_random"])
+def test_ragged_batch_row_equals_row_alone(models, kw):
+    params, _ = models
+    gen = _gen(**kw)
+    keys = jax.random.split(jax.random.key(11), len(RAGGED))
+    batch = lj.generate(params, CFG, RAGGED, gen, key=keys)
+    P = max(map(len, RAGGED))
+    assert batch.tokens.shape == (3, P + G)
+    np.testing.assert_array_equal(np.asarray(batch.prompt_lengths), [5, 9, 13])
+    for b, prompt in enumerate(RAGGED):
+        alone = lj.generate(params, CFG, [prompt], gen, key=keys[b:b + 1])
+        np.testing.assert_array_equal(np.asarray(batch.tokens[b, P - len(prompt):]),
+                                      np.asarray(alone.tokens[0]))
+        assert int(batch.nfe[b]) == int(alone.nfe[0])
+        assert int(batch.steps[b]) == int(alone.steps[0])
+
+
+def test_array_with_prompt_lengths_equals_list(models):
+    params, _ = models
+    arr = np.zeros((3, 13), np.int32)
+    for b, p in enumerate(RAGGED):
+        arr[b, :len(p)] = p
+    a = lj.generate(params, CFG, arr, _gen(threshold=0.9), prompt_lengths=[5, 9, 13])
+    b = lj.generate(params, CFG, RAGGED, _gen(threshold=0.9))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+
+
+def test_stop_at_eos(models):
+    """Take as 'EOS' a token row 0 first emits in its second block: with stop_at_eos that row
+    matches the reference's early termination, fills the rest and saves passes, while row 1
+    (which never emits it) runs on exactly as alone."""
+    params, ref_model = models
+    prompts = [RAGGED[1], PROMPT]
+    full = lj.generate(params, CFG, prompts, _gen())
+    P = max(map(len, prompts))
+    gen_part = np.asarray(full.tokens)[:, P:]
+    eos = next(t for t in gen_part[0, BL:2 * BL].tolist() if t not in gen_part[0, :BL])
+    gen = _gen(stop_at_eos=True, eos_id=eos)
+    out = lj.generate(params, CFG, prompts, gen)
+    toks = np.asarray(out.tokens)
+    np.testing.assert_array_equal(toks[0, :P + 2 * BL], np.asarray(full.tokens)[0, :P + 2 * BL])
+    assert (toks[0, P + 2 * BL:] == eos).all()
+    assert int(out.nfe[0]) == 2 * BL < int(full.nfe[0])
+    first = int(np.argmax(gen_part[0] == eos))
+    assert int(out.gen_lengths[0]) == first and out.answers(G)[0] == gen_part[0, :first].tolist()
+    ref, ref_nfe = reference_generate(ref_model, prompts[0], gen_length=G, block_length=BL,
+                                      steps=G, mask_id=CFG.mask_id, eos_id=eos, stop_at_eos=True)
+    np.testing.assert_array_equal(toks[0, P - len(prompts[0]):], ref)
+    assert int(out.nfe[0]) == ref_nfe
+    assert eos not in gen_part[1]
+    np.testing.assert_array_equal(toks[1], np.asarray(full.tokens)[1])
+    assert int(out.nfe[1]) == G and int(out.gen_lengths[1]) == G
+
+
+def test_random_remasking_and_temperature_invariants(models):
+    params, _ = models
+    gen = _gen(remasking="random", temperature=0.7, steps=9)  # 3, 3, 2 tokens per step
+    a = lj.generate(params, CFG, [PROMPT], gen, key=jax.random.key(1))
+    b = lj.generate(params, CFG, [PROMPT], gen, key=jax.random.key(1))
+    c = lj.generate(params, CFG, [PROMPT], gen, key=jax.random.key(2))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))  # reproducible
+    assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()  # the key matters
+    assert int(a.steps[0]) == 9 and int(a.nfe[0]) == 9 and int(a.revealed[0]) == G
+    assert not (np.asarray(a.tokens) == CFG.mask_id).any()
+    # Per step, the fixed schedule reveals exactly its count, whatever the confidences.
+    conf = jax.random.uniform(jax.random.key(0), (64, BL))
+    masked = jax.random.bernoulli(jax.random.key(1), 0.7, (64, BL))
+    k = jnp.minimum(masked.sum(-1), 3)
+    np.testing.assert_array_equal(np.asarray(sampling.choose(conf, masked, k).sum(-1)), k)
+
+
+def test_transfer_schedule():
+    np.testing.assert_array_equal(sampling.transfer_schedule(jnp.array([8, 7, 2]), 3),
+                                  [[3, 3, 2], [3, 2, 2], [1, 1, 0]])
+
+
+def test_factor_rule_quirk():
+    # Two masks left: both go even when the second fails its threshold (released behaviour).
+    conf = jnp.array([[0.9, 0.1, 0.0, 0.0]])
+    masked = jnp.array([[True, True, False, False]])
+    assert sampling.choose(conf, masked, factor=1.0).sum() == 2
+    # Three masks: thr_1 = 1 - 1/3; c_1 = 0.5 fails first at i = 1 -> reveal 1.
+    masked3 = jnp.array([[True, True, True, False]])
+    conf3 = jnp.array([[0.9, 0.5, 0.4, 0.0]])
+    assert sampling.choose(conf3, masked3, factor=1.0).sum() == 1
+    # c_1 = 0.7 passes thr_1; c_2 = 0.1 fails at i = 2 = N - 1 -> all 3.
+    conf3 = jnp.array([[0.9, 0.7, 0.1, 0.0]])
+    assert sampling.choose(conf3, masked3, factor=1.0).sum() == 3
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("block_length", 7, "block_length=7 does not divide gen_length=24"),
+    ("steps", 10, "steps=10 is not divisible by the number of blocks 3"),
+    ("steps", 0, "steps must be a positive integer"),
+    ("gen_length", -8, "gen_length must be a positive integer"),
+    ("threshold", 0.0, r"threshold must lie in \(0, 1\]"),
+    ("threshold", 1.5, r"threshold must lie in \(0, 1\]"),
+    ("factor", -1.0, "factor must be positive"),
+    ("cache", "paged", "cache must be one of"),
+    ("remasking", "top", "remasking must be one of"),
+    ("temperature", -0.1, "temperature must be >= 0"),
+    ("cfg_scale", -1.0, "cfg_scale must be >= 0"),
+    ("refresh_interval", 2, "refresh_interval applies to cache='dual' only"),
+    ("refresh_interval", 0, "refresh_interval must be a positive integer"),
+    ("dpad", {"window": 8}, "dpad must be a DPadConfig"),
+    ("stop_at_eos", 1, "stop_at_eos must be a bool"),
+    ("logits_eos_inf", "yes", "logits_eos_inf must be a bool"),
+    ("confidence_eos_eot_inf", None, "confidence_eos_eot_inf must be a bool"),
+    ("mask_id", -1, "mask_id must be a non-negative token id"),
+    ("eos_id", 1.5, "eos_id must be a non-negative token id"),
+    ("eot_id", "x", "eot_id must be a non-negative token id"),
+    ("fp8_ffn", "on", "fp8_ffn must be a bool"),
+])
+def test_bad_generation_config(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        _gen(**{field: value})
+
+
+def test_bad_dpad_config():
+    with pytest.raises(ValueError, match="dpad.strategy"):
+        lj.DPadConfig(strategy="x")
+    with pytest.raises(ValueError, match="dpad.window must be at least 2"):
+        lj.DPadConfig(window=1)
+    with pytest.raises(ValueError, match="dpad.scale must be a positive number"):
+        lj.DPadConfig(scale=0)
+    with pytest.raises(ValueError, match="threshold and factor are alternatives"):
+        _gen(threshold=0.9, factor=1.0)
+
+
+def test_bad_generate_arguments(models):
+    params, _ = models
+    gen = _gen()
+    with pytest.raises(ValueError, match="exceeds the model's max_seq_len=512"):
+        lj.generate(params, CFG, [[1] * 489], gen)
+    with pytest.raises(ValueError, match=r"prompts\[1\] contains the mask id 319 at position 2"):
+        lj.generate(params, CFG, [[1, 2], [3, 4, CFG.mask_id]], gen)
+    with pytest.raises(ValueError, match=r"prompts\[0\] is empty"):
+        lj.generate(params, CFG, [[]], gen)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        lj.generate(params, CFG, [], gen)
+    with pytest.raises(ValueError, match=r"token ids outside \[0, 320\)"):
+        lj.generate(params, CFG, [[1, 400]], gen)
+    with pytest.raises(ValueError, match="prompt_lengths must lie"):
+        lj.generate(params, CFG, np.ones((2, 4), np.int32), gen, prompt_lengths=[2, 5])
+    with pytest.raises(ValueError, match="prompts must be an int array"):
+        lj.generate(params, CFG, np.ones((4,), np.int32), gen)
+    with pytest.raises(ValueError, match=r"key must be one key or one per row \(2\)"):
+        lj.generate(params, CFG, [[1], [2]], gen, key=jax.random.split(jax.random.key(0), 3))
+    with pytest.raises(ValueError, match="mask_id=400 is outside the model's vocabulary"):
+        lj.generate(params, CFG, [[1]], dataclasses.replace(gen, mask_id=400))
+    with pytest.raises(ValueError, match="gen must be a GenerationConfig"):
+        lj.generate(params, CFG, [[1]], {"gen_length": 8})
