@@ -3,10 +3,10 @@
 from lacache_jax.checkpoint import CheckpointError, load, save
 from lacache_jax.config import (ConfigError, DPadConfig, GenerationConfig, ModelConfig, llada_8b,
                                 tiny)
-from lacache_jax.generate import GenerateOutput, generate
+from lacache_jax.generate import GenerateOutput, compile_generate, generate
 from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
 
 __all__ = [
-    "CheckpointError", "ConfigError", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA", "Layer", "ModelConfig", "Params", "forward",
+    "CheckpointError", "ConfigError", "compile_generate", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA", "Layer", "ModelConfig", "Params", "forward",
     "generate", "init_params", "llada_8b", "load", "save", "tiny",
 ]

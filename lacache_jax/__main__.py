@@ -1,4 +1,4 @@
-"""Command line: python -m lacache_jax demo|forward ..."""
+"""Command line: python -m lacache_jax demo|generate ..."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def demo(args) -> int:
+def cmd_demo(args) -> int:
     """Build a tiny random LLaDA in the HF layout, convert it with `python -m convert`, load it
     and run a bidirectional forward pass; check it against the weights it came from."""
     import lacache_jax as lj
@@ -64,15 +64,74 @@ def demo(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    """Load a checkpoint and its tokenizer, generate for one prompt, print text and speed."""
+    import lacache_jax as lj
+    from lacache_jax.tokenizer import Tokenizer
+
+    dpad = None
+    if args.dpad:
+        dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
+    gen = lj.GenerationConfig(
+        gen_length=args.gen_length, block_length=args.block_length, steps=args.steps or
+        args.gen_length, temperature=args.temperature, remasking=args.remasking,
+        threshold=args.threshold, factor=args.factor, cache=args.cache,
+        refresh_interval=args.refresh_interval, dpad=dpad, stop_at_eos=not args.no_stop_at_eos,
+        cfg_scale=args.cfg_scale)
+    tok = Tokenizer(args.checkpoint)
+    text = tok.chat_prompt(args.prompt) if args.chat else args.prompt
+    prompt = tok.encode(text)
+    config, params = lj.load(args.checkpoint, dtype=args.dtype)
+    t0 = time.perf_counter()
+    run = lj.compile_generate(params, config, [prompt], gen, key=jax.random.key(args.seed))
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(run())
+    run_s = time.perf_counter() - t0
+    answer = out.answers(gen.gen_length)[0]
+    print(tok.decode(answer))
+    n = int(out.gen_lengths[0])
+    print(f"\n[{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the first EOS); "
+          f"NFE {int(out.nfe[0])}; {float(out.tokens_per_step[0]):.2f} tokens per step; "
+          f"compile {compile_s:.1f} s; {jax.default_backend()}]", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lacache_jax")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="random tiny LLaDA: HF layout -> convert -> load -> forward")
     p.add_argument("--workdir", help="where to write the demo files (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(run=demo)
+    p.set_defaults(run=cmd_demo)
+
+    p = sub.add_parser("generate", help="generate text from a prompt with a converted checkpoint")
+    p.add_argument("--checkpoint", required=True, help="directory written by python -m convert")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--gen-length", type=int, default=128)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=None, help="default: gen-length (1 per step)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
+    p.add_argument("--threshold", type=float, default=None, help="Fast-dLLM threshold decoding")
+    p.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor decoding")
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"])
+    p.add_argument("--refresh-interval", type=int, default=None)
+    p.add_argument("--dpad", choices=["gaussian", "uniform"], default=None)
+    p.add_argument("--dpad-window", type=int, default=256)
+    p.add_argument("--dpad-keep", type=int, default=32)
+    p.add_argument("--cfg-scale", type=float, default=0.0)
+    p.add_argument("--no-stop-at-eos", action="store_true")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=cmd_generate)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except ValueError as e:  # ConfigError, CheckpointError, TokenizerError, bad settings
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -64,6 +64,20 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     random remasking, DPad) must not depend on its place in the batch.
     Every invalid argument raises ValueError before anything is compiled.
     """
+    return _generate(params, config, *_prepare(params, config, prompts, gen, key, prompt_lengths))
+
+
+def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
+                     key: jax.Array | None = None, prompt_lengths: Any = None):
+    """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
+    `generate(...)` with these arguments, so benchmarks can time it without compilation."""
+    gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
+    compiled = _generate.lower(params, config, gen, *args).compile()
+    return lambda: compiled(params, *args)
+
+
+def _prepare(params, config, prompts, gen, key, prompt_lengths):
+    """Validate everything and build (resolved gen, canvas [B, T], left padding [B], keys [B])."""
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
     gen = gen.resolve(config)
@@ -79,7 +93,7 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     for b, r in enumerate(rows):
         x[b, :pad[b]] = config.pad_id
         x[b, pad[b]:P] = r
-    return _generate(params, config, gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B))
+    return gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B)
 
 
 def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:

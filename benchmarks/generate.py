@@ -1,0 +1,108 @@
+"""End-to-end generation with random LLaDA-8B bf16 weights (built on the device).
+
+    python -m benchmarks.generate [--batch 1,8] [--modes none,prefix,dual] [--decoding fixed,threshold]
+
+Random weights never cross a confidence threshold, so every configuration reveals one token
+per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
+tokens/s, NFE, ms per step and the per-step floor max(FLOPs / peak, bytes / bandwidth), with
+the ceilings measured in the same run. stop_at_eos is off so all runs do the same work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lacache_jax as lj
+from benchmarks.common import measure_ceilings, write_result
+
+
+def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of one later step of a block, averaged over a block's steps, where the
+    first step of each block is a full forward. Bytes: weights + the KV cache read."""
+    T = P + gen.gen_length
+    D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
+    proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
+
+    def flops(queries, keys):
+        attn = 2 * keys * cfg.n_heads * K
+        return 2.0 * B * (queries * cfg.n_layers * (proj + attn) + gen.block_length * D * V)
+
+    full = flops(T, T)
+    later = {"none": full, "prefix": flops(gen.gen_length, T),
+             "dual": flops(gen.block_length, T)}[gen.cache]
+    spb = gen.steps_per_block
+    per_step = (full + (spb - 1) * later) / spb
+    kv_bytes = 0 if gen.cache == "none" else 2 * cfg.n_layers * B * T * cfg.n_kv_heads * K * 2
+    return per_step, 2.0 * cfg.n_params + kv_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--modes", default="none,prefix,dual")
+    ap.add_argument("--decoding", default="fixed,threshold")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
+    ap.add_argument("--iters", type=int, default=3)
+    args = ap.parse_args()
+
+    cfg = lj.llada_8b()
+    if args.layers:
+        cfg = dataclasses.replace(cfg, n_layers=args.layers)
+    ceil = measure_ceilings()
+    params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    rows = []
+    for B in map(int, args.batch.split(",")):
+        prompts = np.random.default_rng(B).integers(0, 126000, (B, args.prompt)).astype(np.int32)
+        for mode in args.modes.split(","):
+            for decoding in args.decoding.split(","):
+                gen = lj.GenerationConfig(
+                    gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
+                    threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False)
+                t0 = time.perf_counter()
+                run = lj.compile_generate(params, cfg, prompts, gen)
+                compile_s = time.perf_counter() - t0
+                out = jax.block_until_ready(run())  # warm-up
+                times = []
+                for _ in range(args.iters):
+                    t0 = time.perf_counter()
+                    out = jax.block_until_ready(run())
+                    times.append(time.perf_counter() - t0)
+                latency = float(np.median(times))
+                nfe = float(np.mean(np.asarray(out.nfe)))
+                flops, nbytes = step_cost(cfg, gen, B, args.prompt)
+                floor_ms = max(flops / ceil["bf16_matmul_tflops"] / 1e9,
+                               nbytes / ceil["copy_tb_per_s"] / 1e9)
+                ms_step = latency / nfe * 1e3
+                rows.append(dict(B=B, cache=mode, decoding=decoding, latency_s=latency,
+                                 tokens_per_s=B * args.gen / latency, nfe=nfe,
+                                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
+                                 ms_per_step=ms_step, floor_ms=floor_ms,
+                                 x_floor=ms_step / floor_ms, compile_s=compile_s))
+                r = rows[-1]
+                print(f"B={B} {mode:6s} {decoding:9s} {latency:6.2f} s  {ms_step:6.2f} ms/step "
+                      f"(floor {floor_ms:.2f}, x{r['x_floor']:.2f})  NFE {nfe:.0f}  "
+                      f"compile {compile_s:.0f} s", flush=True)
+    path = write_result("generate", {"config": cfg.to_dict(), "ceilings": ceil,
+                                     "prompt": args.prompt, "gen": args.gen,
+                                     "block": args.block, "rows": rows})
+    print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
+          f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
+    print("| B | cache | decoding | latency s | tokens/s | NFE | ms/step | floor ms | × floor |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['B']} | {r['cache']} | {r['decoding']} | {r['latency_s']:.2f} | "
+              f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | "
+              f"{r['floor_ms']:.2f} | {r['x_floor']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
