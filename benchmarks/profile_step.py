@@ -48,11 +48,10 @@ def main():
         # The step's weight traffic with nothing else: every projection and the head.
         acc = jnp.zeros((), jnp.float32)
         for layer in params.layers:
-            for w in (layer.wq, layer.wk, layer.wv):
-                acc += (x @ w).astype(jnp.float32).sum()
+            acc += (x @ layer.w_qkv).astype(jnp.float32).sum()
             acc += (x @ layer.wo).astype(jnp.float32).sum()
-            h = jax.nn.silu(x @ layer.w_gate) * (x @ layer.w_up)
-            acc += (h @ layer.w_down).astype(jnp.float32).sum()
+            gate, up = jnp.split(x @ layer.w_gate_up, 2, axis=-1)
+            acc += ((jax.nn.silu(gate) * up) @ layer.w_down).astype(jnp.float32).sum()
         return acc + (x @ params.head).astype(jnp.float32).sum()
 
     shape = (B, T, cfg.n_kv_heads, cfg.head_dim)

@@ -5,6 +5,7 @@ HF stores `nn.Linear` weights [out, in]; we store [in, out], so matrices are tra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -18,16 +19,16 @@ from convert import safetensors_file as stf
 from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
 from lacache_jax.config import ConfigError, ModelConfig
-from lacache_jax.model import Params
+from lacache_jax.model import Params, qkv_columns
 
 PREFIX = "model.transformer."
-# LLaDA block parameter -> (our Layer field, stored transposed)
+# LLaDA block parameter -> (our Layer field, part of its columns or None, stored transposed)
 _BLOCK = {
-    "attn_norm.weight": ("attn_norm", False), "q_proj.weight": ("wq", True),
-    "k_proj.weight": ("wk", True), "v_proj.weight": ("wv", True),
-    "attn_out.weight": ("wo", True), "ff_norm.weight": ("ff_norm", False),
-    "ff_proj.weight": ("w_gate", True), "up_proj.weight": ("w_up", True),
-    "ff_out.weight": ("w_down", True),
+    "attn_norm.weight": ("attn_norm", None, False), "q_proj.weight": ("w_qkv", "q", True),
+    "k_proj.weight": ("w_qkv", "k", True), "v_proj.weight": ("w_qkv", "v", True),
+    "attn_out.weight": ("wo", None, True), "ff_norm.weight": ("ff_norm", None, False),
+    "ff_proj.weight": ("w_gate_up", "gate", True), "up_proj.weight": ("w_gate_up", "up", True),
+    "ff_out.weight": ("w_down", None, True),
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
@@ -36,22 +37,40 @@ _FLOAT_SOURCES = {np.dtype(n) for n in ("float16", "float32", "float64")} | {
     stf.DTYPES["BF16"]}
 
 
-def key_plan(cfg: ModelConfig) -> dict[str, tuple[str, str, bool]]:
-    """HF name -> (our group, our array name, transposed), in checkpoint order."""
-    plan = {PREFIX + "wte.weight": ("embed", "embed", False)}
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a HF tensor goes: columns [c0, c1) of array `array` in group `group`
+    (cols None: the whole array), transposed from PyTorch's [out, in] when `transposed`."""
+    group: str
+    array: str
+    cols: tuple[int, int] | None
+    transposed: bool
+
+
+def key_plan(cfg: ModelConfig) -> dict[str, Target]:
+    """HF name -> Target, in checkpoint order."""
+    F = cfg.d_ff
+    parts = {**qkv_columns(cfg), "gate": (0, F), "up": (F, 2 * F)}
+    plan = {PREFIX + "wte.weight": Target("embed", "embed", None, False)}
     for i in range(cfg.n_layers):
-        for suffix, (field, transposed) in _BLOCK.items():
-            plan[f"{PREFIX}blocks.{i}.{suffix}"] = (f"layer_{i:03d}", field, transposed)
-    plan[PREFIX + "ln_f.weight"] = ("final", "norm_f", False)
+        for suffix, (field, part, transposed) in _BLOCK.items():
+            plan[f"{PREFIX}blocks.{i}.{suffix}"] = Target(
+                f"layer_{i:03d}", field, parts.get(part), transposed)
+    plan[PREFIX + "ln_f.weight"] = Target("final", "norm_f", None, False)
     if not cfg.tie_embeddings:
-        plan[PREFIX + "ff_out.weight"] = ("final", "head", True)
+        plan[PREFIX + "ff_out.weight"] = Target("final", "head", None, True)
     return plan
 
 
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     ours = ckpt.expected_shapes(cfg)
-    return {name: ours[g][a][::-1] if t else ours[g][a]
-            for name, (g, a, t) in key_plan(cfg).items()}
+    shapes = {}
+    for name, t in key_plan(cfg).items():
+        shape = ours[t.group][t.array]
+        if t.cols is not None:
+            shape = (shape[0], t.cols[1] - t.cols[0])
+        shapes[name] = shape[::-1] if t.transposed else shape
+    return shapes
 
 
 # --- HF -> ours ---------------------------------------------------------------------------
@@ -82,8 +101,9 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     _check_entries(entries, cfg, plan)
 
     by_group: dict[str, list[str]] = {}
-    for name, (group, _, _) in plan.items():
-        by_group.setdefault(group, []).append(name)
+    for name, t in plan.items():
+        by_group.setdefault(t.group, []).append(name)
+    shapes = ckpt.expected_shapes(cfg)
     total = sum(int(np.prod(entries[n].shape)) * entries[n].dtype.itemsize for n in plan)
     out_dtype = np.dtype(DTYPES[dtype])
     try:
@@ -92,12 +112,12 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
                 disable=not progress) as bar:
             (tmp / ckpt.PARAMS_DIR).mkdir()
             for group in ckpt.group_names(cfg):
-                arrays = {}
+                arrays = {a: np.empty(shape, out_dtype) for a, shape in shapes[group].items()}
                 for name in by_group[group]:
-                    _, array_name, transposed = plan[name]
-                    arrays[array_name] = _prepare(name, entries[name], transposed, out_dtype)
-                    bar.update(arrays[array_name].nbytes * entries[name].dtype.itemsize
-                               // out_dtype.itemsize)
+                    t = plan[name]
+                    cols = slice(None) if t.cols is None else slice(*t.cols)
+                    arrays[t.array][..., cols] = _read_checked(name, entries[name], t.transposed)
+                    bar.update(int(np.prod(entries[name].shape)) * entries[name].dtype.itemsize)
                 ckpt.write_group(tmp, group, arrays)
                 del arrays
             ckpt.write_meta(tmp, cfg, out_dtype)
@@ -139,12 +159,11 @@ def _check_entries(entries: dict[str, Entry], cfg: ModelConfig, plan: dict) -> N
             raise ConvertError(f"{e.where}: {name!r} has unsupported dtype {e.dtype}")
 
 
-def _prepare(name: str, entry: Entry, transposed: bool, out_dtype: np.dtype) -> np.ndarray:
+def _read_checked(name: str, entry: Entry, transposed: bool) -> np.ndarray:
     a = entry.read()
     if not np.isfinite(a.astype(np.float32) if a.dtype.itemsize < 4 else a).all():
         raise ConvertError(f"{entry.where}: {name!r} holds NaN or Inf (corrupt weights?)")
-    a = a.astype(out_dtype, copy=False)
-    return np.ascontiguousarray(a.T) if transposed else a
+    return a.T if transposed else a  # cast (and made contiguous) by the assignment
 
 
 # --- ours -> HF ---------------------------------------------------------------------------
@@ -156,9 +175,11 @@ def export_hf(dst: str | Path, cfg: ModelConfig, params: Params, *, dtype: Any =
     groups = ckpt.params_to_groups(params)
     out_dtype = np.dtype(dtype)
     tensors = {}
-    for name, (group, array_name, transposed) in key_plan(cfg).items():
-        a = np.asarray(groups[group][array_name]).astype(out_dtype)
-        tensors[name] = a.T if transposed else a
+    for name, t in key_plan(cfg).items():
+        a = np.asarray(groups[t.group][t.array]).astype(out_dtype)
+        if t.cols is not None:
+            a = a[..., t.cols[0]:t.cols[1]]
+        tensors[name] = a.T if t.transposed else a
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, a in tensors.items():

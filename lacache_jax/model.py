@@ -25,15 +25,14 @@ from lacache_jax.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Layer:
-    """One transformer block; matrices are stored [in, out]."""
+    """One transformer block; matrices are stored [in, out]. Q/K/V and gate/up are fused
+    column-wise: one weight-streaming GEMM each instead of several (and no per-step weight
+    concatenation, which XLA's dot merger otherwise inserts inside the decoding loop)."""
     attn_norm: jax.Array  # [D]
-    wq: jax.Array         # [D, H*K]
-    wk: jax.Array         # [D, G*K]
-    wv: jax.Array         # [D, G*K]
+    w_qkv: jax.Array      # [D, (H + 2G) * K]: columns q | k | v
     wo: jax.Array         # [H*K, D]
     ff_norm: jax.Array    # [D]
-    w_gate: jax.Array     # [D, F]  (LLaDA `ff_proj`; SiLU applies to it)
-    w_up: jax.Array       # [D, F]
+    w_gate_up: jax.Array  # [D, 2F]: columns gate (LLaDA `ff_proj`, SiLU applies) | up
     w_down: jax.Array     # [F, D]  (LLaDA block `ff_out`)
 
 
@@ -52,9 +51,15 @@ class Params:
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of one layer's weights, by `Layer` field name."""
-    D, F, HK, GK = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    return dict(attn_norm=(D,), wq=(D, HK), wk=(D, GK), wv=(D, GK), wo=(HK, D), ff_norm=(D,),
-                w_gate=(D, F), w_up=(D, F), w_down=(F, D))
+    D, F, K = cfg.d_model, cfg.d_ff, cfg.head_dim
+    return dict(attn_norm=(D,), w_qkv=(D, (cfg.n_heads + 2 * cfg.n_kv_heads) * K),
+                wo=(cfg.n_heads * K, D), ff_norm=(D,), w_gate_up=(D, 2 * F), w_down=(F, D))
+
+
+def qkv_columns(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Column ranges of q, k and v inside `w_qkv`."""
+    HK, GK = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    return {"q": (0, HK), "k": (HK, HK + GK), "v": (HK + GK, HK + 2 * GK)}
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.bfloat16,
@@ -134,15 +139,18 @@ def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
     """Projected queries and keys after RoPE, and values: [B, L, H|G, K]."""
     B, L, _ = h_BLD.shape
     K = cfg.head_dim
-    q = (h_BLD @ layer.wq).reshape(B, L, cfg.n_heads, K)
-    k = (h_BLD @ layer.wk).reshape(B, L, cfg.n_kv_heads, K)
-    v = (h_BLD @ layer.wv).reshape(B, L, cfg.n_kv_heads, K)
+    qkv_BLN = h_BLD @ layer.w_qkv
+    (q0, q1), (k0, k1), (v0, v1) = qkv_columns(cfg).values()
+    q = qkv_BLN[..., q0:q1].reshape(B, L, cfg.n_heads, K)
+    k = qkv_BLN[..., k0:k1].reshape(B, L, cfg.n_kv_heads, K)
+    v = qkv_BLN[..., v0:v1].reshape(B, L, cfg.n_kv_heads, K)
     return apply_rope(q, cos_BLk, sin_BLk), apply_rope(k, cos_BLk, sin_BLk), v
 
 
 def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
     h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
-    return (jax.nn.silu(h @ layer.w_gate) * (h @ layer.w_up)) @ layer.w_down
+    gate, up = jnp.split(h @ layer.w_gate_up, 2, axis=-1)
+    return (jax.nn.silu(gate) * up) @ layer.w_down
 
 
 def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,

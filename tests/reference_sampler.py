@@ -98,7 +98,7 @@ def reference_generate(model, prompt, *, gen_length, block_length, steps, mask_i
             s, e = P + b * block_length, P + (b + 1) * block_length
             keep = torch.ones(T, dtype=torch.bool)
             if keep_fn is not None:
-                keep = torch.as_tensor(np.asarray(keep_fn(b, T)))
+                keep = torch.as_tensor(np.array(keep_fn(b, T), dtype=bool))
             n = int((x[0, s:e] == mask_id).sum())
             base, rem = divmod(n, steps_per_block)
             schedule = [base + 1] * rem + [base] * (steps_per_block - rem)

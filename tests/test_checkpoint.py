@@ -40,7 +40,8 @@ def test_save_refuses_existing_and_mismatched(tmp_path):
     with pytest.raises(FileExistsError):
         lj.save(tmp_path / "ck", CFG, params)
     lj.save(tmp_path / "ck", CFG, params, force=True)
-    with pytest.raises(CheckpointError, match=r"layer_000.wk has shape \(64, 32\), config implies \(64, 64\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"layer_000.w_qkv has shape \(64, 128\), config implies \(64, 192\)"):
         lj.save(tmp_path / "other", lj.tiny(), params)
     assert not (tmp_path / "other").exists()
 
@@ -57,7 +58,8 @@ def test_load_errors(tmp_path):
     shutil.copytree(tmp_path / "ck", tmp_path / "wrong")
     meta_wrong = {**meta, "config": {**meta["config"], "d_ff": 96}}
     (tmp_path / "wrong" / "lacache.json").write_text(json.dumps(meta_wrong))
-    with pytest.raises(CheckpointError, match=r"layer_000.w_down has shape \(160, 64\), config implies \(96, 64\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"layer_000.w_down has shape \(160, 64\), config implies \(96, 64\)"):
         lj.load(tmp_path / "wrong")
 
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "format": 99}))

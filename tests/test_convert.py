@@ -33,22 +33,22 @@ def _run(src, dst, *extra):
 
 
 def _assert_weights_match(params, state, dtype):
-    """Every array equals its source, transposed from [out, in], cast to `dtype`."""
-    def same(ours, hf, transposed=True):
-        np.testing.assert_array_equal(np.asarray(ours),
-                                      (hf.T if transposed else hf).astype(dtype))
+    """Every array equals its sources, transposed from [out, in], cast to `dtype`; fused
+    matrices hold their parts side by side (q | k | v, gate | up)."""
+    def same(ours, *hf, transposed=True):
+        want = np.concatenate([h.T if transposed else h for h in hf], axis=-1)
+        np.testing.assert_array_equal(np.asarray(ours), want.astype(dtype))
     same(params.embed, state["model.transformer.wte.weight"], transposed=False)
     same(params.head, state["model.transformer.ff_out.weight"])
     same(params.norm_f, state["model.transformer.ln_f.weight"], transposed=False)
     for i, layer in enumerate(params.layers):
         b = f"model.transformer.blocks.{i}."
-        same(layer.wq, state[b + "q_proj.weight"])
-        same(layer.wk, state[b + "k_proj.weight"])
+        same(layer.w_qkv, *(state[b + f"{x}_proj.weight"] for x in "qkv"))
         same(layer.wo, state[b + "attn_out.weight"])
-        same(layer.w_gate, state[b + "ff_proj.weight"])
-        same(layer.w_up, state[b + "up_proj.weight"])
+        same(layer.w_gate_up, state[b + "ff_proj.weight"], state[b + "up_proj.weight"])
         same(layer.w_down, state[b + "ff_out.weight"])
         same(layer.attn_norm, state[b + "attn_norm.weight"], transposed=False)
+        same(layer.ff_norm, state[b + "ff_norm.weight"], transposed=False)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
