@@ -13,7 +13,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import REFERENCE_CEILINGS, floor_ms, measure_ceilings, time_fn, write_result

@@ -1,6 +1,7 @@
 """End-to-end generation with random LLaDA-8B bf16 weights (built on the device).
 
-    python -m benchmarks.generate [--batch 1,8] [--modes none,prefix,dual] [--decoding fixed,threshold]
+    python -m benchmarks.generate [--batch 1,8] [--modes none,prefix,dual]
+                                  [--decoding fixed,threshold]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -61,7 +62,7 @@ def main():
     params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     rows = []
     for B in map(int, args.batch.split(",")):
-        prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, args.prompt)).astype(np.int32)
+        prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, args.prompt))
         for mode in args.modes.split(","):
             for decoding in args.decoding.split(","):
                 gen = lj.GenerationConfig(

@@ -161,8 +161,10 @@ def _check_entries(entries: dict[str, Entry], cfg: ModelConfig, plan: dict) -> N
 
 def _read_checked(name: str, entry: Entry, transposed: bool) -> np.ndarray:
     a = entry.read()
-    if not np.isfinite(a.astype(np.float32) if a.dtype.itemsize < 4 else a).all():
-        raise ConvertError(f"{entry.where}: {name!r} holds NaN or Inf (corrupt weights?)")
+    flat = a.reshape(-1)
+    for i in range(0, flat.size, 1 << 24):  # in chunks: no full-size fp32 temporary
+        if not np.isfinite(flat[i:i + (1 << 24)].astype(np.float32)).all():
+            raise ConvertError(f"{entry.where}: {name!r} holds NaN or Inf (corrupt weights?)")
     return a.T if transposed else a  # cast (and made contiguous) by the assignment
 
 

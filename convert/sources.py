@@ -61,8 +61,8 @@ def _from_index(src: Path, index_path: Path) -> dict[str, Entry]:
         shard_entries = _safetensors(path) if path.suffix == ".safetensors" else _torch(path)
         for name, entry in shard_entries.items():
             if weight_map.get(name) != shard:
-                raise ConvertError(f"{path}: holds {name!r}, which the index places "
-                                   f"{'in ' + weight_map[name] if name in weight_map else 'nowhere'}")
+                place = f"in {weight_map[name]}" if name in weight_map else "nowhere"
+                raise ConvertError(f"{path}: holds {name!r}, which the index places {place}")
             entries[name] = entry
     if missing := sorted(set(weight_map) - set(entries)):
         raise ConvertError(f"{src / weight_map[missing[0]]}: lacks {missing[0]!r} "

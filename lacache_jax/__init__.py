@@ -7,6 +7,7 @@ from lacache_jax.generate import GenerateOutput, compile_generate, generate
 from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
 
 __all__ = [
-    "CheckpointError", "ConfigError", "compile_generate", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA", "Layer", "ModelConfig", "Params", "forward",
-    "generate", "init_params", "llada_8b", "load", "save", "tiny",
+    "CheckpointError", "ConfigError", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA",
+    "Layer", "ModelConfig", "Params", "compile_generate", "forward", "generate", "init_params",
+    "llada_8b", "load", "save", "tiny",
 ]

@@ -56,7 +56,8 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
 def params_to_groups(params: Params) -> dict[str, dict[str, Any]]:
     groups = {"embed": {"embed": params.embed}}
     for i, layer in enumerate(params.layers):
-        groups[f"layer_{i:03d}"] = {f.name: getattr(layer, f.name) for f in dataclasses.fields(layer)}
+        groups[f"layer_{i:03d}"] = {f.name: getattr(layer, f.name)
+                                    for f in dataclasses.fields(layer)}
     groups["final"] = {"norm_f": params.norm_f}
     if params.head is not None:
         groups["final"]["head"] = params.head

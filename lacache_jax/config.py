@@ -37,9 +37,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
                      "max_seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+            _positive_int(getattr(self, name), name, ConfigError)
         if self.d_model % self.n_heads:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
@@ -238,7 +236,8 @@ class DPadConfig:
 
     def __post_init__(self):
         if self.strategy not in ("gaussian", "uniform"):
-            raise ValueError(f"dpad.strategy must be 'gaussian' or 'uniform', got {self.strategy!r}")
+            raise ValueError(
+                f"dpad.strategy must be 'gaussian' or 'uniform', got {self.strategy!r}")
         _positive_int(self.window, "dpad.window")
         if self.window < 2:
             raise ValueError(f"dpad.window must be at least 2, got {self.window}")
@@ -335,8 +334,9 @@ class GenerationConfig:
 
     def resolve(self, model: ModelConfig) -> "GenerationConfig":
         """Fill `mask_id`/`eos_id` from the model and check every id lies in its vocabulary."""
-        out = dataclasses.replace(self, mask_id=model.mask_id if self.mask_id is None else self.mask_id,
-                                  eos_id=model.eos_id if self.eos_id is None else self.eos_id)
+        out = dataclasses.replace(
+            self, mask_id=model.mask_id if self.mask_id is None else self.mask_id,
+            eos_id=model.eos_id if self.eos_id is None else self.eos_id)
         for name in ("mask_id", "eos_id", "eot_id"):
             v = getattr(out, name)
             if v is not None and v >= model.vocab_size:
@@ -347,9 +347,9 @@ class GenerationConfig:
         return out
 
 
-def _positive_int(v: Any, name: str) -> None:
+def _positive_int(v: Any, name: str, error: type[ValueError] = ValueError) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        raise error(f"{name} must be a positive integer, got {v!r}")
 
 
 def _number(v: Any, name: str, lo: float | None = None) -> None:

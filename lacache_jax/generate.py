@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +98,8 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths):
 
 def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
     """Per-row keys of the DPad draw for block `block` (exposed for tests)."""
-    return jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, _DPAD_STREAM), block))(keys_B)
+    stream = jax.vmap(lambda k: jax.random.fold_in(k, _DPAD_STREAM))(keys_B)
+    return jax.vmap(lambda k: jax.random.fold_in(k, block))(stream)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gen"))

@@ -95,7 +95,8 @@ def test_tied_embeddings(tmp_path):
     assert cfg2.tie_embeddings and params.head is None
     h = np.random.default_rng(0).standard_normal((1, 1, cfg.d_model)).astype(np.float32)
     logits = lj.model.lm_head(params, cfg, jnp.asarray(h))
-    ref = lj.model.rms_norm(h, params.norm_f, cfg.norm_eps) @ state["model.transformer.wte.weight"].T
+    embed = state["model.transformer.wte.weight"]
+    ref = lj.model.rms_norm(h, params.norm_f, cfg.norm_eps) @ embed.T
     np.testing.assert_allclose(np.asarray(logits), np.asarray(ref), rtol=1e-6, atol=1e-6)
 
 
@@ -148,8 +149,9 @@ HEAD = "model.transformer.ff_out.weight"
 Q1 = "model.transformer.blocks.1.q_proj.weight"
 BAD_INPUTS = {
     "missing_key": (lambda hf: _drop(hf, Q1), f"missing key '{Q1}'"),
-    "unexpected_key": (lambda hf: _put(hf, "model.transformer.extra.weight", np.ones(3, np.float32)),
-                       "unexpected key 'model.transformer.extra.weight'"),
+    "unexpected_key": (
+        lambda hf: _put(hf, "model.transformer.extra.weight", np.ones(3, np.float32)),
+        "unexpected key 'model.transformer.extra.weight'"),
     "wrong_shape": (lambda hf: _put(hf, Q1, np.ones((64, 60), np.float32),
                                     _shard_of(hf, Q1)[0]),
                     f"'{Q1}' has shape [64, 60], config.json implies [64, 64]"),
