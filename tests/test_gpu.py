@@ -43,3 +43,19 @@ def test_bf16_forward_on_gpu_matches_fp32():
     out = lj.forward(params16, cfg, tokens, attention_mask=key_mask).astype(jnp.float32)
     # Same bf16 budget as the CPU parity test (tests/test_model.py::test_bf16_parity).
     assert rel_err(out, ref) <= 3e-2
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_facache_kernel_on_gpu(dtype):
+    """The Triton-lowered kernel at LLaDA's head shape: fill vs dense, reuse bit-identical."""
+    from kernels.cached_attention import cached_attention_pallas
+    from tests.test_cached_attention import dense_attention, inputs
+    q, k, v, key_mask = inputs(0, 2, 768, 32, 32, 128, [0, 100], dtype)
+    s, e = 530, 562  # not tile-aligned
+    o, state = cached_attention_pallas(q, k, v, key_mask, s, e, mode="fill", poison=True)
+    # fp32: HIGHEST-precision dots and fp32 accumulation (1e-5); bf16: as in
+    # tests/test_cached_attention.py::test_bf16.
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    assert rel_err(o.astype(jnp.float32), dense_attention(q, k, v, key_mask)) <= tol
+    again = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse", poison=True)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(o))

@@ -1,0 +1,54 @@
+"""FACache kernel time vs full attention at LLaDA's layer-0 shape (B 1, H 32, K 128, bf16).
+
+    python -m benchmarks.cached_attention [--lengths 512,1024,2048,4096] [--block 32]
+
+Times: cuDNN full attention (jax.nn.dot_product_attention), our kernel in fill mode (full
+attention plus writing the cached state), our kernel in reuse mode (block at the end of the
+canvas, as in the last block of generation, and in the middle).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.common import time_fn, write_result
+from kernels.cached_attention import cached_attention_pallas
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="512,1024,2048,4096")
+    ap.add_argument("--block", type=int, default=32)
+    args = ap.parse_args()
+    H, K = 32, 128
+    rows = []
+    for L in map(int, args.lengths.split(",")):
+        ks = jax.random.split(jax.random.key(L), 3)
+        q, k, v = (jax.random.normal(kk, (1, L, H, K), jnp.bfloat16) for kk in ks)
+        mask = jnp.ones((1, L), bool)
+        cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, implementation="cudnn"))
+        row = {"L": L, "cudnn_ms": time_fn(cudnn, q, k, v, iters=50)["median_ms"]}
+        for where, s in (("mid", L // 2), ("end", L - args.block)):
+            e = s + args.block
+            fill = jax.jit(lambda q, k, v, s, e: cached_attention_pallas(
+                q, k, v, mask, s, e, mode="fill"))
+            _, state = fill(q, k, v, s, e)
+            reuse = jax.jit(lambda q, k, v, s, e, st: cached_attention_pallas(
+                q, k, v, mask, s, e, st, mode="reuse"))
+            row[f"fill_{where}_ms"] = time_fn(fill, q, k, v, s, e, iters=50)["median_ms"]
+            row[f"reuse_{where}_ms"] = time_fn(reuse, q, k, v, s, e, state,
+                                               iters=50)["median_ms"]
+        row["speedup_reuse_mid_vs_cudnn"] = row["cudnn_ms"] / row["reuse_mid_ms"]
+        rows.append(row)
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()},
+              flush=True)
+    path = write_result("cached_attention", {"H": H, "K": K, "block": args.block, "rows": rows})
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""FACache: bidirectional FlashAttention whose online-softmax state over the unchanged keys is
+cached across the steps of a semi-autoregressive block (REFERENCE.md §7).
+
+Keys split into the current block C = [s, e) and the unchanged rest U. Every query tile
+accumulates U keys first (phase A), then C keys (phase B), in base-2 online softmax:
+
+- `fill`:  computes both phases for every tile; returns the output and, per query row, the
+           state (m, l, acc) after phase A: row max (log2 units), normaliser, unnormalised
+           accumulator. For rows outside C it stays valid while only C's tokens change.
+- `reuse`: query tiles wholly outside C start from the cached state and stream only the key
+           tiles overlapping C (U-vs-U tiles are skipped); tiles overlapping C recompute both
+           phases. The same order of summation as `fill`, so reuse on unchanged inputs
+           reproduces fill bit for bit.
+
+`s`, `e` are runtime values (no recompilation per block), any alignment: key tiles straddling a
+block edge are split exactly by masks. `key_mask` [B, L] masks padded (or dropped) keys.
+Shapes: q [B, L, H, K], k/v [B, L, G, K] (GQA: H % G == 0), state m/l [B, H, L], acc
+[B, L, H, K], all state in fp32. `cached_attention_ref` is the dense pure-jnp reference with the
+same signature; `cached_attention` dispatches (Pallas on GPU, the reference elsewhere).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+LOG2E = math.log2(math.e)
+# Finite stand-in for -inf: keeps exp2(m_prev - m_next) defined when nothing is unmasked yet.
+MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class FAState:
+    m: jax.Array    # [B, H, L] running max of log2-scaled scores over U keys
+    l: jax.Array    # [B, H, L] normaliser
+    acc: jax.Array  # [B, L, H, K] unnormalised output
+
+
+def _check(q, k, v, key_mask, mode, state):
+    if mode not in ("fill", "reuse"):
+        raise ValueError(f"mode must be 'fill' or 'reuse', got {mode!r}")
+    B, L, H, K = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[1] != L or k.shape[3] != K:
+        raise ValueError(f"k/v must be [B, L, G, K] matching q {q.shape}, got {k.shape}, {v.shape}")
+    if H % k.shape[2]:
+        raise ValueError(f"query heads {H} not divisible by kv heads {k.shape[2]}")
+    if key_mask.shape != (B, L):
+        raise ValueError(f"key_mask must be {(B, L)}, got {key_mask.shape}")
+    if (mode == "reuse") != (state is not None):
+        raise ValueError("reuse mode needs the state from fill mode; fill takes none")
+
+
+# --- reference ----------------------------------------------------------------------------
+
+def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, *,
+                         mode: str = "fill", block_q: int = 64, block_k: int = 64,
+                         interpret: bool = False):
+    """Dense reference: (o, state) in fill mode, o in reuse mode. Rows outside [s, e) take
+    the cached state in reuse mode (tile granularity changes which rows recompute, not the
+    result)."""
+    _check(q, k, v, key_mask, mode, state)
+    B, L, H, K = q.shape
+    rep = H // k.shape[2]
+    kr = jnp.repeat(k, rep, axis=2).astype(jnp.float32)
+    vr = jnp.repeat(v, rep, axis=2).astype(jnp.float32)
+    scores = jnp.einsum("blhk,bshk->bhls", q.astype(jnp.float32), kr,
+                        precision=jax.lax.Precision.HIGHEST) * (LOG2E / math.sqrt(K))
+    pos = jnp.arange(L)
+    in_c = (pos >= s) & (pos < e)
+    valid = key_mask.astype(bool)[:, None, None, :]
+
+    def partial(keys_ok):
+        sc = jnp.where(keys_ok, scores, MASKED)
+        m = jnp.maximum(sc.max(-1), MASKED)
+        p = jnp.where(keys_ok, jnp.exp2(sc - m[..., None]), 0.0)
+        acc = jnp.einsum("bhls,bshk->blhk", p, vr, precision=jax.lax.Precision.HIGHEST)
+        return m, p.sum(-1), acc
+
+    m_a, l_a, acc_a = partial(valid & ~in_c[None, None, None, :])
+    if mode == "reuse":
+        outside = ~in_c
+        m_a = jnp.where(outside[None, None, :], state.m, m_a)
+        l_a = jnp.where(outside[None, None, :], state.l, l_a)
+        acc_a = jnp.where(outside[None, :, None, None], state.acc, acc_a)
+    m_b, l_b, acc_b = partial(valid & in_c[None, None, None, :])
+    m = jnp.maximum(m_a, m_b)
+    ca, cb = jnp.exp2(m_a - m), jnp.exp2(m_b - m)
+    l = l_a * ca + l_b * cb
+    acc = acc_a * ca.transpose(0, 2, 1)[..., None] + acc_b * cb.transpose(0, 2, 1)[..., None]
+    o = (acc / l.transpose(0, 2, 1)[..., None]).astype(q.dtype)
+    return (o, FAState(m_a, l_a, acc_a)) if mode == "fill" else o
+
+
+# --- Pallas kernel ------------------------------------------------------------------------
+
+def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
+            scale, block_q, block_k, n_k_tiles, reuse, n_poisoned):
+    out_refs = refs[n_poisoned:]  # poisoned inputs alias the outputs; never read
+    s, e = se_ref[0], se_ref[1]
+    i = pl.program_id(0)
+    q = q_ref[...]
+    # fp32 inputs: full-precision dots (Triton would otherwise use TF32).
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    q_lo = i * block_q
+    tile_in_u = (q_lo + block_q <= s) | (q_lo >= e)
+    use_cache = reuse & tile_in_u
+
+    def stream(lo, hi, want_c, carry):
+        def body(t, carry):
+            acc, m, l = carry
+            k = k_ref[pl.ds(t * block_k, block_k), :]
+            v = v_ref[pl.ds(t * block_k, block_k), :]
+            kpos = t * block_k + jnp.arange(block_k)
+            in_c = (kpos >= s) & (kpos < e)
+            ok = (mask_ref[pl.ds(t * block_k, block_k)] != 0) & (in_c if want_c else ~in_c)
+            qk = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * scale
+            qk = jnp.where(ok[None, :], qk, MASKED)
+            m_new = jnp.maximum(m, qk.max(axis=-1))
+            corr = jnp.exp2(m - m_new)
+            p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
+            l = l * corr + p.sum(axis=-1)
+            acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
+                                                preferred_element_type=jnp.float32)
+            return acc, m_new, l
+        return jax.lax.fori_loop(lo, hi, body, carry)
+
+    K = q.shape[-1]
+    empty = (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
+             jnp.zeros((block_q,), jnp.float32))
+    if reuse:
+        cached = (acc_in[...], m_in[...], l_in[...])
+        carry = tuple(jnp.where(use_cache, c, z) for c, z in zip(cached, empty))
+    else:
+        carry = empty
+    # Phase A: U keys, unless this tile's state comes from the cache.
+    carry = stream(0, jnp.where(use_cache, 0, n_k_tiles), False, carry)
+    if not reuse:
+        acc_out, m_out, l_out = out_refs[1:]
+        acc_out[...], m_out[...], l_out[...] = carry
+    # Phase B: only the key tiles that overlap [s, e).
+    carry = stream(s // block_k, jnp.minimum((e + block_k - 1) // block_k, n_k_tiles), True,
+                   carry)
+    acc, _, l = carry
+    out_refs[0][...] = (acc / l[:, None]).astype(out_refs[0].dtype)
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("mode", "block_q", "block_k", "interpret", "poison"))
+def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = None, *,
+                            mode: str = "fill", block_q: int = 64, block_k: int = 64,
+                            interpret: bool = False, poison: bool = False):
+    """The Pallas (Triton lowering) kernel; same contract as `cached_attention_ref`.
+    `poison` (tests) makes the outputs NaN-filled buffers first, so an unwritten tile shows."""
+    _check(q, k, v, key_mask, mode, state)
+    if block_q != block_k:
+        raise ValueError("block_q must equal block_k (tiles are padded to one multiple)")
+    B, L, H, K = q.shape
+    G = k.shape[2]
+    rep = H // G
+    Lp = pl.cdiv(L, block_q) * block_q
+    pad = [(0, 0), (0, Lp - L), (0, 0), (0, 0)]
+    q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
+    mask_p = jnp.pad(key_mask.astype(jnp.int32), [(0, 0), (0, Lp - L)])
+    reuse = mode == "reuse"
+    if reuse:
+        m_in = jnp.pad(state.m, [(0, 0), (0, 0), (0, Lp - L)])
+        l_in = jnp.pad(state.l, [(0, 0), (0, 0), (0, Lp - L)])
+        acc_in = jnp.pad(state.acc, pad)
+    else:  # unused inputs of the right shape keep one kernel signature
+        m_in = l_in = jnp.zeros((B, H, Lp), jnp.float32)
+        acc_in = jnp.zeros((B, Lp, H, K), jnp.float32)
+    se = jnp.stack([jnp.asarray(s, jnp.int32), jnp.asarray(e, jnp.int32)])
+
+    row_spec = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
+    tile_spec = pl.BlockSpec((None, block_q, None, K), lambda i, b, h: (b, i, h, 0))
+    kv_spec = pl.BlockSpec((None, Lp, None, K), lambda i, b, h: (b, 0, h // rep, 0))
+    in_specs = [pl.BlockSpec((2,), lambda i, b, h: (0,)), tile_spec, kv_spec, kv_spec,
+                pl.BlockSpec((None, Lp), lambda i, b, h: (b, 0)), row_spec, row_spec,
+                tile_spec]
+    out_shape = [jax.ShapeDtypeStruct((B, Lp, H, K), q.dtype)]
+    out_specs = [tile_spec]
+    if not reuse:
+        out_shape += [jax.ShapeDtypeStruct((B, Lp, H, K), jnp.float32),
+                      jax.ShapeDtypeStruct((B, H, Lp), jnp.float32),
+                      jax.ShapeDtypeStruct((B, H, Lp), jnp.float32)]
+        out_specs += [tile_spec, row_spec, row_spec]
+    poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
+    kernel = functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_q=block_q,
+                               block_k=block_k, n_k_tiles=Lp // block_k, reuse=reuse,
+                               n_poisoned=len(poisoned))
+    from jax.experimental.pallas import triton as plgpu
+    outs = pl.pallas_call(
+        kernel, grid=(Lp // block_q, B, H), in_specs=in_specs + out_specs[:len(poisoned)],
+        out_specs=out_specs, out_shape=out_shape, interpret=interpret,
+        input_output_aliases={len(in_specs) + j: j for j in range(len(poisoned))},
+        name=f"facache_{mode}",
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(se, q_p, k_p, v_p, mask_p, m_in, l_in, acc_in, *poisoned)
+    o = outs[0][:, :L]
+    if reuse:
+        return o
+    acc, m, l = outs[1][:, :L], outs[2][..., :L], outs[3][..., :L]
+    return o, FAState(m, l, acc)
+
+
+def cached_attention(q, k, v, key_mask, s, e, state: FAState | None = None, *,
+                     mode: str = "fill", block_q: int = 64, block_k: int = 64):
+    """Dispatch: the Pallas kernel on GPU, the dense reference elsewhere."""
+    fn = cached_attention_pallas if jax.default_backend() == "gpu" else cached_attention_ref
+    return fn(q, k, v, key_mask, s, e, state, mode=mode, block_q=block_q, block_k=block_k)
