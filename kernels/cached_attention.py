@@ -128,7 +128,9 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
             acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
                                                 preferred_element_type=jnp.float32)
             return acc, m_new, l
-        return jax.lax.fori_loop(lo, hi, body, carry)
+        # Triton's scf.for wants bounds of one integer type.
+        return jax.lax.fori_loop(jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), body,
+                                 carry)
 
     K = q.shape[-1]
     empty = (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
