@@ -128,9 +128,13 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
             acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
                                                 preferred_element_type=jnp.float32)
             return acc, m_new, l
-        # Triton's scf.for wants bounds of one integer type.
-        return jax.lax.fori_loop(jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), body,
-                                 carry)
+        # A plain while loop: the Triton lowering turns fori-shaped loops with run-time bounds
+        # into scf.for and rejects the bounds' types (seen on jax 0.11.2).
+        t, _, carry = jax.lax.while_loop(
+            lambda c: (c[0] < c[1]) & (c[0] >= 0),
+            lambda c: (c[0] + 1, c[1], body(c[0], c[2])),
+            (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), carry))
+        return carry
 
     K = q.shape[-1]
     empty = (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
