@@ -54,6 +54,19 @@ def measure_ceilings(key=jax.random.key(0)) -> dict:
 REFERENCE_CEILINGS = {"bf16_matmul_tflops": 790.0, "copy_tb_per_s": 4.3}
 
 
+def llada_8b_setup(n_layers: int | None = None):
+    """(config, measured ceilings, random bf16 params on device) for LLaDA-8B's shape;
+    `n_layers` shrinks the depth for quick checks."""
+    import dataclasses
+
+    import lacache_jax as lj
+    cfg = lj.llada_8b()
+    if n_layers:
+        cfg = dataclasses.replace(cfg, n_layers=n_layers)
+    ceilings = measure_ceilings()
+    return cfg, ceilings, lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+
+
 def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
     """max(compute time, memory time) in ms at the given ceilings."""
     return max(flops / ceilings["bf16_matmul_tflops"] / 1e9,

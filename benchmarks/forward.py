@@ -9,13 +9,12 @@ max(FLOPs / peak, weight bytes / copy bandwidth).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 import lacache_jax as lj
-from benchmarks.common import REFERENCE_CEILINGS, floor_ms, measure_ceilings, time_fn, write_result
+from benchmarks.common import (REFERENCE_CEILINGS, floor_ms, llada_8b_setup, time_fn,
+                               write_result)
 
 
 def forward_flops(cfg: lj.ModelConfig, B: int, L: int) -> float:
@@ -33,11 +32,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
 
-    cfg = lj.llada_8b()
-    if args.layers:
-        cfg = dataclasses.replace(cfg, n_layers=args.layers)
-    ceil = measure_ceilings()
-    params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    cfg, ceil, params = llada_8b_setup(args.layers)
     weight_bytes = 2 * cfg.n_params
     rows = []
     for shape in args.shapes.split(","):

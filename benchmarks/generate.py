@@ -12,15 +12,13 @@ the ceilings measured in the same run. stop_at_eos is off so all runs do the sam
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import REFERENCE_CEILINGS, floor_ms, measure_ceilings, write_result
+from benchmarks.common import REFERENCE_CEILINGS, floor_ms, llada_8b_setup, write_result
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
@@ -55,11 +53,7 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     args = ap.parse_args()
 
-    cfg = lj.llada_8b()
-    if args.layers:
-        cfg = dataclasses.replace(cfg, n_layers=args.layers)
-    ceil = measure_ceilings()
-    params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    cfg, ceil, params = llada_8b_setup(args.layers)
     rows = []
     for B in map(int, args.batch.split(",")):
         prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, args.prompt))

@@ -12,7 +12,6 @@ show up as `copy` instructions on [4096, ...] operands).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import measure_ceilings, time_fn, write_result
+from benchmarks.common import llada_8b_setup, time_fn, write_result
 from lacache_jax.model import forward_layers, lm_head
 
 
@@ -35,11 +34,7 @@ def main():
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     args = ap.parse_args()
     B, bl, T = args.batch, args.block, args.prompt + args.gen
-    cfg = lj.llada_8b()
-    if args.layers:
-        cfg = dataclasses.replace(cfg, n_layers=args.layers)
-    ceil = measure_ceilings()
-    params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    cfg, ceil, params = llada_8b_setup(args.layers)
     key = jax.random.key(1)
     x = jax.random.normal(key, (B, bl, cfg.d_model), jnp.bfloat16)
 
