@@ -8,6 +8,9 @@ any unfinished row. Every block opens with a full forward whose logits decode it
 
   cache    first step of a block                 later steps
   none     full forward                          full forward
+  exact    full forward, fill layer 0's          layer 0: embed/norm/QKV/RoPE of [s, e) only,
+           LaCache (embeddings, q/k/v, FACache)  FACache attention in reuse mode; layers >= 1
+                                                 full. Same tokens as `none`.
   prefix   full forward, keep all K/V            queries [P, T) against cached K/V before s
   dual     full forward, keep all K/V            queries [s, e); their K/V overwrite the cache
 
@@ -24,10 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.cached_attention import FAState, cached_attention
 from lacache_jax import sampling
-from lacache_jax.cache import KVCache
+from lacache_jax.cache import KVCache, LaCache
 from lacache_jax.config import GenerationConfig, ModelConfig
-from lacache_jax.model import Params, forward_layers, lm_head
+from lacache_jax.model import (Params, finish_block, forward_layers, lm_head, qkv, rms_norm,
+                               rope_tables, run_blocks)
 
 _DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
 
@@ -152,6 +157,34 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
                                  dup(keep_BT), kv_fns)
         return block_logits(jax.lax.dynamic_slice_in_dim(h, s - P, bl, axis=1)), cache
 
+    layer0, deeper = params.layers[0], params.layers[1:]
+    cos_M, sin_M = rope_tables(pos_M, cfg.head_dim, cfg.rope_theta)
+
+    def layer0_qkv(tok, cos, sin):
+        x0 = params.embed[tok]
+        return (x0, *qkv(rms_norm(x0, layer0.attn_norm, cfg.norm_eps), layer0, cfg, cos, sin))
+
+    def exact_rest(x0, attn, keep_BT, s):
+        """Layer 0 after its attention, then the deeper layers as usual."""
+        h, _, _ = run_blocks(finish_block(x0, attn, layer0, cfg), deeper, cfg, cos_M, sin_M,
+                             dup(keep_BT))
+        return block_logits(jax.lax.dynamic_slice_in_dim(h, s, bl, axis=1))
+
+    def forward_exact_fill(x, keep_BT, s):
+        x0, q, k, v = layer0_qkv(model_rows(x), cos_M, sin_M)
+        attn, fa = cached_attention(q, k, v, dup(keep_BT), s, s + bl, mode="fill")
+        return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
+
+    def forward_exact_step(x, keep_BT, s, cache):
+        cut = lambda a: jax.lax.dynamic_slice_in_dim(a, s, bl, axis=1)
+        put = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
+        fresh = layer0_qkv(cut(model_rows(x)), cut(cos_M), cut(sin_M))
+        x0, q, k, v = (put(c, n) for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
+        attn = cached_attention(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse")
+        return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
+
+    first_forward = forward_exact_fill if gen.cache == "exact" else forward_full
+
     def decode(st, logits, i, s, sched, step_keys):
         xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
         masked = xb == gen.mask_id
@@ -189,7 +222,7 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
         n_masked = (jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1) == gen.mask_id).sum(-1)
         sched = None if gen.parallel else sampling.transfer_schedule(n_masked, gen.steps_per_block)
 
-        logits, cache = forward_full(st["x"], keep, s)
+        logits, cache = first_forward(st["x"], keep, s)
         st = decode(st, logits, 0, s, sched, step_keys(0))
         if gen.cache != "none":
             st["cache"] = cache
@@ -202,6 +235,9 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
             st, i = carry
             if gen.cache == "none":
                 logits, _ = forward_full(st["x"], keep, s)
+            elif gen.cache == "exact":
+                logits, cache = forward_exact_step(st["x"], keep, s, st["cache"])
+                st = {**st, "cache": cache}
             elif gen.cache == "prefix":
                 logits, _ = forward_prefix(st["x"], keep, s, st["cache"])
             else:
@@ -227,14 +263,21 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
     zeros = jnp.zeros((B,), jnp.int32)
     st = {"x": x_BT, "done": jnp.zeros((B,), bool), "nfe": zeros, "steps": zeros,
           "revealed": zeros, "block": jnp.int32(0)}
-    if gen.cache != "none":
-        shape = (B * (2 if use_cfg else 1), T, cfg.n_kv_heads, cfg.head_dim)
-        st["cache"] = KVCache([jnp.zeros(shape, params.dtype) for _ in range(cfg.n_layers)],
-                              [jnp.zeros(shape, params.dtype) for _ in range(cfg.n_layers)])
+    M = B * (2 if use_cfg else 1)  # model rows
+    q_shape = (M, T, cfg.n_heads, cfg.head_dim)
+    kv_shape = (M, T, cfg.n_kv_heads, cfg.head_dim)
+    if gen.cache == "exact":
+        empty = lambda shape, dtype=params.dtype: jnp.zeros(shape, dtype)
+        st["cache"] = LaCache(
+            empty((M, T, cfg.d_model)), empty(q_shape), empty(kv_shape), empty(kv_shape),
+            FAState(empty((M, cfg.n_heads, T), jnp.float32),
+                    empty((M, cfg.n_heads, T), jnp.float32), empty(q_shape, jnp.float32)))
+    elif gen.cache != "none":
+        st["cache"] = KVCache([jnp.zeros(kv_shape, params.dtype) for _ in params.layers],
+                              [jnp.zeros(kv_shape, params.dtype) for _ in params.layers])
     st = jax.lax.while_loop(lambda st: (st["block"] < gen.num_blocks) & ~st["done"].all(),
                             run_block, st)
-    is_eos = st["x"][:, P:] == gen.eos_id
-    gen_lengths = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, axis=-1), G).astype(jnp.int32)
+    gen_lengths = jnp.min(jnp.where(st["x"][:, P:] == gen.eos_id, jnp.arange(G), G), axis=-1)
     return GenerateOutput(tokens=st["x"], prompt_lengths=P - pad_B,
                           nfe=st["nfe"], steps=st["steps"], revealed=st["revealed"],
                           gen_lengths=gen_lengths)

@@ -156,12 +156,17 @@ def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
           key_mask_BS: jax.Array | None, kv_fn=None):
     """One pre-norm block. `kv_fn(k, v) -> (k_all, v_all)` lets a cache supply the keys and
     values the queries attend to (default: the block's own); returns (x, k_all, v_all)."""
-    B, L, _ = x_BLD.shape
     h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
     q, k, v = qkv(h, layer, cfg, cos_BLk, sin_BLk)
     k_all, v_all = (k, v) if kv_fn is None else kv_fn(k, v)
-    x_BLD = x_BLD + attention(q, k_all, v_all, key_mask_BS).reshape(B, L, -1) @ layer.wo
-    return x_BLD + mlp(x_BLD, layer, cfg), k_all, v_all
+    return finish_block(x_BLD, attention(q, k_all, v_all, key_mask_BS), layer, cfg), k_all, v_all
+
+
+def finish_block(x_BLD: jax.Array, attn_BLHK: jax.Array, layer: Layer, cfg: ModelConfig):
+    """The rest of a block once its attention output is known: projection, residual, MLP."""
+    B, L, _ = x_BLD.shape
+    x_BLD = x_BLD + attn_BLHK.reshape(B, L, -1) @ layer.wo
+    return x_BLD + mlp(x_BLD, layer, cfg)
 
 
 def lm_head(params: Params, cfg: ModelConfig, x_BLD: jax.Array) -> jax.Array:
@@ -187,13 +192,19 @@ def forward_layers(params: Params, cfg: ModelConfig, tokens_BL: jax.Array,
     sit at `positions_BL` and `key_mask_BS` masks the keys they attend to.
     """
     cos, sin = rope_tables(positions_BL, cfg.head_dim, cfg.rope_theta)
-    x = params.embed[tokens_BL]
+    return run_blocks(params.embed[tokens_BL], params.layers, cfg, cos, sin, key_mask_BS, kv_fns)
+
+
+def run_blocks(x_BLD: jax.Array, layers: list[Layer], cfg: ModelConfig, cos_BLk, sin_BLk,
+               key_mask_BS: jax.Array | None, kv_fns=None):
+    """`layers` in order from hidden states x; returns (x, per-layer keys and values)."""
     ks, vs = [], []
-    for i, layer in enumerate(params.layers):
-        x, k, v = block(x, layer, cfg, cos, sin, key_mask_BS, None if kv_fns is None else kv_fns[i])
+    for i, layer in enumerate(layers):
+        x_BLD, k, v = block(x_BLD, layer, cfg, cos_BLk, sin_BLk, key_mask_BS,
+                            None if kv_fns is None else kv_fns[i])
         ks.append(k)
         vs.append(v)
-    return x, ks, vs
+    return x_BLD, ks, vs
 
 
 @functools.partial(jax.jit, static_argnames="cfg")

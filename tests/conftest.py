@@ -10,8 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import lacache_jax as lj
 from convert import safetensors_file as stf
-from lacache_jax.config import ModelConfig
+from convert.__main__ import main as convert_main
+from lacache_jax.config import ModelConfig, tiny
 
 # REFERENCE.md §2: LLaDA name -> transformers Llama name ({i} is the block index).
 LLADA_TO_LLAMA = {
@@ -128,6 +130,22 @@ def hf_logits(model, tokens: np.ndarray, key_mask: np.ndarray | None = None,
 def rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# The model of the generation tests (tests/test_generate.py, tests/test_lacache.py).
+GEN_CFG = tiny(n_heads=4, n_kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Our fp32 params (through convert + load) and the transformers reference, same weights;
+    a large head makes confidences peaked like a trained model's, so thresholds matter."""
+    tmp = tmp_path_factory.mktemp("gen")
+    state = random_llada_state(GEN_CFG, seed=7, head_std=2.0)
+    write_hf_llada(tmp / "hf", GEN_CFG, state)
+    assert convert_main([str(tmp / "hf"), str(tmp / "ck"), "--dtype", "float32", "--quiet"]) == 0
+    import torch
+    return lj.load(tmp / "ck")[1], hf_llama(GEN_CFG, state, torch.float32)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 import lacache_jax as lj
@@ -58,14 +59,24 @@ def test_chat_template_rendering(checkpoint):
     assert ids[:2] == [312, 313] and tok.decode(ids) == text
 
 
-@pytest.mark.parametrize("extra", [[], ["--chat", "--threshold", "0.9", "--cache", "dual"]])
-def test_generate_prints_text_and_speed(checkpoint, capsys, extra):
+@pytest.mark.parametrize("chat", [False, True])
+def test_generate_prints_text_and_speed(checkpoint, capsys, chat):
+    extra = ["--chat", "--threshold", "0.9", "--cache", "dual"] if chat else []
     rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
                "--gen-length", "16", "--block-length", "8", "--dtype", "float32", *extra])
     assert rc == 0
     out, err = capsys.readouterr()
-    assert out.strip() != "" or "0 tokens" in err
-    assert "tokens/s" in err and "NFE" in err and "tokens per step" in err
+    # The same generation through the library: the CLI prints exactly its decoded answer.
+    from lacache_jax.tokenizer import Tokenizer
+    tok = Tokenizer(checkpoint)
+    config, params = lj.load(checkpoint, dtype="float32")
+    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16,
+                              threshold=0.9 if chat else None, cache="dual" if chat else "none")
+    prompt = tok.encode(tok.chat_prompt("12+30=") if chat else "12+30=")
+    ref = lj.generate(params, config, [prompt], gen, key=jax.random.key(0))
+    assert out == tok.decode(ref.answers(16)[0]) + "\n"
+    assert f"[{int(ref.gen_lengths[0])} tokens in" in err and f"NFE {int(ref.nfe[0])}" in err
+    assert "tokens/s" in err and "tokens per step" in err
 
 
 def test_generate_errors(tmp_path, checkpoint, capsys):

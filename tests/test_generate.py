@@ -11,27 +11,14 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from convert.__main__ import main as convert_main
 from lacache_jax import sampling
 from lacache_jax.generate import dpad_block_keys, row_keys
-from tests.conftest import hf_llama, random_llada_state, write_hf_llada
+from tests.conftest import GEN_CFG
 from tests.reference_sampler import reference_generate
 
-CFG = lj.tiny(n_heads=4, n_kv_heads=2)
+CFG = GEN_CFG
 G, BL = 24, 8
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 64, 128, 11]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """Our fp32 params (through convert + load) and the transformers reference, same weights;
-    a large head makes confidences peaked like a trained model's, so thresholds matter."""
-    tmp = tmp_path_factory.mktemp("gen")
-    state = random_llada_state(CFG, seed=7, head_std=2.0)
-    write_hf_llada(tmp / "hf", CFG, state)
-    assert convert_main([str(tmp / "hf"), str(tmp / "ck"), "--dtype", "float32", "--quiet"]) == 0
-    import torch
-    return lj.load(tmp / "ck")[1], hf_llama(CFG, state, torch.float32)
 
 
 def _gen(**kw):

@@ -1,0 +1,86 @@
+"""cache="exact" (LaCache): identical tokens to cache="none", and layer 0's cached path equal
+to recomputing it, to fp32 rounding."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from kernels import cached_attention as ca
+from lacache_jax.model import block, finish_block, qkv, rms_norm, rope_tables
+from tests.conftest import GEN_CFG as CFG
+from tests.conftest import rel_err
+from tests.test_generate import RAGGED, _gen
+EXACT_CASES = {
+    "fixed": dict(steps=12),
+    "threshold": dict(threshold=0.9),
+    "factor_cfg": dict(factor=1.0, cfg_scale=1.0),
+    "dpad": dict(steps=12, dpad=lj.DPadConfig(window=10)),
+    "stop_at_eos": dict(threshold=0.5, stop_at_eos=True, eos_id=202),
+}
+
+
+@pytest.mark.parametrize("case", list(EXACT_CASES))
+def test_exact_equals_none(models, case):
+    params, _ = models
+    gen = _gen(**EXACT_CASES[case])
+    keys = jax.random.split(jax.random.key(5), len(RAGGED))
+    none = lj.generate(params, CFG, RAGGED, gen, key=keys)
+    exact = lj.generate(params, CFG, RAGGED, _gen(cache="exact", **EXACT_CASES[case]), key=keys)
+    np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
+    np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
+
+
+def test_exact_with_the_pallas_kernel(models, monkeypatch):
+    """The same through the Pallas kernel itself (interpret mode), tiles smaller than the
+    canvas so that fill/reuse tile logic, padding and GQA all take part."""
+    params, _ = models
+    kernel = functools.partial(ca.cached_attention_pallas, block_q=8, block_k=8, interpret=True)
+    # `lj.generate` is the function; the module is reached through sys.modules.
+    monkeypatch.setattr(sys.modules["lacache_jax.generate"], "cached_attention", kernel)
+    jax.clear_caches()  # programs traced with the reference must not be reused
+    gen = dict(threshold=0.9)
+    try:
+        exact = lj.generate(params, CFG, RAGGED, _gen(cache="exact", **gen))
+    finally:
+        jax.clear_caches()
+    none = lj.generate(params, CFG, RAGGED, _gen(**gen))
+    np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
+
+
+@pytest.mark.parametrize("impl", ["reference", "pallas"])
+def test_layer0_cached_path_equals_recompute(models, impl):
+    """Fill at a block's first step, change the block's tokens, take layer 0 through the
+    cached path (block rows recomputed, FACache reuse): equal to layer 0 on the new canvas."""
+    params, _ = models
+    attention = (ca.cached_attention_ref if impl == "reference" else functools.partial(
+        ca.cached_attention_pallas, block_q=16, block_k=16, interpret=True))
+    rng = np.random.default_rng(0)
+    B, T, s, e = 2, 40, 17, 25
+    old = rng.integers(0, CFG.mask_id, (B, T))
+    new = old.copy()
+    new[:, s:e] = rng.integers(0, CFG.mask_id, (B, e - s))
+    keep = np.ones((B, T), bool)
+    keep[1, :3] = False
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    cos, sin = rope_tables(pos, CFG.head_dim, CFG.rope_theta)
+    layer = params.layers[0]
+
+    def layer0_inputs(tokens, cos, sin):
+        x0 = params.embed[tokens]
+        return (x0, *qkv(rms_norm(x0, layer.attn_norm, CFG.norm_eps), layer, CFG, cos, sin))
+
+    x0, q, k, v = layer0_inputs(jnp.asarray(old), cos, sin)
+    _, state = attention(q, k, v, keep, s, e, mode="fill")
+    fresh = layer0_inputs(jnp.asarray(new[:, s:e]), cos[:, s:e], sin[:, s:e])
+    x0, q, k, v = (c.at[:, s:e].set(f) for c, f in zip((x0, q, k, v), fresh))
+    cached = finish_block(x0, attention(q, k, v, keep, s, e, state, mode="reuse"), layer, CFG)
+    recomputed, _, _ = block(params.embed[jnp.asarray(new)], layer, CFG, cos, sin, keep)
+    # fp32 everywhere; only the attention's order of summation differs (U keys then C keys).
+    assert rel_err(cached, recomputed) <= 1e-6
