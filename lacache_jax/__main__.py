@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
     p.add_argument("--threshold", type=float, default=None, help="Fast-dLLM threshold decoding")
     p.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor decoding")
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"])
+    p.add_argument("--cache", default="none", choices=["none", "exact", "prefix", "dual"])
     p.add_argument("--refresh-interval", type=int, default=None)
     p.add_argument("--dpad", choices=["gaussian", "uniform"], default=None)
     p.add_argument("--dpad-window", type=int, default=256)
