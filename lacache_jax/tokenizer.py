@@ -55,5 +55,18 @@ class Tokenizer:
         raise TokenizerError("rendering this chat template needs jinja2 (pip install jinja2)")
 
 
+def save_char_tokenizer(path: str | Path, vocab: dict[str, int], specials: list[str]) -> None:
+    """Write a character-level `tokenizer.json`: every character of the text is one token of
+    `vocab` (unknown ones map to the first special), `specials` are matched whole."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token=specials[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")  # (?m): dotall
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    tok.save(str(path))
+
+
 def _token_text(token) -> str | None:
     return token.get("content") if isinstance(token, dict) else token

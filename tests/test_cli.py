@@ -28,14 +28,10 @@ CHAT_TEMPLATE = (
 
 
 def write_char_tokenizer(directory: Path) -> None:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from lacache_jax.tokenizer import save_char_tokenizer
     vocab = {ch: i for i, ch in enumerate([chr(c) for c in range(32, 127)] + ["\n"])}
-    vocab.update(SPECIALS)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
-    tok.save(str(directory / "tokenizer.json"))
+    save_char_tokenizer(directory / "tokenizer.json", {**vocab, **SPECIALS},
+                        ["<|endoftext|>", *(s for s in SPECIALS if s != "<|endoftext|>")])
     (directory / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<|startoftext|>", "chat_template": CHAT_TEMPLATE}))
 
