@@ -48,3 +48,21 @@ def test_short_training_run_learns_and_exports(tmp_path):
     arith.write_tokenizer(tmp_path / "hf")
     assert convert_main([str(tmp_path / "hf"), str(tmp_path / "ck"), "--quiet"]) == 0
     assert (tmp_path / "ck" / "tokenizer.json").is_file() and lj.load(tmp_path / "ck")[0] == cfg
+
+
+def test_accuracy_harness_plumbing(tmp_path):
+    """On an untrained model the numbers mean nothing; the harness must still run every kind
+    of mode and compare lossless ones with their baselines."""
+    from benchmarks import accuracy
+    from lacache_jax.tokenizer import Tokenizer
+    cfg = train_demo.demo_config(n_layers=1, d_model=64, d_ff=128, n_heads=2, n_kv_heads=2)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    arith.write_tokenizer(tmp_path)
+    tok = Tokenizer(tmp_path)
+    problems = arith.sample("test", 4, seed=0)
+    base = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES["fixed"][0])
+    exact = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES["exact"][0])
+    par = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES["threshold+dpad+dual"][0])
+    assert (exact["tokens"] == base["tokens"]).all()
+    for r in (base, exact, par):
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["nfe"] > 0 and r["tokens_per_step"] >= 1.0
