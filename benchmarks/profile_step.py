@@ -86,7 +86,7 @@ def main():
                               cache="dual", stop_at_eos=False)
     prompts = np.random.default_rng(0).integers(0, cfg.mask_id, (B, args.prompt)).astype(np.int32)
     from lacache_jax.generate import _generate, _prepare
-    gen_r, *gargs = _prepare(params, cfg, prompts, gen, None, None)
+    params, gen_r, *gargs = _prepare(params, cfg, prompts, gen, None, None)
     compiled = _generate.lower(params, cfg, gen_r, *gargs).compile()
     loop = time_fn(lambda: compiled(params, *gargs), warmup=1, iters=3)
     results["generate_ms_per_step"] = loop["median_ms"] / args.gen

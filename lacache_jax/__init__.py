@@ -5,9 +5,10 @@ from lacache_jax.config import (ConfigError, DPadConfig, GenerationConfig, Model
                                 tiny)
 from lacache_jax.generate import GenerateOutput, compile_generate, generate
 from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
+from lacache_jax.quant import quantize_ffn
 
 __all__ = [
     "CheckpointError", "ConfigError", "DPadConfig", "GenerateOutput", "GenerationConfig", "LLaDA",
     "Layer", "ModelConfig", "Params", "compile_generate", "forward", "generate", "init_params",
-    "llada_8b", "load", "save", "tiny",
+    "llada_8b", "load", "quantize_ffn", "save", "tiny",
 ]

@@ -54,10 +54,12 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
 
 
 def params_to_groups(params: Params) -> dict[str, dict[str, Any]]:
+    """The stored arrays by group (fields marked `derived`, the FP8 copies, are not stored)."""
     groups = {"embed": {"embed": params.embed}}
     for i, layer in enumerate(params.layers):
         groups[f"layer_{i:03d}"] = {f.name: getattr(layer, f.name)
-                                    for f in dataclasses.fields(layer)}
+                                    for f in dataclasses.fields(layer)
+                                    if not f.metadata.get("derived")}
     groups["final"] = {"norm_f": params.norm_f}
     if params.head is not None:
         groups["final"]["head"] = params.head

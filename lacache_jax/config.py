@@ -305,8 +305,6 @@ class GenerationConfig:
         for name in ("stop_at_eos", "logits_eos_inf", "confidence_eos_eot_inf", "fp8_ffn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.fp8_ffn:
-            raise ValueError("fp8_ffn is not implemented yet")
         if self.refresh_interval is not None:
             _positive_int(self.refresh_interval, "refresh_interval")
             if self.cache != "dual":

@@ -69,20 +69,22 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     random remasking, DPad) must not depend on its place in the batch.
     Every invalid argument raises ValueError before anything is compiled.
     """
-    return _generate(params, config, *_prepare(params, config, prompts, gen, key, prompt_lengths))
+    params, gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
+    return _generate(params, config, gen, *args)
 
 
 def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
                      key: jax.Array | None = None, prompt_lengths: Any = None):
     """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
     `generate(...)` with these arguments, so benchmarks can time it without compilation."""
-    gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
+    params, gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
     compiled = _generate.lower(params, config, gen, *args).compile()
     return lambda: compiled(params, *args)
 
 
 def _prepare(params, config, prompts, gen, key, prompt_lengths):
-    """Validate everything and build (resolved gen, canvas [B, T], left padding [B], keys [B])."""
+    """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
+    resolved gen, canvas [B, T], left padding [B], keys [B])."""
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
     gen = gen.resolve(config)
@@ -93,12 +95,17 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths):
                          f"max_seq_len={config.max_seq_len}")
     if len(params.layers) != config.n_layers:
         raise ValueError(f"params has {len(params.layers)} layers, config says {config.n_layers}")
+    if gen.fp8_ffn and all(layer.ffn8 is None for layer in params.layers):
+        raise ValueError("fp8_ffn=True needs FP8 FFN weights: params = lj.quantize_ffn(params)")
+    if not gen.fp8_ffn:
+        params = dataclasses.replace(
+            params, layers=[dataclasses.replace(layer, ffn8=None) for layer in params.layers])
     x = np.full((B, P + gen.gen_length), gen.mask_id, np.int32)
     pad = np.array([P - len(r) for r in rows], np.int32)
     for b, r in enumerate(rows):
         x[b, :pad[b]] = config.pad_id
         x[b, pad[b]:P] = r
-    return gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B)
+    return params, gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B)
 
 
 def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lacache_jax import quant
 from lacache_jax.config import ModelConfig
 
 
@@ -33,6 +34,8 @@ class Layer:
     ff_norm: jax.Array    # [D]
     w_gate_up: jax.Array  # [D, 2F]: columns gate (LLaDA `ff_proj`, SiLU applies) | up
     w_down: jax.Array     # [F, D]  (LLaDA block `ff_out`)
+    # FP8 copies of the FFN weights (quant.quantize_ffn); derived, so never stored.
+    ffn8: quant.FP8FFN | None = dataclasses.field(default=None, metadata={"derived": True})
 
 
 @jax.tree_util.register_dataclass
@@ -148,6 +151,8 @@ def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
 
 def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
     h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
+    if layer.ffn8 is not None:
+        return quant.ffn_fp8(h, layer.ffn8)
     gate, up = jnp.split(h @ layer.w_gate_up, 2, axis=-1)
     return (jax.nn.silu(gate) * up) @ layer.w_down
 

@@ -9,6 +9,9 @@ fp32 accumulation, each 128-wide K group rescaled by its activation and weight s
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Iterable
+
 import jax
 import jax.numpy as jnp
 
@@ -85,3 +88,39 @@ def fp8_matmul_ref(xq: jax.Array, x_scale: jax.Array, wq_NK: jax.Array, w_scale:
     out = jnp.einsum("mng,mg,ng->mn", partial, x_scale, w_scale_NG,
                      precision=jax.lax.Precision.HIGHEST)
     return out.astype(out_dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class FP8FFN:
+    """One layer's FFN weights in FP8, K-major, with their 128 x 128 block scales."""
+    gate_up: jax.Array        # [2F, D] float8_e4m3fn
+    gate_up_scale: jax.Array  # [2F / 128, D / 128]
+    down: jax.Array           # [D, F]
+    down_scale: jax.Array     # [D / 128, F / 128]
+
+
+def quantize_ffn(params: Any, skip: Iterable[int] = (0,)) -> Any:
+    """`params` with FP8 FFN weights attached to every layer but those in `skip` (LaCache
+    keeps the first layer in bf16). The bf16 weights stay, so one set of params serves
+    both `fp8_ffn=False` and `True`."""
+    skip = set(skip)
+    layers = []
+    for i, layer in enumerate(params.layers):
+        if i in skip:
+            layers.append(dataclasses.replace(layer, ffn8=None))
+            continue
+        gu, gu_s = quantize_weight(layer.w_gate_up)
+        dn, dn_s = quantize_weight(layer.w_down)
+        layers.append(dataclasses.replace(layer, ffn8=FP8FFN(gu, gu_s, dn, dn_s)))
+    return dataclasses.replace(params, layers=layers)
+
+
+def ffn_fp8(h_BLD: jax.Array, w: FP8FFN) -> jax.Array:
+    """SwiGLU FFN on normed activations with per-group FP8 matmuls (fp32 accumulation)."""
+    B, L, D = h_BLD.shape
+    hq, hs = quantize_act(h_BLD.reshape(B * L, D))
+    gate, up = jnp.split(fp8_matmul_ref(hq, hs, w.gate_up, w.gate_up_scale, jnp.float32), 2,
+                         axis=-1)
+    aq, as_ = quantize_act(jax.nn.silu(gate) * up)
+    return fp8_matmul_ref(aq, as_, w.down, w.down_scale, h_BLD.dtype).reshape(B, L, D)
