@@ -120,6 +120,9 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
     G, bl = gen.gen_length, gen.block_length
     P = T - G
     col = jnp.arange(T)
+    # The block_length columns starting at s: read them, or write them into a [B, T, ...] array.
+    cut = lambda a, s: jax.lax.dynamic_slice_in_dim(a, s, bl, axis=1)
+    put = lambda a, new, s: jax.lax.dynamic_update_slice_in_dim(a, new, s, axis=1)
     valid_BT = col[None, :] >= pad_B[:, None]
     pos_BT = jnp.maximum(col[None, :] - pad_B[:, None], 0).astype(jnp.int32)
     use_cfg = gen.cfg_scale > 0
@@ -142,15 +145,13 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
 
     def forward_full(x, keep_BT, s):
         h, ks, vs = forward_layers(params, cfg, model_rows(x), pos_M, dup(keep_BT))
-        return block_logits(jax.lax.dynamic_slice_in_dim(h, s, bl, axis=1)), KVCache(ks, vs)
+        return block_logits(cut(h, s)), KVCache(ks, vs)
 
     def forward_dual(x, keep_BT, s, cache):
-        tok = jax.lax.dynamic_slice_in_dim(model_rows(x), s, bl, axis=1)
-        pos = jax.lax.dynamic_slice_in_dim(pos_M, s, bl, axis=1)
-        put = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
-        kv_fns = [lambda k, v, i=i: (put(cache.k[i], k), put(cache.v[i], v))
+        kv_fns = [lambda k, v, i=i: (put(cache.k[i], k, s), put(cache.v[i], v, s))
                   for i in range(cfg.n_layers)]
-        h, ks, vs = forward_layers(params, cfg, tok, pos, dup(keep_BT), kv_fns)
+        h, ks, vs = forward_layers(params, cfg, cut(model_rows(x), s), cut(pos_M, s),
+                                   dup(keep_BT), kv_fns)
         return block_logits(h), KVCache(ks, vs)
 
     def forward_prefix(x, keep_BT, s, cache):
@@ -162,7 +163,7 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
                   for i in range(cfg.n_layers)]
         h, _, _ = forward_layers(params, cfg, model_rows(x)[:, P:], pos_M[:, P:],
                                  dup(keep_BT), kv_fns)
-        return block_logits(jax.lax.dynamic_slice_in_dim(h, s - P, bl, axis=1)), cache
+        return block_logits(cut(h, s - P)), cache
 
     layer0, deeper = params.layers[0], params.layers[1:]
     cos_M, sin_M = rope_tables(pos_M, cfg.head_dim, cfg.rope_theta)
@@ -175,7 +176,7 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
         """Layer 0 after its attention, then the deeper layers as usual."""
         h, _, _ = run_blocks(finish_block(x0, attn, layer0, cfg), deeper, cfg, cos_M, sin_M,
                              dup(keep_BT))
-        return block_logits(jax.lax.dynamic_slice_in_dim(h, s, bl, axis=1))
+        return block_logits(cut(h, s))
 
     def forward_exact_fill(x, keep_BT, s):
         x0, q, k, v = layer0_qkv(model_rows(x), cos_M, sin_M)
@@ -183,17 +184,15 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
         return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
 
     def forward_exact_step(x, keep_BT, s, cache):
-        cut = lambda a: jax.lax.dynamic_slice_in_dim(a, s, bl, axis=1)
-        put = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
-        fresh = layer0_qkv(cut(model_rows(x)), cut(cos_M), cut(sin_M))
-        x0, q, k, v = (put(c, n) for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
+        fresh = layer0_qkv(cut(model_rows(x), s), cut(cos_M, s), cut(sin_M, s))
+        x0, q, k, v = (put(c, n, s) for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
         attn = cached_attention(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse")
         return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
     first_forward = forward_exact_fill if gen.cache == "exact" else forward_full
 
     def decode(st, logits, i, s, sched, step_keys):
-        xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
+        xb = cut(st["x"], s)
         masked = xb == gen.mask_id
         active = ~st["done"] & masked.any(-1)
         if gen.logits_eos_inf:
@@ -210,13 +209,12 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
         k_fixed = None if gen.parallel else sched[:, jnp.minimum(i, sched.shape[1] - 1)]
         reveal = sampling.choose(conf, masked, k_fixed, gen.threshold, gen.factor)
         reveal &= active[:, None]
-        x = jax.lax.dynamic_update_slice_in_dim(st["x"], jnp.where(reveal, x0, xb), s, axis=1)
+        x = put(st["x"], jnp.where(reveal, x0, xb), s)
         return {**st, "x": x, "nfe": st["nfe"] + active * (2 if use_cfg else 1),
                 "steps": st["steps"] + active, "revealed": st["revealed"] + reveal.sum(-1)}
 
     def has_work(st, s):
-        xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
-        return (~st["done"] & (xb == gen.mask_id).any(-1)).any()
+        return (~st["done"] & (cut(st["x"], s) == gen.mask_id).any(-1)).any()
 
     def run_block(st):
         k = st["block"]
@@ -226,7 +224,7 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
         keep = valid_BT
         if gen.dpad is not None:
             keep &= sampling.dpad_keep(gen.dpad, dpad_block_keys(keys_B, k), s + bl, T)
-        n_masked = (jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1) == gen.mask_id).sum(-1)
+        n_masked = (cut(st["x"], s) == gen.mask_id).sum(-1)
         sched = None if gen.parallel else sampling.transfer_schedule(n_masked, gen.steps_per_block)
 
         logits, cache = first_forward(st["x"], keep, s)
@@ -260,8 +258,7 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
 
         st, _ = jax.lax.while_loop(step_cond, step_body, (st, jnp.int32(1)))
         if gen.stop_at_eos:
-            xb = jax.lax.dynamic_slice_in_dim(st["x"], s, bl, axis=1)
-            finished = ~st["done"] & (xb == gen.eos_id).any(-1)
+            finished = ~st["done"] & (cut(st["x"], s) == gen.eos_id).any(-1)
             fill = finished[:, None] & (col[None, :] >= s + bl)
             st = {**st, "x": jnp.where(fill, gen.eos_id, st["x"]),
                   "done": st["done"] | finished}
