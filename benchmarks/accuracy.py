@@ -35,6 +35,8 @@ MODES = {  # name -> (GenerationConfig settings, lossless baseline or None)
     "threshold+exact": (dict(threshold=0.9, cache="exact"), "threshold"),
     "threshold+dual": (dict(threshold=0.9, cache="dual"), None),
     "threshold+dpad+dual": (dict(threshold=0.9, dpad=DPAD, cache="dual"), None),
+    "fp8_ffn": (dict(fp8_ffn=True), None),
+    "threshold+dual+fp8_ffn": (dict(threshold=0.9, cache="dual", fp8_ffn=True), None),
 }
 
 
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES))
     args = ap.parse_args()
     cfg, params = lj.load(args.checkpoint)
+    params = lj.quantize_ffn(params)  # FP8 copies are dropped again by modes without fp8_ffn
     tok = Tokenizer(args.checkpoint)
     problems = arith.sample("test", args.n, seed=0)
     results = {}

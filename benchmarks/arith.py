@@ -60,6 +60,17 @@ def sample(split: str, n: int, seed: int) -> list[tuple[int, int]]:
     return list(out)
 
 
+def draw(split: str, n: int, rng: random.Random) -> list[tuple[int, int]]:
+    """`n` problems of `split` drawn with replacement (training batches), same distribution as
+    `sample`."""
+    out = []
+    while len(out) < n:
+        a, b = (rng.randrange(10 ** (rng.randint(1, MAX_DIGITS))) for _ in range(2))
+        if is_test(a, b) == (split == "test"):
+            out.append((a, b))
+    return out
+
+
 def check(a: int, b: int, generated: str) -> bool:
     """Exact match of the final number (text after the last '#', up to EOS)."""
     tail = generated.split(EOS)[0]

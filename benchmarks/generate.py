@@ -1,7 +1,7 @@
 """End-to-end generation with random LLaDA-8B bf16 weights (built on the device).
 
-    python -m benchmarks.generate [--batch 1,8] [--modes none,prefix,dual]
-                                  [--decoding fixed,threshold]
+    python -m benchmarks.generate [--batch 1,8] [--modes none,exact,prefix,dual]
+                                  [--decoding fixed,threshold] [--prompt 512,1024]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -12,6 +12,7 @@ the ceilings measured in the same run. stop_at_eos is off so all runs do the sam
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import jax
@@ -33,7 +34,7 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
         return 2.0 * B * (queries * cfg.n_layers * (proj + attn) + gen.block_length * D * V)
 
     full = flops(T, T)
-    later = {"none": full, "prefix": flops(gen.gen_length, T),
+    later = {"none": full, "exact": full, "prefix": flops(gen.gen_length, T),
              "dual": flops(gen.block_length, T)}[gen.cache]
     spb = gen.steps_per_block
     per_step = (full + (spb - 1) * later) / spb
@@ -41,12 +42,36 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     return per_step, 2.0 * cfg.n_params + kv_bytes
 
 
+def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int):
+    """(timings dict, generated tokens) of one configuration."""
+    prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
+    t0 = time.perf_counter()
+    run = lj.compile_generate(params, cfg, prompts, gen)
+    compile_s = time.perf_counter() - t0
+    out = jax.block_until_ready(run())  # warm-up
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        times.append(time.perf_counter() - t0)
+    latency = float(np.median(times))
+    nfe = float(np.mean(np.asarray(out.nfe)))
+    flops, nbytes = step_cost(cfg, gen, B, P)
+    floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes, REFERENCE_CEILINGS)
+    ms_step = latency / nfe * 1e3
+    return dict(latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
+                tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
+                ms_per_step=ms_step, floor_ms=floor, x_floor=ms_step / floor,
+                ref_floor_ms=ref_floor, x_ref_floor=ms_step / ref_floor,
+                compile_s=compile_s), np.asarray(out.tokens)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--modes", default="none,prefix,dual")
     ap.add_argument("--decoding", default="fixed,threshold")
-    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--prompt", default="512", help="comma-separated prompt lengths")
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
@@ -54,50 +79,37 @@ def main():
     args = ap.parse_args()
 
     cfg, ceil, params = llada_8b_setup(args.layers)
-    rows = []
-    for B in map(int, args.batch.split(",")):
-        prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, args.prompt))
-        for mode in args.modes.split(","):
-            for decoding in args.decoding.split(","):
-                gen = lj.GenerationConfig(
-                    gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
-                    threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False)
-                t0 = time.perf_counter()
-                run = lj.compile_generate(params, cfg, prompts, gen)
-                compile_s = time.perf_counter() - t0
-                out = jax.block_until_ready(run())  # warm-up
-                times = []
-                for _ in range(args.iters):
-                    t0 = time.perf_counter()
-                    out = jax.block_until_ready(run())
-                    times.append(time.perf_counter() - t0)
-                latency = float(np.median(times))
-                nfe = float(np.mean(np.asarray(out.nfe)))
-                flops, nbytes = step_cost(cfg, gen, B, args.prompt)
-                floor = floor_ms(flops, nbytes, ceil)
-                ref_floor = floor_ms(flops, nbytes, REFERENCE_CEILINGS)
-                ms_step = latency / nfe * 1e3
-                rows.append(dict(B=B, cache=mode, decoding=decoding, latency_s=latency,
-                                 tokens_per_s=B * args.gen / latency, nfe=nfe,
-                                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
-                                 ms_per_step=ms_step, floor_ms=floor, x_floor=ms_step / floor,
-                                 ref_floor_ms=ref_floor, x_ref_floor=ms_step / ref_floor,
-                                 compile_s=compile_s))
-                r = rows[-1]
-                print(f"B={B} {mode:6s} {decoding:9s} {latency:6.2f} s  {ms_step:6.2f} ms/step "
-                      f"(floor {floor:.2f}, x{r['x_floor']:.2f}; reference floor {ref_floor:.2f}, "
-                      f"x{r['x_ref_floor']:.2f})  NFE {nfe:.0f}  "
-                      f"compile {compile_s:.0f} s", flush=True)
+    rows, baseline = [], {}
+    for B, P, decoding, mode in itertools.product(
+            map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
+            args.decoding.split(","), args.modes.split(",")):
+        gen = lj.GenerationConfig(
+            gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
+            threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False)
+        r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
+        if mode == "none":
+            baseline[B, P, decoding] = tokens
+        # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
+        r.update(B=B, prompt=P, cache=mode, decoding=decoding, same_tokens_as_none=(
+            float(np.mean(tokens == baseline[B, P, decoding]))
+            if (B, P, decoding) in baseline else None))
+        rows.append(r)
+        print(f"B={B} P={P} {mode:6s} {decoding:9s} {r['latency_s']:6.2f} s  "
+              f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
+              f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
+              f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  same tokens as none "
+              f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s", flush=True)
     path = write_result("generate", {"config": cfg.to_dict(), "ceilings": ceil,
-                                     "prompt": args.prompt, "gen": args.gen,
+                                     "gen": args.gen,
                                      "block": args.block, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
-    print("| B | cache | decoding | latency s | tokens/s | NFE | ms/step | floor ms (measured / "
-          "reference) | × floor (measured / reference) | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| B | prompt | cache | decoding | latency s | tokens/s | NFE | ms/step | floor ms "
+          "(measured / reference) | × floor (measured / reference) | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['B']} | {r['cache']} | {r['decoding']} | {r['latency_s']:.2f} | "
+        print(f"| {r['B']} | {r['prompt']} | {r['cache']} | {r['decoding']} | "
+              f"{r['latency_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "
               f"{r['x_ref_floor']:.2f} | {r['compile_s']:.0f} |")

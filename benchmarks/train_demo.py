@@ -1,7 +1,11 @@
 """Train the small demo LLaDA on the arithmetic task with LLaDA's SFT objective, and export it
 in the Hugging Face LLaDA layout (what `python -m convert` reads).
 
-    python -m benchmarks.train_demo --out demo_model [--steps 3000] [--batch 256]
+    python -m benchmarks.train_demo --out demo_model [--steps 3000 | --minutes 6] [--batch 512]
+
+`--minutes` times the compiled step first and sets the step count to fit the budget, so the
+learning-rate schedule still runs to its end. Batches are drawn fresh every step (with
+replacement) from the training split; building one overlaps the previous step's device work.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
@@ -13,6 +17,7 @@ exactly as `lj.generate` runs them.
 from __future__ import annotations
 
 import argparse
+import random
 import tempfile
 import time
 
@@ -34,7 +39,7 @@ EPS = 1e-3
 
 def demo_config(**overrides) -> lj.ModelConfig:
     ids = arith.special_ids()
-    base = dict(d_model=256, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=704, vocab_size=32,
+    base = dict(d_model=256, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=768, vocab_size=32,
                 rope_theta=10000.0, norm_eps=1e-5, max_seq_len=PROMPT_LEN + GEN_LEN,
                 mask_id=ids[arith.MASK], eos_id=ids[arith.EOS], pad_id=ids[arith.EOS])
     return lj.ModelConfig(**{**base, **overrides})
@@ -73,46 +78,73 @@ def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key):
 
 def make_train_step(cfg: lj.ModelConfig, optimizer):
     @jax.jit
-    def step(params, opt_state, tokens, pad, key):
+    def step(params, opt_state, tokens, pad, key, lr):
         loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key)
+        opt_state.hyperparams["learning_rate"] = lr
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
     return step
 
 
-def train(cfg: lj.ModelConfig, steps: int, batch: int, lr: float, seed: int = 0,
-          progress: bool = True):
-    """Returns (params in fp32, per-step losses)."""
+def lr_at(i: int, steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% (at most 200 steps), then cosine decay to 0."""
+    warm = min(200, steps // 20 + 1)
+    if i < warm:
+        return peak * (i + 1) / warm
+    return 0.5 * peak * (1 + np.cos(np.pi * (i - warm) / max(1, steps - warm)))
+
+
+def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: int = 0,
+          progress: bool = True, minutes: float | None = None):
+    """Returns (params in fp32, losses every 50 steps, steps run). With `minutes`, `steps`
+    is chosen to fit that much training time."""
+    if (steps is None) == (minutes is None):
+        raise ValueError("give exactly one of steps and minutes")
     with tempfile.TemporaryDirectory() as d:
         arith.write_tokenizer(d)
         encode = Tokenizer(d).encode
+    rng = random.Random(seed)
+    next_batch = lambda: encode_batch(arith.draw("train", batch, rng), encode, cfg.eos_id)
     params = lj.init_params(cfg, jax.random.key(seed), jnp.float32)
-    schedule = optax.warmup_cosine_decay_schedule(0.0, lr, min(200, steps // 10 + 1), steps)
-    optimizer = optax.adamw(schedule, b2=0.98, weight_decay=0.01)
+    optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
+                                                      weight_decay=0.01)
     opt_state = optimizer.init(params)
     step = make_train_step(cfg, optimizer)
-    problems = arith.sample("train", steps * batch, seed)
+    keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
+    if minutes is not None:  # time throwaway steps on copies (the first one compiles)
+        p, o = params, opt_state
+        for i in range(25):
+            if i == 5:
+                jax.block_until_ready(p)
+                t0 = time.perf_counter()
+            p, o, _ = step(p, o, *next_batch(), keys(2**31 - 1), 0.0)
+        jax.block_until_ready(p)
+        steps = max(1, int(minutes * 60 * 20 / (time.perf_counter() - t0)))
+        rng = random.Random(seed)
     losses = []
     for i in tqdm(range(steps), desc="training", disable=not progress):
-        tokens, pad = encode_batch(problems[i * batch:(i + 1) * batch], encode, cfg.eos_id)
-        params, opt_state, loss = step(params, opt_state, tokens, pad,
-                                       jax.random.fold_in(jax.random.key(seed + 1), i))
-        losses.append(float(loss) if i % 50 == 0 or i == steps - 1 else None)
-    return params, [x for x in losses if x is not None]
+        params, opt_state, loss = step(params, opt_state, *next_batch(), keys(i),
+                                       lr_at(i, steps, lr))
+        if i % 50 == 0 or i == steps - 1:
+            losses.append(float(loss))
+    return params, losses, steps
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="HF-layout directory to write")
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--minutes", type=float, default=None, help="training time budget")
+    ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--layers", type=int, default=None)
     args = ap.parse_args()
     cfg = demo_config() if args.layers is None else demo_config(n_layers=args.layers)
     t0 = time.perf_counter()
-    params, losses = train(cfg, args.steps, args.batch, args.lr)
-    print(f"trained {cfg.n_params / 1e6:.1f}M params, {args.steps} steps in "
+    if args.steps is None and args.minutes is None:
+        args.steps = 3000
+    params, losses, steps = train(cfg, args.steps, args.batch, args.lr, minutes=args.minutes)
+    print(f"trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {args.batch} in "
           f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     from convert import export_hf
     export_hf(args.out, cfg, params, dtype=jnp.bfloat16, force=True)

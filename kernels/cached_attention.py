@@ -4,6 +4,7 @@ cached across the steps of a semi-autoregressive block (REFERENCE.md §7).
 Keys split into the current block C = [s, e) and the unchanged rest U. Every query tile
 accumulates U keys first (phase A), then C keys (phase B), in base-2 online softmax:
 
+- `full`:  plain FlashAttention (both phases, no state written): the uncached baseline.
 - `fill`:  computes both phases for every tile; returns the output and, per query row, the
            state (m, l, acc) after phase A: row max (log2 units), normaliser, unnormalised
            accumulator. For rows outside C it stays valid while only C's tokens change.
@@ -43,8 +44,8 @@ class FAState:
 
 
 def _check(q, k, v, key_mask, mode, state):
-    if mode not in ("fill", "reuse"):
-        raise ValueError(f"mode must be 'fill' or 'reuse', got {mode!r}")
+    if mode not in ("full", "fill", "reuse"):
+        raise ValueError(f"mode must be 'full', 'fill' or 'reuse', got {mode!r}")
     B, L, H, K = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[1] != L or k.shape[3] != K:
         raise ValueError(f"k/v must be [B, L, G, K] matching q {q.shape}, got {k.shape}, {v.shape}")
@@ -100,7 +101,7 @@ def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, 
 # --- Pallas kernel ------------------------------------------------------------------------
 
 def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
-            scale, block_q, block_k, n_k_tiles, reuse, n_poisoned):
+            scale, block_q, block_k, n_k_tiles, reuse, write_state, n_poisoned):
     out_refs = refs[n_poisoned:]  # poisoned inputs alias the outputs; never read
     s, e = se_ref[0], se_ref[1]
     i = pl.program_id(0)
@@ -131,7 +132,7 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
         # A plain while loop: the Triton lowering turns fori-shaped loops with run-time bounds
         # into scf.for and rejects the bounds' types (seen on jax 0.11.2).
         t, _, carry = jax.lax.while_loop(
-            lambda c: (c[0] < c[1]) & (c[0] >= 0),
+            lambda c: c[0] < c[1],
             lambda c: (c[0] + 1, c[1], body(c[0], c[2])),
             (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), carry))
         return carry
@@ -146,7 +147,7 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
         carry = empty
     # Phase A: U keys, unless this tile's state comes from the cache.
     carry = stream(0, jnp.where(use_cache, 0, n_k_tiles), False, carry)
-    if not reuse:
+    if write_state:
         acc_out, m_out, l_out = out_refs[1:]
         acc_out[...], m_out[...], l_out[...] = carry
     # Phase B: only the key tiles that overlap [s, e).
@@ -173,7 +174,7 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
     pad = [(0, 0), (0, Lp - L), (0, 0), (0, 0)]
     q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
     mask_p = jnp.pad(key_mask.astype(jnp.int32), [(0, 0), (0, Lp - L)])
-    reuse = mode == "reuse"
+    reuse, write_state = mode == "reuse", mode == "fill"
     if reuse:
         m_in = jnp.pad(state.m, [(0, 0), (0, 0), (0, Lp - L)])
         l_in = jnp.pad(state.l, [(0, 0), (0, 0), (0, Lp - L)])
@@ -191,7 +192,7 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
                 tile_spec]
     out_shape = [jax.ShapeDtypeStruct((B, Lp, H, K), q.dtype)]
     out_specs = [tile_spec]
-    if not reuse:
+    if write_state:
         out_shape += [jax.ShapeDtypeStruct((B, Lp, H, K), jnp.float32),
                       jax.ShapeDtypeStruct((B, H, Lp), jnp.float32),
                       jax.ShapeDtypeStruct((B, H, Lp), jnp.float32)]
@@ -199,7 +200,7 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
     poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
     kernel = functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_q=block_q,
                                block_k=block_k, n_k_tiles=Lp // block_k, reuse=reuse,
-                               n_poisoned=len(poisoned))
+                               write_state=write_state, n_poisoned=len(poisoned))
     from jax.experimental.pallas import triton as plgpu
     outs = pl.pallas_call(
         kernel, grid=(Lp // block_q, B, H), in_specs=in_specs + out_specs[:len(poisoned)],
@@ -209,7 +210,7 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(se, q_p, k_p, v_p, mask_p, m_in, l_in, acc_in, *poisoned)
     o = outs[0][:, :L]
-    if reuse:
+    if not write_state:
         return o
     acc, m, l = outs[1][:, :L], outs[2][..., :L], outs[3][..., :L]
     return o, FAState(m, l, acc)

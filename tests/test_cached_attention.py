@@ -57,6 +57,9 @@ def test_fill_and_reuse_fp32(case):
     # Reuse on unchanged inputs: same tiles, same order of summation -> identical bits.
     again = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse", **kw)
     np.testing.assert_array_equal(np.asarray(again), np.asarray(o))
+    # The uncached baseline sums in the same order too; it only skips writing the state.
+    full = cached_attention_pallas(q, k, v, key_mask, s, e, mode="full", **kw)
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(o))
     # The block's tokens change (new q/k/v rows in [s, e)): reuse == recompute.
     q2, k2, v2, _ = inputs(1, B, L, H, G, K, pads)
     block = (jnp.arange(L) >= s) & (jnp.arange(L) < e)

@@ -59,3 +59,5 @@ def test_facache_kernel_on_gpu(dtype):
     assert rel_err(o.astype(jnp.float32), dense_attention(q, k, v, key_mask)) <= tol
     again = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse", poison=True)
     np.testing.assert_array_equal(np.asarray(again), np.asarray(o))
+    full = cached_attention_pallas(q, k, v, key_mask, s, e, mode="full", poison=True)
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(o))
