@@ -129,12 +129,13 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
             acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
                                                 preferred_element_type=jnp.float32)
             return acc, m_new, l
-        # A plain while loop: the Triton lowering turns fori-shaped loops with run-time bounds
-        # into scf.for and rejects the bounds' types (seen on jax 0.11.2).
-        t, _, carry = jax.lax.while_loop(
-            lambda c: c[0] < c[1],
-            lambda c: (c[0] + 1, c[1], body(c[0], c[2])),
-            (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), carry))
+        # A while loop whose bound is a closed-over constant, not a carried value: the Triton
+        # lowering turns `fori`-shaped loops (bound in the carry) into scf.for and emits bounds
+        # of mismatched types when they are run-time values (seen on jax 0.11.2).
+        hi = jnp.asarray(hi, jnp.int32)
+        _, carry = jax.lax.while_loop(lambda c: c[0] < hi,
+                                      lambda c: (c[0] + 1, body(c[0], c[1])),
+                                      (jnp.asarray(lo, jnp.int32), carry))
         return carry
 
     K = q.shape[-1]
@@ -146,7 +147,8 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
     else:
         carry = empty
     # Phase A: U keys, unless this tile's state comes from the cache.
-    carry = stream(0, jnp.where(use_cache, 0, n_k_tiles), False, carry)
+    # Integer arithmetic, not a scalar select: the Triton lowering types that select as i1.
+    carry = stream(0, n_k_tiles * (1 - jnp.asarray(use_cache, jnp.int32)), False, carry)
     if write_state:
         acc_out, m_out, l_out = out_refs[1:]
         acc_out[...], m_out[...], l_out[...] = carry

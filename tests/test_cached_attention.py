@@ -110,3 +110,25 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="block_q must equal block_k"):
         cached_attention_pallas(q, k, v, key_mask, 0, 8, block_q=16, block_k=32,
                                 interpret=True)
+
+
+@pytest.mark.parametrize("mode", ["full", "fill", "reuse"])
+def test_lowers_to_valid_triton_ir(mode, monkeypatch):
+    """Lower for CUDA on the CPU and run MLIR's verifier on the Triton module, which is where
+    GPU compilation first failed (scf.for bounds of mixed types); no GPU needed."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+    verified = []
+
+    def checked(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        verified.append(result.module.operation.verify())
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", checked)
+    q, k, v, key_mask = inputs(0, 1, 200, 4, 2, 128, [0], jnp.bfloat16)
+    _, state = cached_attention_ref(q, k, v, key_mask, 90, 122, mode="fill")
+    fn = lambda q, k, v, s, e, st: cached_attention_pallas(
+        q, k, v, key_mask, s, e, st if mode == "reuse" else None, mode=mode)
+    jax.jit(fn).trace(q, k, v, 90, 122, state).lower(lowering_platforms=("cuda",))
+    assert verified == [True]
