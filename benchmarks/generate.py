@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import signal
+import sys
 import time
 
 import jax
@@ -80,6 +82,15 @@ def main():
 
     cfg, ceil, params = llada_8b_setup(args.layers)
     rows, baseline = [], {}
+    # A time-boxed run (`timeout`) still writes the rows it finished.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    try:
+        measure_all(args, cfg, ceil, params, rows, baseline)
+    finally:
+        report(args, cfg, ceil, rows)
+
+
+def measure_all(args, cfg, ceil, params, rows, baseline):
     for B, P, decoding, mode in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
             args.decoding.split(","), args.modes.split(",")):
@@ -99,6 +110,9 @@ def main():
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  same tokens as none "
               f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s", flush=True)
+
+
+def report(args, cfg, ceil, rows):
     path = write_result("generate", {"config": cfg.to_dict(), "ceilings": ceil,
                                      "gen": args.gen,
                                      "block": args.block, "rows": rows})
