@@ -41,7 +41,10 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     spb = gen.steps_per_block
     per_step = (full + (spb - 1) * later) / spb
     kv_bytes = 0 if gen.cache == "none" else 2 * cfg.n_layers * B * T * cfg.n_kv_heads * K * 2
-    return per_step, 2.0 * cfg.n_params + kv_bytes
+    weight_bytes = 2.0 * cfg.n_params
+    if gen.fp8_ffn:  # FFN weights of layers >= 1 are read as FP8 (1 byte) instead of bf16
+        weight_bytes -= (cfg.n_layers - 1) * 3 * D * F
+    return per_step, weight_bytes + kv_bytes
 
 
 def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int):
@@ -78,9 +81,13 @@ def main():
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--fp8-ffn", default="off", choices=["off", "on", "both"],
+                    help="FP8 FFN in layers >= 1 (weights quantised once, on the device)")
     args = ap.parse_args()
 
     cfg, ceil, params = llada_8b_setup(args.layers)
+    if args.fp8_ffn != "off":
+        params = lj.quantize_ffn(params)
     rows, baseline = [], {}
     # A time-boxed run (`timeout`) still writes the rows it finished.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
@@ -91,21 +98,23 @@ def main():
 
 
 def measure_all(args, cfg, ceil, params, rows, baseline):
-    for B, P, decoding, mode in itertools.product(
+    fp8s = {"off": [False], "on": [True], "both": [False, True]}[args.fp8_ffn]
+    for B, P, decoding, mode, fp8 in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
-            args.decoding.split(","), args.modes.split(",")):
+            args.decoding.split(","), args.modes.split(","), fp8s):
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
-            threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False)
+            threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
+            fp8_ffn=fp8)
         r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
-        if mode == "none":
+        if mode == "none" and not fp8:
             baseline[B, P, decoding] = tokens
         # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
-        r.update(B=B, prompt=P, cache=mode, decoding=decoding, same_tokens_as_none=(
+        r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, same_tokens_as_none=(
             float(np.mean(tokens == baseline[B, P, decoding]))
             if (B, P, decoding) in baseline else None))
         rows.append(r)
-        print(f"B={B} P={P} {mode:6s} {decoding:9s} {r['latency_s']:6.2f} s  "
+        print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} {r['latency_s']:6.2f} s  "
               f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  same tokens as none "
@@ -118,11 +127,12 @@ def report(args, cfg, ceil, rows):
                                      "block": args.block, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
-    print("| B | prompt | cache | decoding | latency s | tokens/s | NFE | ms/step | floor ms "
-          "(measured / reference) | × floor (measured / reference) | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| B | prompt | cache | decoding | fp8 FFN | latency s | tokens/s | NFE | ms/step | "
+          "floor ms (measured / reference) | × floor (measured / reference) | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['B']} | {r['prompt']} | {r['cache']} | {r['decoding']} | "
+              f"{'yes' if r['fp8_ffn'] else 'no'} | "
               f"{r['latency_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kernels.fused_quant import rms_normed
 from lacache_jax import quant
 from lacache_jax.config import ModelConfig
 
@@ -93,11 +94,9 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.bfloat16,
 # --- building blocks ------------------------------------------------------------------
 
 def rms_norm(x_BLD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
-    x32 = x_BLD.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     # LLaDA rounds to the activation dtype before the weight multiply (one rounding differs
-    # if the weight were applied in fp32).
-    return normed.astype(x_BLD.dtype) * w_D
+    # if the weight were applied in fp32); the FP8 FFN's fused kernel shares this definition.
+    return rms_normed(x_BLD, w_D, eps)
 
 
 def rope_tables(positions_BL: jax.Array, head_dim: int, theta: float):
@@ -150,9 +149,9 @@ def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
 
 
 def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
-    h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
     if layer.ffn8 is not None:
-        return quant.ffn_fp8(h, layer.ffn8)
+        return quant.ffn_fp8(x_BLD, layer.ff_norm, cfg.norm_eps, layer.ffn8)
+    h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
     gate, up = jnp.split(h @ layer.w_gate_up, 2, axis=-1)
     return (jax.nn.silu(gate) * up) @ layer.w_down
 

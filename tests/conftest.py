@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -161,3 +162,21 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def bf16():
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def assert_valid_triton(fn, *args, monkeypatch, n_kernels: int = 1):
+    """Lower jitted `fn(*args)` for CUDA on the CPU and run MLIR's verifier on every Triton
+    module it makes: catches what the GPU compiler first rejects (e.g. scf.for bounds of
+    mixed types) without a GPU."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+    verified = []
+
+    def checked(*a, **kw):
+        result = lower(*a, **kw)
+        verified.append(result.module.operation.verify())
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", checked)
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    assert verified == [True] * n_kernels

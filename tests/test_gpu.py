@@ -61,3 +61,29 @@ def test_facache_kernel_on_gpu(dtype):
     np.testing.assert_array_equal(np.asarray(again), np.asarray(o))
     full = cached_attention_pallas(q, k, v, key_mask, s, e, mode="full", poison=True)
     np.testing.assert_array_equal(np.asarray(full), np.asarray(o))
+
+
+def test_fp8_kernels_on_gpu_at_llada_widths():
+    """The Triton-compiled FP8 GEMM and fused quantisation kernels at LLaDA-8B's widths
+    (D 4096, F 12288; N cut to 1024 to keep the reference cheap), odd M."""
+    from kernels.fp8_matmul import fp8_matmul_pallas, fp8_matmul_ref
+    from kernels.fused_quant import (rmsnorm_quant_pallas, rmsnorm_quant_ref,
+                                     swiglu_quant_pallas, swiglu_quant_ref)
+    from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
+    k = jax.random.split(jax.random.key(0), 4)
+    for M, K in [(33, 4096), (200, 12288)]:
+        xq, xs = quantize_act(jax.random.normal(k[0], (M, K)))
+        wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
+        out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True)
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (tests/test_fp8_kernels)
+    x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
+    w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
+    q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True)
+    qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5  # as on CPU
+    gu = jax.random.normal(k[2], (77, 2 * 12288)).astype(jnp.bfloat16)
+    q, s = swiglu_quant_pallas(gu, poison=True)
+    qr, sr = swiglu_quant_ref(gu)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 1e-3  # as on CPU

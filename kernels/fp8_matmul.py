@@ -1,0 +1,105 @@
+"""Per-group scaled FP8 GEMM (REFERENCE.md §7): x [M, K] float8_e4m3fn with one fp32 scale per
+1 x 128 group, times w [N, K] float8_e4m3fn (K-major, as Hopper's FP8 MMA reads it) with one
+scale per 128 x 128 block, -> [M, N] in `out_dtype`.
+
+Each 128-wide K group's FP8 products are summed exactly in fp32 by the tensor cores, then
+multiplied by (x scale of the row) x (w scale of the block) and added to an fp32 accumulator, so
+the result equals the dequantised fp32 matmul up to fp32 summation order. Tiles: 128 output
+columns (one weight-scale block) by 16-128 rows chosen from M; M of any size is padded to the
+row tile inside the wrapper. XLA's FP8 `dot_general` (cuBLASLt) applies one scale per tensor
+only, so it cannot compute this product exactly; it is measured as the speed ceiling in
+`benchmarks/fp8_ffn.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+GROUP = 128
+
+
+def _check(xq, x_scale, wq, w_scale):
+    M, K = xq.shape
+    N = wq.shape[0]
+    if K % GROUP or N % GROUP or wq.shape[1] != K:
+        raise ValueError(f"need x [M, K], w [N, K] with N, K multiples of {GROUP}; "
+                         f"got {xq.shape}, {wq.shape}")
+    if x_scale.shape != (M, K // GROUP) or w_scale.shape != (N // GROUP, K // GROUP):
+        raise ValueError(f"scales must be {(M, K // GROUP)} and {(N // GROUP, K // GROUP)}, "
+                         f"got {x_scale.shape}, {w_scale.shape}")
+
+
+def fp8_matmul_ref(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
+    """Pure-jnp reference: exact per-group products in fp32, then the two scales."""
+    _check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    xg = xq.astype(jnp.float32).reshape(M, K // GROUP, GROUP)
+    wg = wq.astype(jnp.float32).reshape(N, K // GROUP, GROUP)
+    partial = jnp.einsum("mgk,ngk->mng", xg, wg, precision=jax.lax.Precision.HIGHEST)
+    w_scale_NG = jnp.repeat(w_scale, GROUP, axis=0)  # [N, K / 128]
+    out = jnp.einsum("mng,mg,ng->mn", partial, x_scale, w_scale_NG,
+                     precision=jax.lax.Precision.HIGHEST)
+    return out.astype(out_dtype)
+
+
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
+    o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
+
+    def group(g, acc):
+        cols = pl.ds(g * GROUP, GROUP)
+        part = jnp.dot(x_ref[:, cols], w_ref[:, cols].T, preferred_element_type=jnp.float32)
+        return acc + part * (xs_ref[:, pl.ds(g, 1)] * ws_ref[pl.ds(g, 1)][None, :])
+    acc = jax.lax.fori_loop(0, n_groups, group,
+                            jnp.zeros((x_ref.shape[0], w_ref.shape[0]), jnp.float32))
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def row_tile(M: int) -> int:
+    """Rows per program: the smallest power of two >= M in [16, 128] (16 is Triton's
+    smallest dot tile; 128 x 128 fp32 accumulators fill a 4-warp program's registers)."""
+    return min(128, max(16, 1 << (M - 1).bit_length()))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "interpret", "poison",
+                                             "num_stages"))
+def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
+                      block_m: int | None = None, interpret: bool = False,
+                      poison: bool = False, num_stages: int = 4):
+    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`."""
+    _check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    bm = block_m or row_tile(M)
+    Mp = pl.cdiv(M, bm) * bm
+    if Mp != M:
+        xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
+        x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
+    G = K // GROUP
+    out_shape = jax.ShapeDtypeStruct((Mp, N), out_dtype)
+    out_spec = pl.BlockSpec((bm, GROUP), lambda i, j: (i, j))
+    in_specs = [pl.BlockSpec((bm, K), lambda i, j: (i, 0)),
+                pl.BlockSpec((bm, G), lambda i, j: (i, 0)),
+                pl.BlockSpec((GROUP, K), lambda i, j: (j, 0)),
+                pl.BlockSpec((None, G), lambda i, j: (j, 0))]
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_dtype)] if poison else []
+    from jax.experimental.pallas import triton as plgpu
+    out = pl.pallas_call(
+        functools.partial(_kernel, n_groups=G, n_poisoned=len(poisoned)),
+        grid=(Mp // bm, N // GROUP), in_specs=in_specs + [out_spec] * len(poisoned),
+        out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
+        input_output_aliases={4: 0} if poison else {},
+        compiler_params=plgpu.CompilerParams(num_warps=8 if bm == 128 else 4,
+                                             num_stages=num_stages),
+    )(xq, x_scale, wq, w_scale, *poisoned)
+    return out[:M]
+
+
+def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
+    """Dispatch: the Pallas kernel on GPU, the reference elsewhere."""
+    fn = fp8_matmul_pallas if jax.default_backend() == "gpu" else fp8_matmul_ref
+    return fn(xq, x_scale, wq, w_scale, out_dtype)

@@ -1,0 +1,184 @@
+"""Activation quantisation to float8_e4m3fn with one scale per 1 x 128 group, fused with the op
+that produces the activation (REFERENCE.md §7), so the bf16 activation is never written:
+
+- `rmsnorm_quant`: LLaDA's RMSNorm (fp32 statistics, rounded to the activation dtype, times the
+  weight) then quantisation: feeds the gate/up GEMM.
+- `swiglu_quant`: silu(gate) * up in fp32 then quantisation: feeds the down GEMM.
+
+`scale = amax / 448` per group (1 for an all-zero group), values clipped to +-448 and rounded
+to nearest even. Each has a pure-jnp reference (`*_ref`) and a dispatcher (Pallas with the Triton
+lowering on GPU, the reference elsewhere). Shapes: x [M, D], outputs q [M, D] fp8 and scales
+[M, D / 128] fp32; M is padded to the row tile inside the wrappers.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+FP8 = jnp.float8_e4m3fn
+FP8_MAX = 448.0
+GROUP = 128
+ROWS = 16  # row tile: the smallest Triton dot/tile height, and enough rows per program
+
+
+def group_scale(amax: jax.Array) -> jax.Array:
+    # An all-zero group gets scale 1 (its values quantise to 0 either way) instead of 0/0.
+    return jnp.where(amax > 0, amax / FP8_MAX, 1.0).astype(jnp.float32)
+
+
+def to_fp8(x: jax.Array, scale: jax.Array) -> jax.Array:
+    return jnp.clip(x.astype(jnp.float32) / scale, -FP8_MAX, FP8_MAX).astype(FP8)
+
+
+def quantize_groups(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[..., K] -> (fp8 [..., K], fp32 scales [..., K / 128]), one scale per 1 x 128 group."""
+    K = x.shape[-1]
+    if K % GROUP:
+        raise ValueError(f"activation width must be a multiple of {GROUP}, got {K}")
+    groups = x.astype(jnp.float32).reshape(*x.shape[:-1], K // GROUP, GROUP)
+    scale = group_scale(jnp.abs(groups).max(axis=-1))
+    return to_fp8(groups, scale[..., None]).reshape(x.shape), scale
+
+
+def rms_normed(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """LLaDA's RMSNorm: fp32 statistics, rounded to x's dtype before the weight multiply."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return normed.astype(x.dtype) * w
+
+
+def rmsnorm_quant_ref(x_MD, w_D, eps: float):
+    return quantize_groups(rms_normed(x_MD, w_D, eps))
+
+
+def swiglu_quant_ref(gate_up_M2F):
+    gate, up = jnp.split(gate_up_M2F.astype(jnp.float32), 2, axis=-1)
+    return quantize_groups(jax.nn.silu(gate) * up)
+
+
+# --- Pallas kernels ------------------------------------------------------------------------
+
+def _quantize_tile(a):
+    """fp32 [rows, 128] -> (fp8 tile, fp32 [rows, 1] scale); same arithmetic as `to_fp8`."""
+    amax = jnp.max(jnp.abs(a), axis=1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
+    return jnp.clip(a / scale, -FP8_MAX, FP8_MAX).astype(FP8), scale
+
+
+def _rmsnorm_quant_kernel(x_ref, w_ref, q_ref, s_ref, *, eps, n_groups):
+    def sum_squares(g, acc):
+        x = x_ref[:, pl.ds(g * GROUP, GROUP)].astype(jnp.float32)
+        return acc + jnp.sum(x * x, axis=1)
+    ss = jax.lax.fori_loop(0, n_groups, sum_squares, jnp.zeros((x_ref.shape[0],), jnp.float32))
+    rstd = jax.lax.rsqrt(ss / (n_groups * GROUP) + eps)[:, None]
+
+    def quantize(g, carry):
+        cols = pl.ds(g * GROUP, GROUP)
+        x = x_ref[:, cols]
+        h = (x.astype(jnp.float32) * rstd).astype(x.dtype) * w_ref[cols][None, :]
+        q, scale = _quantize_tile(h.astype(jnp.float32))
+        q_ref[:, cols] = q
+        s_ref[:, pl.ds(g, 1)] = scale
+        return carry
+    jax.lax.fori_loop(0, n_groups, quantize, 0)
+
+
+def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref):
+    gate = gate_ref[...].astype(jnp.float32)
+    a = gate * jax.nn.sigmoid(gate) * up_ref[...].astype(jnp.float32)
+    q, scale = _quantize_tile(a)
+    q_ref[...] = q
+    s_ref[...] = scale
+
+
+def _pad_rows(x, rows):
+    M = x.shape[0]
+    Mp = pl.cdiv(M, rows) * rows
+    return (x if Mp == M else jnp.pad(x, [(0, Mp - M), (0, 0)])), M, Mp
+
+
+def _poisoned(shapes, poison):
+    return [jnp.full(s.shape, jnp.nan, s.dtype) for s in shapes] if poison else []
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "interpret", "poison"))
+def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, interpret: bool = False,
+                         poison: bool = False):
+    """Fused RMSNorm + 1 x 128 quantisation in one kernel (a row tile is read twice, the
+    second time from cache: statistics, then normalise and quantise); the normed activation
+    is never written. `poison` (tests) pre-fills the outputs."""
+    D = x_MD.shape[1]
+    if D % GROUP:
+        raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
+    x, M, Mp = _pad_rows(x_MD, ROWS)
+    G = D // GROUP
+    out_shape = [jax.ShapeDtypeStruct((Mp, D), FP8), jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
+    out_specs = [pl.BlockSpec((ROWS, D), lambda i: (i, 0)),
+                 pl.BlockSpec((ROWS, G), lambda i: (i, 0))]
+    in_specs = [pl.BlockSpec((ROWS, D), lambda i: (i, 0)), pl.BlockSpec((D,), lambda i: (0,))]
+    poisoned = _poisoned(out_shape, poison)
+    kernel = functools.partial(_rmsnorm_quant_kernel, eps=eps, n_groups=G)
+    q, s = pl.pallas_call(
+        _aliased(kernel, len(poisoned)), grid=(Mp // ROWS,),
+        in_specs=in_specs + out_specs[:len(poisoned)], out_specs=out_specs,
+        out_shape=out_shape, interpret=interpret, name="rmsnorm_quant",
+        compiler_params=_triton(),
+        input_output_aliases={2 + j: j for j in range(len(poisoned))},
+    )(x, w_D, *poisoned)
+    return q[:M], s[:M]
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "poison"))
+def swiglu_quant_pallas(gate_up_M2F, *, interpret: bool = False, poison: bool = False):
+    """Fused silu(gate) * up + 1 x 128 quantisation of [M, 2F] = [gate | up]."""
+    F = gate_up_M2F.shape[1] // 2
+    if F % GROUP or gate_up_M2F.shape[1] % 2:
+        raise ValueError(f"gate|up width must be 2 x a multiple of {GROUP}, "
+                         f"got {gate_up_M2F.shape[1]}")
+    x, M, Mp = _pad_rows(gate_up_M2F, ROWS)
+    G = F // GROUP
+    out_shape = [jax.ShapeDtypeStruct((Mp, F), FP8), jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
+    out_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
+                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, g))]
+    in_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
+                pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g + G))]
+    poisoned = _poisoned(out_shape, poison)
+    q, s = pl.pallas_call(
+        _aliased(_swiglu_quant_kernel, len(poisoned)), grid=(Mp // ROWS, G),
+        in_specs=in_specs + out_specs[:len(poisoned)], out_specs=out_specs,
+        out_shape=out_shape, interpret=interpret, name="swiglu_quant",
+        compiler_params=_triton(),
+        input_output_aliases={2 + j: j for j in range(len(poisoned))},
+    )(x, x, *poisoned)
+    return q[:M], s[:M]
+
+
+def _triton():
+    # Triton compiler params also select the Triton lowering (the GPU default is Mosaic).
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+
+
+def _aliased(kernel, n_poisoned):
+    """Drops the refs of poisoned inputs (aliases of the outputs, never read)."""
+    def wrapped(*refs):
+        n_in = len(refs) - 2 - n_poisoned
+        return kernel(*refs[:n_in], *refs[n_in + n_poisoned:])
+    return wrapped
+
+
+def rmsnorm_quant(x_MD, w_D, eps: float):
+    """Dispatch: the Pallas kernel on GPU, the reference elsewhere."""
+    if jax.default_backend() == "gpu":
+        return rmsnorm_quant_pallas(x_MD, w_D, eps)
+    return rmsnorm_quant_ref(x_MD, w_D, eps)
+
+
+def swiglu_quant(gate_up_M2F):
+    if jax.default_backend() == "gpu":
+        return swiglu_quant_pallas(gate_up_M2F)
+    return swiglu_quant_ref(gate_up_M2F)
