@@ -41,6 +41,8 @@ def layer_times(cfg, ceil, ms):
         n = 20 if M <= 4096 else 5
         t16 = time_chained(lambda x: mlp(x, bf16_layer, cfg), x, n=n)["median_ms"]
         t8 = time_chained(lambda x: mlp(x, fp8_layer, cfg), x, n=n)["median_ms"]
+        y16, y8 = (mlp(x, lay, cfg).astype(jnp.float32) for lay in (bf16_layer, fp8_layer))
+        fp8_err = float(jnp.linalg.norm(y8 - y16) / jnp.linalg.norm(y16))
         hq, hs = rmsnorm_quant(x[0], fp8_layer.ff_norm, cfg.norm_eps)
         gemm = time_chained(lambda hq, hs: fp8_matmul_pallas(hq, hs, w.gate_up, w.gate_up_scale),
                             hq, hs, n=n)["median_ms"]
@@ -55,6 +57,7 @@ def layer_times(cfg, ceil, ms):
         xla16 = time_chained(lambda h: h @ w16, x[0], n=n)["median_ms"]
         gemm_flops = 2.0 * M * D * 2 * F
         row = dict(M=M, ffn_bf16_ms=t16, ffn_fp8_ms=t8, fp8_speedup=t16 / t8,
+                   fp8_rel_err_vs_bf16=fp8_err,
                    gate_up_gemm_ms=gemm, gate_up_tflops=gemm_flops / gemm / 1e9,
                    xla_fp8_per_tensor_ms=xla8, xla_fp8_tflops=gemm_flops / xla8 / 1e9,
                    xla_bf16_ms=xla16, of_xla_fp8=xla8 / gemm,

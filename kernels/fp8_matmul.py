@@ -49,8 +49,10 @@ def fp8_matmul_ref(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
+    first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
 
     def group(g, acc):
+        g = first + g
         cols = pl.ds(g * GROUP, GROUP)
         part = jnp.dot(x_ref[:, cols], w_ref[:, cols].T, preferred_element_type=jnp.float32)
         return acc + part * (xs_ref[:, pl.ds(g, 1)] * ws_ref[pl.ds(g, 1)][None, :])
@@ -59,18 +61,29 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
+def k_splits(m_tiles: int, n_tiles: int, n_groups: int, programs: int = 264) -> int:
+    """Split K when the output tiles alone are too few to fill the GPU (decode shapes): the
+    smallest divisor of the group count giving >= `programs` (2 per SM on an H200)."""
+    for s in range(1, n_groups + 1):
+        if n_groups % s == 0 and (m_tiles * n_tiles * s >= programs or s == n_groups):
+            return s
+    return 1
+
+
 def row_tile(M: int) -> int:
     """Rows per program: the smallest power of two >= M in [16, 128] (16 is Triton's
     smallest dot tile; 128 x 128 fp32 accumulators fill a 4-warp program's registers)."""
     return min(128, max(16, 1 << (M - 1).bit_length()))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "interpret", "poison",
-                                             "num_stages"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "splits", "interpret",
+                                             "poison", "num_stages"))
 def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
-                      block_m: int | None = None, interpret: bool = False,
-                      poison: bool = False, num_stages: int = 4):
-    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`."""
+                      block_m: int | None = None, splits: int | None = None,
+                      interpret: bool = False, poison: bool = False, num_stages: int = 4):
+    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`. With `splits`
+    > 1 (default: `k_splits`), each program sums one share of the K groups into an fp32
+    partial, and the partials are added afterwards."""
     _check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -80,23 +93,26 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     G = K // GROUP
-    out_shape = jax.ShapeDtypeStruct((Mp, N), out_dtype)
-    out_spec = pl.BlockSpec((bm, GROUP), lambda i, j: (i, j))
-    in_specs = [pl.BlockSpec((bm, K), lambda i, j: (i, 0)),
-                pl.BlockSpec((bm, G), lambda i, j: (i, 0)),
-                pl.BlockSpec((GROUP, K), lambda i, j: (j, 0)),
-                pl.BlockSpec((None, G), lambda i, j: (j, 0))]
-    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_dtype)] if poison else []
+    S = splits or k_splits(Mp // bm, N // GROUP, G)
+    if G % S:
+        raise ValueError(f"splits {S} must divide the {G} K groups")
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_spec = pl.BlockSpec((None, bm, GROUP), lambda i, j, k: (k, i, j))
+    in_specs = [pl.BlockSpec((bm, K), lambda i, j, k: (i, 0)),
+                pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
+                pl.BlockSpec((GROUP, K), lambda i, j, k: (j, 0)),
+                pl.BlockSpec((None, G), lambda i, j, k: (j, 0))]
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     from jax.experimental.pallas import triton as plgpu
     out = pl.pallas_call(
-        functools.partial(_kernel, n_groups=G, n_poisoned=len(poisoned)),
-        grid=(Mp // bm, N // GROUP), in_specs=in_specs + [out_spec] * len(poisoned),
+        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned)),
+        grid=(Mp // bm, N // GROUP, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {},
         compiler_params=plgpu.CompilerParams(num_warps=8 if bm == 128 else 4,
                                              num_stages=num_stages),
     )(xq, x_scale, wq, w_scale, *poisoned)
-    return out[:M]
+    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.fp8_matmul import fp8_matmul_pallas, fp8_matmul_ref, row_tile
+from kernels.fp8_matmul import fp8_matmul_pallas, fp8_matmul_ref, k_splits, row_tile
 from kernels.fused_quant import (quantize_groups, rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                  rms_normed, swiglu_quant_pallas, swiglu_quant_ref)
 from lacache_jax.quant import dequantize_act, dequantize_weight, quantize_weight
@@ -39,14 +39,19 @@ def test_gemm_matches_dequantised_fp32(M, K, N):
     assert rel_err(out, x @ w) <= 2 * FP8_REL
 
 
-def test_gemm_bf16_output_and_forced_row_tile():
-    _, _, (xq, xs), (wq, ws) = operands(40, 256, 256, seed=1)
+def test_gemm_bf16_output_row_tiles_and_k_splits():
+    _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=1)
     ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-    for bm in (16, 64):
-        out = fp8_matmul_pallas(xq, xs, wq, ws, block_m=bm, interpret=True, poison=True)
+    for bm, splits in ((16, 1), (64, 2), (32, 4)):
+        out = fp8_matmul_pallas(xq, xs, wq, ws, block_m=bm, splits=splits, interpret=True,
+                                poison=True)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out.astype(jnp.float32), ref) <= 2.0 ** -8  # one bf16 rounding
+    with pytest.raises(ValueError, match="splits 3 must divide"):
+        fp8_matmul_pallas(xq, xs, wq, ws, splits=3, interpret=True)
     assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 128, 128]
+    # Decode shapes split K until ~2 programs per SM; big M never splits.
+    assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
 
 
 def test_gemm_rejects_bad_shapes():
@@ -65,10 +70,10 @@ def test_rmsnorm_quant(M, D):
     q, s = rmsnorm_quant_pallas(x, w, 1e-5, interpret=True, poison=True)
     qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
     assert q.dtype == jnp.float8_e4m3fn and q.shape == (M, D) and s.shape == (M, D // 128)
-    # The kernel sums squares group by group, XLA in its own order, and XLA may keep excess
-    # precision (skip the bf16 rounding of the normed value) inside jitted code: the normed
-    # values agree to one bf16 rounding (2^-8 relative), so scales do too; an FP8 code then
-    # flips by one step (<= 2^-3 relative) where a value lies near a rounding boundary.
+    # Same statistics (`rms_rstd`), but XLA may keep excess precision (skip the bf16 rounding
+    # of the normed value) inside jitted code, which the kernel never does: the normed values
+    # agree to one bf16 rounding (2^-8 relative), so scales do too; an FP8 code then flips by
+    # one step (<= 2^-3 relative) where a value lies near a rounding boundary.
     np.testing.assert_allclose(s, sr, rtol=2.0 ** -7)
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
     assert rel_err(dequantize_act(q, s), rms_normed(x, w, 1e-5).astype(jnp.float32)) <= FP8_REL
