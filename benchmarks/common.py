@@ -87,6 +87,14 @@ def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
                nbytes / ceilings["copy_tb_per_s"] / 1e9)
 
 
+def exit_on_sigterm() -> None:
+    """Turn `timeout`'s SIGTERM into SystemExit, so a time-boxed run's `finally` still writes
+    the rows it finished."""
+    import signal
+    import sys
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+
+
 def git_commit() -> str:
     """$COMMIT when set (the device machine's copy of the tree has no .git), else git's."""
     if os.environ.get("COMMIT"):

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import measure_ceilings, time_chained, write_result
+from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
 from kernels.fp8_matmul import fp8_matmul_pallas
 from kernels.fused_quant import rmsnorm_quant, swiglu_quant
 from lacache_jax.model import mlp
@@ -30,12 +30,11 @@ def ffn_layer(cfg, key):
     return dataclasses.replace(layer, ffn8=None), layer
 
 
-def layer_times(cfg, ceil, ms):
+def layer_times(cfg, ceil, ms, rows):
     bf16_layer, fp8_layer = ffn_layer(cfg, jax.random.key(0))
     w = fp8_layer.ffn8
     D, F = cfg.d_model, cfg.d_ff
     fp8_bytes = w.gate_up.size + w.down.size + 4 * (w.gate_up_scale.size + w.down_scale.size)
-    rows = []
     for M in ms:
         x = jax.random.normal(jax.random.key(M), (1, M, D), jnp.bfloat16)
         n = 20 if M <= 4096 else 5
@@ -77,7 +76,6 @@ def layer_times(cfg, ceil, ms):
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},
               flush=True)
-    return rows
 
 
 def ablation(cfg, n_layers: int):
@@ -103,11 +101,16 @@ def main():
     args = ap.parse_args()
     cfg = lj.llada_8b()
     ceil = measure_ceilings()
-    rows = layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")])
-    abl = ablation(cfg, args.ablation_layers) if args.ablation_layers else None
-    path = write_result("fp8_ffn", {"ceilings": ceil, "D": cfg.d_model, "F": cfg.d_ff,
-                                    "rows": rows, "ablation": abl})
-    print(f"-> {path}")
+    rows, abl = [], {}
+    exit_on_sigterm()
+    try:  # the ablation first: it is cheap, and a time-boxed run keeps what finished
+        if args.ablation_layers:
+            abl.update(ablation(cfg, args.ablation_layers))
+        layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows)
+    finally:
+        path = write_result("fp8_ffn", {"ceilings": ceil, "D": cfg.d_model, "F": cfg.d_ff,
+                                        "rows": rows, "ablation": abl})
+        print(f"-> {path}")
 
 
 if __name__ == "__main__":

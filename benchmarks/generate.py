@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import signal
-import sys
 import time
 
 import jax
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import REFERENCE_CEILINGS, floor_ms, llada_8b_setup, write_result
+from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
+                               write_result)
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
@@ -47,11 +46,11 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     return per_step, weight_bytes + kv_bytes
 
 
-def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int):
+def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
     """(timings dict, generated tokens) of one configuration."""
     prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
     t0 = time.perf_counter()
-    run = lj.compile_generate(params, cfg, prompts, gen)
+    run = lj.compile_generate(params, cfg, prompts, gen, mesh=mesh)
     compile_s = time.perf_counter() - t0
     out = jax.block_until_ready(run())  # warm-up
     times = []
@@ -89,8 +88,7 @@ def main():
     if args.fp8_ffn != "off":
         params = lj.quantize_ffn(params)
     rows, baseline = [], {}
-    # A time-boxed run (`timeout`) still writes the rows it finished.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    exit_on_sigterm()
     try:
         measure_all(args, cfg, ceil, params, rows, baseline)
     finally:

@@ -20,6 +20,7 @@ from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
 from lacache_jax.config import ConfigError, ModelConfig
 from lacache_jax.model import Params, qkv_columns
+from lacache_jax.quant import quantize_ffn_layer
 
 PREFIX = "model.transformer."
 # LLaDA block parameter -> (our Layer field, part of its columns or None, stored transposed)
@@ -76,12 +77,13 @@ def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 # --- HF -> ours ---------------------------------------------------------------------------
 
 def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bool = False,
-            progress: bool = True) -> ModelConfig:
+            progress: bool = True, fp8_skip: tuple[int, ...] | None = None) -> ModelConfig:
     """Convert the HF LLaDA directory `src` into our checkpoint `dst` (see checkpoint.py).
 
     Everything that can be checked before reading data is checked first; then weights are
     read, validated, cast and written one group (one layer) at a time, into a temporary
-    directory renamed to `dst` on success.
+    directory renamed to `dst` on success. `fp8_skip` (a tuple, e.g. (0,)) also writes FP8
+    FFN copies (`lj.quantize_ffn`) of every layer not in it, from the stored weights.
     """
     src, dst = Path(src), Path(dst)
     if dtype not in DTYPES:
@@ -96,6 +98,13 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
         cfg = ModelConfig.from_hf_file(src / "config.json")
     except ConfigError as e:
         raise ConvertError(str(e)) from None
+    fp8_layers = [] if fp8_skip is None else [
+        i for i in range(cfg.n_layers) if i not in set(fp8_skip)]
+    if fp8_layers and (cfg.d_model % 128 or cfg.d_ff % 128):
+        raise ConvertError(f"--fp8-ffn needs d_model and the FFN width to be multiples of 128, "
+                           f"got {cfg.d_model} and {cfg.d_ff}")
+    if fp8_skip is not None and any(not 0 <= i < cfg.n_layers for i in fp8_skip):
+        raise ConvertError(f"--fp8-skip {list(fp8_skip)}: layers are 0..{cfg.n_layers - 1}")
     entries = _normalise_names(find_sources(src))
     plan = key_plan(cfg)
     _check_entries(entries, cfg, plan)
@@ -119,8 +128,12 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
                     arrays[t.array][..., cols] = _read_checked(name, entries[name], t.transposed)
                     bar.update(int(np.prod(entries[name].shape)) * entries[name].dtype.itemsize)
                 ckpt.write_group(tmp, group, arrays)
+                i = int(group[len("layer_"):]) if group.startswith("layer_") else None
+                if i in fp8_layers:
+                    w8 = quantize_ffn_layer(arrays["w_gate_up"], arrays["w_down"])
+                    ckpt.write_group(tmp, ckpt.fp8_group_name(i), ckpt.fp8_to_group(w8))
                 del arrays
-            ckpt.write_meta(tmp, cfg, out_dtype)
+            ckpt.write_meta(tmp, cfg, out_dtype, fp8_layers)
             for f in TOKENIZER_FILES:
                 if (src / f).is_file():
                     shutil.copy2(src / f, tmp / f)

@@ -6,6 +6,9 @@ Layout of a checkpoint directory:
     params/embed        orbax item {"embed": [V, D]}
     params/layer_000    orbax item with the `Layer` fields of block 0, and so on
     params/final        orbax item {"norm_f": [D], "head": [D, V] (absent when tied)}
+    params/fp8_layer_001 ... (optional) FP8 FFN copies of the layers listed under
+                        "fp8_ffn_layers" in lacache.json: {"gate_up", "down"} as the bytes of
+                        float8_e4m3fn (uint8), {"gate_up_scale", "down_scale"} fp32
 
 One item per group lets the converter write an 8B model holding one layer in memory at a time.
 Every write goes to a hidden sibling directory that is renamed into place only when complete.
@@ -28,8 +31,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
+from lacache_jax import sharding as sharding_lib
 from lacache_jax.config import ConfigError, ModelConfig
 from lacache_jax.model import Layer, Params, param_shapes
+from lacache_jax.quant import FP8, FP8FFN
 
 FORMAT = 1
 META_FILE = "lacache.json"
@@ -51,6 +56,30 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     shapes.update({f"layer_{i:03d}": param_shapes(cfg) for i in range(cfg.n_layers)})
     shapes["final"] = {"norm_f": (D,)} if cfg.tie_embeddings else {"norm_f": (D,), "head": (D, V)}
     return shapes
+
+
+def fp8_group_name(i: int) -> str:
+    return f"fp8_layer_{i:03d}"
+
+
+def fp8_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    D, F = cfg.d_model, cfg.d_ff
+    return {"gate_up": (2 * F, D), "gate_up_scale": (2 * F // 128, D // 128),
+            "down": (D, F), "down_scale": (D // 128, F // 128)}
+
+
+def fp8_to_group(w: FP8FFN) -> dict[str, Any]:
+    """FP8 arrays stored as their bytes (uint8): orbax/tensorstore need not know float8."""
+    if w.granularity != "group":
+        raise CheckpointError(f"only per-group FP8 FFN weights are stored, got {w.granularity!r}")
+    as_bytes = lambda a: jax.lax.bitcast_convert_type(jnp.asarray(a), jnp.uint8)
+    return {"gate_up": as_bytes(w.gate_up), "gate_up_scale": w.gate_up_scale,
+            "down": as_bytes(w.down), "down_scale": w.down_scale}
+
+
+def group_to_fp8(g: Mapping[str, Any]) -> FP8FFN:
+    as_fp8 = lambda a: jax.lax.bitcast_convert_type(a, FP8)
+    return FP8FFN(as_fp8(g["gate_up"]), g["gate_up_scale"], as_fp8(g["down"]), g["down_scale"])
 
 
 def params_to_groups(params: Params) -> dict[str, dict[str, Any]]:
@@ -103,8 +132,9 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
         raise
 
 
-def write_meta(ckpt_dir: Path, cfg: ModelConfig, dtype: Any) -> None:
-    meta = {"format": FORMAT, "dtype": jnp.dtype(dtype).name, "config": cfg.to_dict()}
+def write_meta(ckpt_dir: Path, cfg: ModelConfig, dtype: Any, fp8_layers=()) -> None:
+    meta = {"format": FORMAT, "dtype": jnp.dtype(dtype).name, "config": cfg.to_dict(),
+            "fp8_ffn_layers": sorted(fp8_layers)}
     (ckpt_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -116,18 +146,24 @@ def write_group(ckpt_dir: Path, name: str, arrays: Mapping[str, Any]) -> None:
 
 def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
          force: bool = False) -> None:
-    """Write `params` as a checkpoint that `load` reads; atomic (see `atomic_dir`)."""
+    """Write `params` as a checkpoint that `load` reads; atomic (see `atomic_dir`). FP8 FFN
+    copies (`lj.quantize_ffn`) are stored too, so loading needs no re-quantisation."""
     _check_shapes(params_to_groups(params), config, where="params")
+    fp8 = {i: fp8_to_group(layer.ffn8) for i, layer in enumerate(params.layers)
+           if layer.ffn8 is not None}
     with atomic_dir(path, force) as tmp:
         (tmp / PARAMS_DIR).mkdir()
         for name, arrays in params_to_groups(params).items():
             write_group(tmp, name, arrays)
-        write_meta(tmp, config, params.dtype)
+        for i, arrays in fp8.items():
+            write_group(tmp, fp8_group_name(i), arrays)
+        write_meta(tmp, config, params.dtype, fp8)
 
 
 # --- reading ------------------------------------------------------------------------------
 
-def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str]:
+def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str, list[int]]:
+    """(config, stored dtype name, layers with stored FP8 FFN copies)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: checkpoint directory not found")
@@ -143,29 +179,54 @@ def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str]:
         raise CheckpointError(f"{meta_file}: unknown checkpoint format "
                               f"{meta.get('format') if isinstance(meta, dict) else meta!r}")
     try:
-        return ModelConfig.from_dict(meta["config"]), meta["dtype"]
-    except (ConfigError, KeyError, TypeError) as e:
+        cfg = ModelConfig.from_dict(meta["config"])
+        fp8_layers = [int(i) for i in meta.get("fp8_ffn_layers", [])]
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{meta_file}: bad config ({e})") from None
+    if any(not 0 <= i < cfg.n_layers for i in fp8_layers):
+        raise CheckpointError(f"{meta_file}: fp8_ffn_layers {fp8_layers} outside the model")
+    return cfg, meta["dtype"], fp8_layers
 
 
-def load(path: str | os.PathLike, dtype: Any = None) -> tuple[ModelConfig, Params]:
+def load(path: str | os.PathLike, dtype: Any = None,
+         mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, Params]:
     """Read a checkpoint onto the default device: `(config, params)`.
 
-    `dtype` (e.g. jnp.float32) converts the weights while reading; default: as stored.
+    `dtype` (e.g. jnp.float32) converts the weights while reading; default: as stored. Stored
+    FP8 FFN copies (`python -m convert --fp8-ffn`, or `save` of quantised params) are attached
+    to their layers as they are. With `mesh` (`lj.make_mesh`), every array is restored
+    straight into its tensor-parallel sharding (sharding.py) instead of one device.
     """
-    config, stored_dtype = read_meta(path)
+    config, stored_dtype, fp8_layers = read_meta(path)
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    if mesh is not None:
+        sharding_lib.check_mesh(mesh, config)
+        specs = sharding_lib.group_specs(config)
+    single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def sharding(name, array):
+        if mesh is None:
+            return single
+        spec = specs[name][array] if name in specs else jax.sharding.PartitionSpec()
+        return jax.sharding.NamedSharding(mesh, spec)
+
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
     groups = {}
     shapes = expected_shapes(config)
-    for name in tqdm(group_names(config), desc="loading", unit="group", leave=False,
-                     disable=None):
+    fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
+    names = group_names(config) + [fp8_group_name(i) for i in fp8_layers]
+    for name in tqdm(names, desc="loading", unit="group", leave=False, disable=None):
         item = Path(path).absolute() / PARAMS_DIR / name
         if not item.is_dir():
             raise CheckpointError(f"{item}: weight group missing (incomplete checkpoint)")
-        target = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-                  for k, shape in shapes[name].items()}
+        if name.startswith("fp8_"):
+            shapes[name] = fp8_shapes(config)
+            target = {k: jax.ShapeDtypeStruct(shape, fp8_dtypes.get(k, jnp.float32),
+                                              sharding=sharding(name, k))
+                      for k, shape in shapes[name].items()}
+        else:
+            target = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding(name, k))
+                      for k, shape in shapes[name].items()}
         try:
             stored = checkpointer.metadata(item).item_metadata.tree
         except Exception as e:  # orbax raises several types for a damaged item
@@ -175,7 +236,11 @@ def load(path: str | os.PathLike, dtype: Any = None) -> tuple[ModelConfig, Param
             groups[name] = checkpointer.restore(item, args=ocp.args.StandardRestore(target))
         except Exception as e:
             raise CheckpointError(f"{item}: unreadable ({type(e).__name__}: {e})") from None
-    return config, groups_to_params(groups, config)
+    params = groups_to_params(groups, config)
+    for i in fp8_layers:
+        params.layers[i] = dataclasses.replace(params.layers[i],
+                                               ffn8=group_to_fp8(groups[fp8_group_name(i)]))
+    return config, params
 
 
 def _check_shapes(groups: Mapping[str, Mapping[str, Any]], cfg: ModelConfig, where: str) -> None:

@@ -19,6 +19,7 @@ Only the block's rows go through the LM head and the sampler (sampling.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS  # P is the prompt length here
 
 from kernels.cached_attention import FAState, cached_attention
 from lacache_jax import sampling
@@ -33,6 +36,7 @@ from lacache_jax.cache import KVCache, LaCache
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import (Params, finish_block, forward_layers, lm_head, qkv, rms_norm,
                                rope_tables, run_blocks)
+from lacache_jax.sharding import DATA, MODEL, shard_kernel, shard_params
 
 _DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
 
@@ -59,7 +63,8 @@ class GenerateOutput:
 
 
 def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
-             key: jax.Array | None = None, prompt_lengths: Any = None) -> GenerateOutput:
+             key: jax.Array | None = None, prompt_lengths: Any = None,
+             mesh: jax.sharding.Mesh | None = None) -> GenerateOutput:
     """Generate `gen.gen_length` tokens after each prompt.
 
     `prompts`: an int array [B, P], a list of token lists (ragged), or an array [B, P] with
@@ -67,24 +72,34 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     `key`: one key, or one key per row ([B]); with one key row b draws from
     `fold_in(key, b)`, so pass per-row keys when a row's random draws (temperature > 0,
     random remasking, DPad) must not depend on its place in the batch.
+    `mesh` (`lj.make_mesh(data, model)`): rows split over its `data` axis (the batch is
+    padded to a multiple of it, and the padding dropped from the output), weights over `model`
+    (tensor parallel); the tokens are those of the single-device run.
     Every invalid argument raises ValueError before anything is compiled.
     """
-    params, gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
-    return _generate(params, config, gen, *args)
+    params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
+    return _rows(_generate(params, config, gen, mesh, *args), B)
 
 
 def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
-                     key: jax.Array | None = None, prompt_lengths: Any = None):
+                     key: jax.Array | None = None, prompt_lengths: Any = None,
+                     mesh: jax.sharding.Mesh | None = None):
     """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
     `generate(...)` with these arguments, so benchmarks can time it without compilation."""
-    params, gen, *args = _prepare(params, config, prompts, gen, key, prompt_lengths)
-    compiled = _generate.lower(params, config, gen, *args).compile()
-    return lambda: compiled(params, *args)
+    params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
+    compiled = _generate.lower(params, config, gen, mesh, *args).compile()
+    return lambda: _rows(compiled(params, *args), B)
 
 
-def _prepare(params, config, prompts, gen, key, prompt_lengths):
+def _rows(out: GenerateOutput, B: int) -> GenerateOutput:
+    """Drop the rows added to fill the mesh's data axis."""
+    return out if out.tokens.shape[0] == B else jax.tree.map(lambda a: a[:B], out)
+
+
+def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
-    resolved gen, canvas [B, T], left padding [B], keys [B])."""
+    resolved gen, B, canvas [B', T], left padding [B'], keys [B']), B' = B rounded up to the
+    mesh's data axis, all placed on the mesh when there is one."""
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
     gen = gen.resolve(config)
@@ -100,12 +115,32 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths):
     if not gen.fp8_ffn:
         params = dataclasses.replace(
             params, layers=[dataclasses.replace(layer, ffn8=None) for layer in params.layers])
-    x = np.full((B, P + gen.gen_length), gen.mask_id, np.int32)
+    keys = row_keys(key, B)
+    if mesh is not None:
+        params = shard_params(params, config, mesh)
+        extra = -B % mesh.shape[DATA]  # copies of the last row: each row is independent
+        rows += [rows[-1]] * extra
+        keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])
+    x = np.full((len(rows), P + gen.gen_length), gen.mask_id, np.int32)
     pad = np.array([P - len(r) for r in rows], np.int32)
     for b, r in enumerate(rows):
         x[b, :pad[b]] = config.pad_id
         x[b, pad[b]:P] = r
-    return params, gen, jnp.asarray(x), jnp.asarray(pad), row_keys(key, B)
+    x, pad = jnp.asarray(x), jnp.asarray(pad)
+    if mesh is not None:
+        x, pad, keys = jax.device_put((x, pad, keys), NamedSharding(mesh, PS(DATA)))
+    return params, gen, B, x, pad, keys
+
+
+def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str):
+    """FACache attention; under a mesh, one kernel per (row shard, head shard)."""
+    heads = PS(DATA, None, MODEL, None)
+    st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
+    extra = () if state is None else (state,)
+    fn = shard_kernel(lambda *a: cached_attention(*a, mode=mode),
+                      (heads, heads, heads, PS(DATA, None), PS(), PS(), *((st,) if extra else ())),
+                      (heads, st) if mode == "fill" else heads)
+    return fn(q, k, v, key_mask, s, e, *extra)
 
 
 def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
@@ -114,8 +149,17 @@ def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, block))(stream)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gen"))
-def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad_B, keys_B):
+@functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh"))
+def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, x_BT, pad_B,
+              keys_B):
+    # The mesh is static: kernels see it (`shard_kernel`) while this traces.
+    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+          else contextlib.nullcontext()):
+        return _generate_traced(params, cfg, gen, x_BT, pad_B, keys_B)
+
+
+def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad_B,
+                     keys_B):
     B, T = x_BT.shape
     G, bl = gen.gen_length, gen.block_length
     P = T - G
@@ -180,13 +224,13 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad
 
     def forward_exact_fill(x, keep_BT, s):
         x0, q, k, v = layer0_qkv(model_rows(x), cos_M, sin_M)
-        attn, fa = cached_attention(q, k, v, dup(keep_BT), s, s + bl, mode="fill")
+        attn, fa = facache(q, k, v, dup(keep_BT), s, s + bl, mode="fill")
         return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
 
     def forward_exact_step(x, keep_BT, s, cache):
         fresh = layer0_qkv(cut(model_rows(x), s), cut(cos_M, s), cut(sin_M, s))
         x0, q, k, v = (put(c, n, s) for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
-        attn = cached_attention(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse")
+        attn = facache(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse")
         return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
     first_forward = forward_exact_fill if gen.cache == "exact" else forward_full

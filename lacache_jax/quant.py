@@ -15,11 +15,13 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-exported)
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
 from kernels.fused_quant import (GROUP, group_scale, quantize_groups, rms_normed,
                                  rmsnorm_quant, swiglu_quant, to_fp8)
+from lacache_jax.sharding import DATA, shard_kernel
 
 
 
@@ -96,17 +98,29 @@ def quantize_ffn(params: Any, skip: Iterable[int] = (0,), granularity: str = "gr
         if i in skip:
             layers.append(dataclasses.replace(layer, ffn8=None))
             continue
-        gu, gu_s = quantize_weight(layer.w_gate_up)
-        dn, dn_s = quantize_weight(layer.w_down)
-        layers.append(dataclasses.replace(layer, ffn8=FP8FFN(gu, gu_s, dn, dn_s, granularity)))
+        w8 = quantize_ffn_layer(layer.w_gate_up, layer.w_down, granularity)
+        layers.append(dataclasses.replace(layer, ffn8=w8))
     return dataclasses.replace(params, layers=layers)
+
+
+def quantize_ffn_layer(w_gate_up, w_down, granularity: str = "group") -> FP8FFN:
+    """One layer's FP8 FFN weights from its [in, out] matrices."""
+    return FP8FFN(*quantize_weight(jnp.asarray(w_gate_up)), *quantize_weight(jnp.asarray(w_down)),
+                  granularity)
 
 
 def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.Array:
     """RMSNorm + SwiGLU FFN with per-group FP8 matmuls (fp32 accumulation), on un-normed x:
-    the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU)."""
+    the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
+    Under a mesh the kernels run per row shard, FP8 weights replicated (sharding.py)."""
     B, L, D = x_BLD.shape
-    x = x_BLD.reshape(B * L, D)
+    rows = P(DATA, None, None)
+    fn = shard_kernel(lambda x, n, w: _ffn_fp8_rows(x.reshape(-1, D), n, eps, w).reshape(x.shape),
+                      (rows, P(), P()), rows)
+    return fn(x_BLD, norm_D, w)
+
+
+def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.Array:
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
         aq, as_ = swiglu_quant(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
@@ -114,4 +128,4 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
         hq, hs = quantize_act(rms_normed(x, norm_D, eps), w.granularity)
         gate, up = jnp.split(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype), 2, -1)
         aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity)
-    return fp8_matmul(aq, as_, w.down, w.down_scale, x_BLD.dtype).reshape(B, L, D)
+    return fp8_matmul(aq, as_, w.down, w.down_scale, x.dtype)

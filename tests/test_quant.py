@@ -86,16 +86,46 @@ def _fp8_params():
     return jax.tree.map(lambda a: a * 2.5 if a.ndim == 2 else a, params)  # sharper logits
 
 
-def test_quantize_ffn_skips_the_first_layer_and_is_not_stored(tmp_path):
+def test_quantize_ffn_skips_the_first_layer_and_save_keeps_it(tmp_path):
     params = _fp8_params()
     q = lj.quantize_ffn(params)
     assert q.layers[0].ffn8 is None and all(layer.ffn8 is not None for layer in q.layers[1:])
     assert q.layers[1].ffn8.gate_up.shape == (512, 128)
     assert q.layers[1].ffn8.down.shape == (128, 256)
-    lj.save(tmp_path / "ck", FP8_CFG, q)  # FP8 copies are derived: only bf16/fp32 stored
+    lj.save(tmp_path / "ck", FP8_CFG, q)  # FP8 copies stored as their bytes, read back as is
     _, back = lj.load(tmp_path / "ck")
-    assert all(layer.ffn8 is None for layer in back.layers)
+    assert back.layers[0].ffn8 is None
+    for got, want in zip(back.layers[1:], q.layers[1:]):
+        for a, b in zip(jax.tree.leaves(got.ffn8), jax.tree.leaves(want.ffn8)):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     np.testing.assert_array_equal(back.layers[1].w_down, params.layers[1].w_down)
+    with pytest.raises(ValueError, match="only per-group"):
+        lj.save(tmp_path / "ck2", FP8_CFG, lj.quantize_ffn(params, granularity="token"))
+
+
+def test_convert_fp8_ffn_writes_the_fp8_weights(tmp_path):
+    from convert import export_hf
+    from convert.__main__ import main as convert_main
+    params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), _fp8_params())
+    export_hf(tmp_path / "hf", FP8_CFG, params)
+    assert convert_main([str(tmp_path / "hf"), str(tmp_path / "ck"), "--fp8-ffn", "--quiet"]) == 0
+    cfg, loaded = lj.load(tmp_path / "ck")
+    want = lj.quantize_ffn(loaded)  # what quantising at load time gives
+    assert loaded.layers[0].ffn8 is None
+    for got, ref in zip(loaded.layers[1:], want.layers[1:]):
+        for a, b in zip(jax.tree.leaves(got.ffn8), jax.tree.leaves(ref.ffn8)):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, fp8_ffn=True)
+    a = lj.generate(loaded, cfg, [[5, 6, 7]], gen, key=jax.random.key(0))  # no re-quantising
+    b = lj.generate(want, cfg, [[5, 6, 7]], gen, key=jax.random.key(0))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert convert_main([str(tmp_path / "hf"), str(tmp_path / "all"), "--fp8-ffn",
+                         "--fp8-skip", "", "--quiet"]) == 0
+    assert all(layer.ffn8 is not None for layer in lj.load(tmp_path / "all")[1].layers)
+    assert convert_main([str(tmp_path / "hf"), str(tmp_path / "bad"), "--fp8-ffn",
+                         "--fp8-skip", "7", "--quiet"]) == 1
+    assert not (tmp_path / "bad").exists()
 
 
 def test_fp8_forward_close_to_full_precision():

@@ -1,0 +1,101 @@
+"""Several devices: a `data` x `model` mesh (jax.sharding), parameter and batch shardings.
+
+Batch rows split over `data`. Over `model` (tensor parallel, Megatron-style) the attention and
+FFN matrices split by output columns going in (w_qkv, w_gate_up, LM head) and by input rows
+going out (wo, w_down); norms and the embedding are replicated. XLA's SPMD partitioner
+places the collectives; caches follow the activations. The Pallas kernels are opaque to it, so
+`shard_kernel` wraps them in `shard_map` when a mesh is active (`jax.set_mesh`): FACache runs
+per (row shard, head shard), the FP8 FFN kernels per row shard with their FP8 weights
+replicated. Q/K/V and gate/up are fused column-wise, so a contiguous column shard holds whole
+heads of one of q, k, v (or one of gate, up): XLA regroups them per step, which costs a
+collective that a per-shard interleaved layout would avoid (not done yet).
+
+Multi-host: call `jax.distributed.initialize()` first on every host; `make_mesh` then spans
+all hosts' devices (`jax.devices()`), and the same program runs everywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lacache_jax.config import ModelConfig
+
+DATA, MODEL = "data", "model"
+
+
+def make_mesh(data: int | None = None, model: int = 1, devices=None) -> jax.sharding.Mesh:
+    """A (data, model) mesh over `devices` (default all, `data` = count / `model`)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if model < 1 or len(devices) % model:
+        raise ValueError(f"model={model} must divide the {len(devices)} devices")
+    data = len(devices) // model if data is None else data
+    if data < 1 or data * model != len(devices):
+        raise ValueError(f"data x model = {data} x {model} must equal the {len(devices)} "
+                         "devices")
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((data, model), (DATA, MODEL), axis_types=auto, devices=devices)
+
+
+def check_mesh(mesh: jax.sharding.Mesh, cfg: ModelConfig) -> None:
+    """Tensor parallelism splits heads, FFN columns and the vocabulary evenly."""
+    if set(mesh.axis_names) != {DATA, MODEL}:
+        raise ValueError(f"mesh axes must be ({DATA!r}, {MODEL!r}), got {mesh.axis_names}")
+    n = mesh.shape[MODEL]
+    for what, size in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads),
+                       ("d_ff", cfg.d_ff), ("d_model", cfg.d_model),
+                       ("vocab_size", cfg.vocab_size)):
+        if size % n:
+            raise ValueError(f"{what}={size} is not divisible by the mesh's model axis ({n})")
+
+
+def layer_specs() -> dict[str, P]:
+    return {"attn_norm": P(), "w_qkv": P(None, MODEL), "wo": P(MODEL, None), "ff_norm": P(),
+            "w_gate_up": P(None, MODEL), "w_down": P(MODEL, None)}
+
+
+def group_specs(cfg: ModelConfig) -> dict[str, dict[str, P]]:
+    """PartitionSpecs by checkpoint group and array name (see checkpoint.py)."""
+    specs = {"embed": {"embed": P()}, "final": {"norm_f": P(), "head": P(None, MODEL)}}
+    specs.update({f"layer_{i:03d}": layer_specs() for i in range(cfg.n_layers)})
+    return specs
+
+
+def param_shardings(params: Any, mesh: jax.sharding.Mesh) -> Any:
+    """NamedShardings for a `Params` pytree (FP8 FFN copies replicated)."""
+    ns = lambda spec: NamedSharding(mesh, spec)
+    specs = layer_specs()
+
+    def layer(lay):
+        fields = {f.name: ns(specs[f.name]) for f in dataclasses.fields(lay) if f.name in specs}
+        ffn8 = None if lay.ffn8 is None else jax.tree.map(lambda _: ns(P()), lay.ffn8)
+        return dataclasses.replace(lay, **fields, ffn8=ffn8)
+
+    return dataclasses.replace(
+        params, embed=ns(P()), layers=[layer(lay) for lay in params.layers], norm_f=ns(P()),
+        head=None if params.head is None else ns(P(None, MODEL)))
+
+
+def shard_params(params: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
+    check_mesh(mesh, cfg)
+    return jax.device_put(params, param_shardings(params, mesh))
+
+
+def active_mesh():
+    """The mesh set by `jax.set_mesh`, or None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} else mesh
+
+
+def shard_kernel(fn: Callable, in_specs, out_specs) -> Callable:
+    """`fn` under `shard_map` over the active mesh (unchanged without one): each device runs
+    the kernel on its own shard. Specs name only DATA and MODEL axes."""
+    mesh = active_mesh()
+    if mesh is None or mesh.size == 1:
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
