@@ -93,8 +93,26 @@ def _pad_rows(x, rows):
     return (x if Mp == M else jnp.pad(x, [(0, Mp - M), (0, 0)])), M, Mp
 
 
-def _poisoned(shapes, poison):
-    return [jnp.full(s.shape, jnp.nan, s.dtype) for s in shapes] if poison else []
+def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, name: str, interpret: bool,
+                     poison: bool):
+    """One program per 16 x 128 output tile: fp8 [Mp, G * 128] and scales [Mp, G]. With
+    `poison` (tests) the outputs are NaN-filled inputs aliased to them, never read."""
+    out_shape = [jax.ShapeDtypeStruct((Mp, G * GROUP), FP8),
+                 jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
+    out_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
+                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, g))]
+    poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
+    n_in = len(inputs)
+
+    def body(*refs):
+        kernel(*refs[:n_in], *refs[n_in + len(poisoned):])
+
+    return pl.pallas_call(
+        body, grid=(Mp // ROWS, G), in_specs=in_specs + out_specs[:len(poisoned)],
+        out_specs=out_specs, out_shape=out_shape, interpret=interpret, name=name,
+        compiler_params=_triton(),
+        input_output_aliases={n_in + j: j for j in range(len(poisoned))},
+    )(*inputs, *poisoned)
 
 
 @functools.partial(jax.jit, static_argnames=("eps", "interpret", "poison"))
@@ -109,21 +127,11 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, interpret: bool = False,
         raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
     x, M, Mp = _pad_rows(x_MD, ROWS)
     rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), ROWS)
-    G = D // GROUP
-    out_shape = [jax.ShapeDtypeStruct((Mp, D), FP8), jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
-    out_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, g))]
     in_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, 0)),
                 pl.BlockSpec((GROUP,), lambda i, g: (g,))]
-    poisoned = _poisoned(out_shape, poison)
-    q, s = pl.pallas_call(
-        _aliased(_rmsnorm_quant_kernel, len(poisoned)), grid=(Mp // ROWS, G),
-        in_specs=in_specs + out_specs[:len(poisoned)], out_specs=out_specs,
-        out_shape=out_shape, interpret=interpret, name="rmsnorm_quant",
-        compiler_params=_triton(),
-        input_output_aliases={3 + j: j for j in range(len(poisoned))},
-    )(x, rstd, w_D, *poisoned)
+    q, s = _quantising_call(_rmsnorm_quant_kernel, (x, rstd, w_D), in_specs, Mp, D // GROUP,
+                            "rmsnorm_quant", interpret, poison)
     return q[:M], s[:M]
 
 
@@ -136,19 +144,10 @@ def swiglu_quant_pallas(gate_up_M2F, *, interpret: bool = False, poison: bool = 
                          f"got {gate_up_M2F.shape[1]}")
     x, M, Mp = _pad_rows(gate_up_M2F, ROWS)
     G = F // GROUP
-    out_shape = [jax.ShapeDtypeStruct((Mp, F), FP8), jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
-    out_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, g))]
     in_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
                 pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g + G))]
-    poisoned = _poisoned(out_shape, poison)
-    q, s = pl.pallas_call(
-        _aliased(_swiglu_quant_kernel, len(poisoned)), grid=(Mp // ROWS, G),
-        in_specs=in_specs + out_specs[:len(poisoned)], out_specs=out_specs,
-        out_shape=out_shape, interpret=interpret, name="swiglu_quant",
-        compiler_params=_triton(),
-        input_output_aliases={2 + j: j for j in range(len(poisoned))},
-    )(x, x, *poisoned)
+    q, s = _quantising_call(_swiglu_quant_kernel, (x, x), in_specs, Mp, G, "swiglu_quant",
+                            interpret, poison)
     return q[:M], s[:M]
 
 
@@ -156,14 +155,6 @@ def _triton():
     # Triton compiler params also select the Triton lowering (the GPU default is Mosaic).
     from jax.experimental.pallas import triton as plgpu
     return plgpu.CompilerParams(num_warps=4, num_stages=2)
-
-
-def _aliased(kernel, n_poisoned):
-    """Drops the refs of poisoned inputs (aliases of the outputs, never read)."""
-    def wrapped(*refs):
-        n_in = len(refs) - 2 - n_poisoned
-        return kernel(*refs[:n_in], *refs[n_in + n_poisoned:])
-    return wrapped
 
 
 def rmsnorm_quant(x_MD, w_D, eps: float):
