@@ -6,9 +6,10 @@ Each 128-wide K group's FP8 products are summed exactly in fp32 by the tensor co
 multiplied by (x scale of the row) x (w scale of the block) and added to an fp32 accumulator, so
 the result equals the dequantised fp32 matmul up to fp32 summation order. Tiles: 128 output
 columns (one weight-scale block) by 16-128 rows chosen from M; M of any size is padded to the
-row tile inside the wrapper. XLA's FP8 `dot_general` (cuBLASLt) applies one scale per tensor
-only, so it cannot compute this product exactly; it is measured as the speed ceiling in
-`benchmarks/fp8_ffn.py`.
+row tile inside the wrapper; at decode shapes K is split over programs too (`k_splits`), the
+fp32 partials summed afterwards. XLA's FP8 `dot_general` (cuBLASLt) applies one scale per
+tensor only, so it cannot compute this product exactly: it is measured as the speed ceiling
+in `benchmarks/fp8_ffn.py`, and the dispatch has no other exact candidate yet.
 """
 
 from __future__ import annotations
