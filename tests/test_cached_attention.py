@@ -73,6 +73,36 @@ def test_fill_and_reuse_fp32(case):
     assert rel_err(ref_reused, dense_attention(q2, k2, v2, key_mask)) <= 1e-5
 
 
+def random_cases(n: int, seed: int = 0):
+    """Seeded random shapes, paddings, block positions and tile sizes."""
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        G = int(rng.choice([1, 2]))
+        H = G * int(rng.choice([1, 2]))
+        B, L, tile = int(rng.integers(1, 3)), int(rng.integers(20, 110)), int(rng.choice([16, 32]))
+        bl = int(rng.integers(1, min(40, L) + 1))
+        s = int(rng.integers(0, L - bl + 1))
+        pads = [int(p) for p in rng.integers(0, min(s, L // 3) + 1, B)]
+        yield B, L, H, G, 16, pads, s, s + bl, tile
+
+
+@pytest.mark.parametrize("case", list(random_cases(4)), ids=lambda c: f"L{c[1]}-s{c[6]}-e{c[7]}")
+def test_random_shapes_fill_reuse_fp32(case):
+    """Fill vs dense softmax, reuse after the block changes vs a fresh fill, at random
+    shapes (the fixed cases above cover the edge cases by construction)."""
+    B, L, H, G, K, pads, s, e, tile = case
+    q, k, v, key_mask = inputs(5, B, L, H, G, K, pads)
+    kw = dict(block_q=tile, block_k=tile, interpret=True, poison=True)
+    o, state = cached_attention_pallas(q, k, v, key_mask, s, e, mode="fill", **kw)
+    assert rel_err(o, dense_attention(q, k, v, key_mask)) <= 1e-5  # as in the fixed cases
+    block = ((jnp.arange(L) >= s) & (jnp.arange(L) < e))[None, :, None, None]
+    q2, k2, v2, _ = inputs(6, B, L, H, G, K, pads)
+    q2, k2, v2 = (jnp.where(block, new, old) for new, old in ((q2, q), (k2, k), (v2, v)))
+    reused = cached_attention_pallas(q2, k2, v2, key_mask, s, e, state, mode="reuse", **kw)
+    fresh, _ = cached_attention_pallas(q2, k2, v2, key_mask, s, e, mode="fill", **kw)
+    np.testing.assert_array_equal(np.asarray(reused), np.asarray(fresh))
+
+
 def test_stale_cache_is_really_used():
     """Reuse must read the cached state for rows outside the block: a wrong state shows."""
     q, k, v, key_mask = inputs(2, 1, 64, 2, 2, 16, [0])
