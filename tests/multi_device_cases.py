@@ -43,14 +43,16 @@ def main() -> None:
     # lj.load(mesh=...) restores straight into the tensor-parallel shardings.
     mesh = lj.make_mesh(2, 2)
     with tempfile.TemporaryDirectory() as d:
-        lj.save(f"{d}/ck", CFG, params)
+        lj.save(f"{d}/ck", CFG, fp8_params)  # FP8 FFN copies stored too
         _, loaded = lj.load(f"{d}/ck", mesh=mesh)
+    fp8_replicated = all(a.sharding.is_fully_replicated
+                         for a in jax.tree.leaves(loaded.layers[1].ffn8))
     spec = loaded.layers[0].w_qkv.sharding.spec
     gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, cache="dual")
     same = np.array_equal(
         np.asarray(lj.generate(loaded, CFG, PROMPTS, gen, mesh=mesh).tokens),
         np.asarray(lj.generate(params, CFG, PROMPTS, gen).tokens))
-    print(json.dumps({"case": "load_sharded", "same": bool(same),
+    print(json.dumps({"case": "load_sharded", "same": bool(same and fp8_replicated),
                       "w_qkv_spec": [str(s) for s in spec],
                       "embed_replicated": loaded.embed.sharding.is_fully_replicated}))
     try:  # 4 model shards cannot split 2 KV heads
