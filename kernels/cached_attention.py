@@ -9,9 +9,12 @@ accumulates U keys first (phase A), then C keys (phase B), in base-2 online soft
            state (m, l, acc) after phase A: row max (log2 units), normaliser, unnormalised
            accumulator. For rows outside C it stays valid while only C's tokens change.
 - `reuse`: query tiles wholly outside C start from the cached state and stream only the key
-           tiles overlapping C (U-vs-U tiles are skipped); tiles overlapping C recompute both
-           phases. The same order of summation as `fill`, so reuse on unchanged inputs
-           reproduces fill bit for bit.
+           tiles overlapping C (U-vs-U tiles are skipped), in the same order of summation as
+           `fill`: on unchanged inputs their rows reproduce fill bit for bit. The few tiles
+           overlapping C recompute everything: by default each in one program (both phases,
+           bit for bit as fill too); with a static `block_len` >= e - s, with their keys split
+           over many programs and the partial states merged (`_rows_kernel`), so they do not
+           stream the whole canvas serially while the rest of the GPU idles.
 
 `s`, `e` are runtime values (no recompilation per block), any alignment: key tiles straddling a
 block edge are split exactly by masks. `key_mask` [B, L] masks padded (or dropped) keys.
@@ -61,6 +64,7 @@ def _check(q, k, v, key_mask, mode, state):
 
 def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                          mode: str = "fill", block_q: int = 64, block_k: int = 64,
+                         block_len: int | None = None, splits: int | None = None,
                          interpret: bool = False):
     """Dense reference: (o, state) in fill mode, o in reuse mode. Rows outside [s, e) take
     the cached state in reuse mode (tile granularity changes which rows recompute, not the
@@ -100,71 +104,138 @@ def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, 
 
 # --- Pallas kernel ------------------------------------------------------------------------
 
-def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
-            scale, block_q, block_k, n_k_tiles, reuse, write_state, n_poisoned):
-    out_refs = refs[n_poisoned:]  # poisoned inputs alias the outputs; never read
-    s, e = se_ref[0], se_ref[1]
-    i = pl.program_id(0)
-    q = q_ref[...]
+def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale, block_k):
+    """Online softmax of query tile `q` over key tiles [lo, hi), keeping the keys outside the
+    block (`keys="u"`), inside it ("c") or all of them ("all"); carry = (acc, m, l)."""
     # fp32 inputs: full-precision dots (Triton would otherwise use TF32).
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
-    q_lo = i * block_q
+
+    def body(t, carry):
+        acc, m, l = carry
+        k = k_ref[pl.ds(t * block_k, block_k), :]
+        v = v_ref[pl.ds(t * block_k, block_k), :]
+        kpos = t * block_k + jnp.arange(block_k)
+        in_c = (kpos >= s) & (kpos < e)
+        ok = mask_ref[pl.ds(t * block_k, block_k)] != 0
+        if keys != "all":
+            ok = ok & (in_c if keys == "c" else ~in_c)
+        qk = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * scale
+        qk = jnp.where(ok[None, :], qk, MASKED)
+        m_new = jnp.maximum(m, qk.max(axis=-1))
+        corr = jnp.exp2(m - m_new)
+        p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
+        l = l * corr + p.sum(axis=-1)
+        acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
+                                            preferred_element_type=jnp.float32)
+        return acc, m_new, l
+    # A while loop whose bound is a closed-over constant, not a carried value: the Triton
+    # lowering turns `fori`-shaped loops (bound in the carry) into scf.for and emits bounds
+    # of mismatched types when they are run-time values (seen on jax 0.11.2).
+    hi = jnp.asarray(hi, jnp.int32)
+    _, carry = jax.lax.while_loop(lambda c: c[0] < hi, lambda c: (c[0] + 1, body(c[0], c[1])),
+                                  (jnp.asarray(lo, jnp.int32), carry))
+    return carry
+
+
+def _empty(block_q, K):
+    return (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
+            jnp.zeros((block_q,), jnp.float32))
+
+
+def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
+            scale, block_q, block_k, n_k_tiles, reuse, write_state, skip_block_tiles,
+            n_poisoned):
+    out_refs = refs[n_poisoned:]  # poisoned inputs alias the outputs; never read
+    s, e = se_ref[0], se_ref[1]
+    q = q_ref[...]
+    q_lo = pl.program_id(0) * block_q
     tile_in_u = (q_lo + block_q <= s) | (q_lo >= e)
-    use_cache = reuse & tile_in_u
-
-    def stream(lo, hi, want_c, carry):
-        def body(t, carry):
-            acc, m, l = carry
-            k = k_ref[pl.ds(t * block_k, block_k), :]
-            v = v_ref[pl.ds(t * block_k, block_k), :]
-            kpos = t * block_k + jnp.arange(block_k)
-            in_c = (kpos >= s) & (kpos < e)
-            ok = (mask_ref[pl.ds(t * block_k, block_k)] != 0) & (in_c if want_c else ~in_c)
-            qk = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * scale
-            qk = jnp.where(ok[None, :], qk, MASKED)
-            m_new = jnp.maximum(m, qk.max(axis=-1))
-            corr = jnp.exp2(m - m_new)
-            p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
-            l = l * corr + p.sum(axis=-1)
-            acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
-                                                preferred_element_type=jnp.float32)
-            return acc, m_new, l
-        # A while loop whose bound is a closed-over constant, not a carried value: the Triton
-        # lowering turns `fori`-shaped loops (bound in the carry) into scf.for and emits bounds
-        # of mismatched types when they are run-time values (seen on jax 0.11.2).
-        hi = jnp.asarray(hi, jnp.int32)
-        _, carry = jax.lax.while_loop(lambda c: c[0] < hi,
-                                      lambda c: (c[0] + 1, body(c[0], c[1])),
-                                      (jnp.asarray(lo, jnp.int32), carry))
-        return carry
-
-    K = q.shape[-1]
-    empty = (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
-             jnp.zeros((block_q,), jnp.float32))
+    # Integer flags, not scalar selects: the Triton lowering types those selects as i1.
+    use_cache = jnp.asarray(reuse & tile_in_u, jnp.int32)
+    stream = functools.partial(_stream, q, k_ref, v_ref, mask_ref, s, e, scale=scale,
+                               block_k=block_k)
+    empty = _empty(block_q, q.shape[-1])
     if reuse:
         cached = (acc_in[...], m_in[...], l_in[...])
-        carry = tuple(jnp.where(use_cache, c, z) for c, z in zip(cached, empty))
+        carry = tuple(jnp.where(use_cache != 0, c, z) for c, z in zip(cached, empty))
     else:
         carry = empty
+    # Tiles overlapping the block, when `_rows_kernel` computes them: no work here (their
+    # output is written over afterwards; until then it is 0 / 0).
+    work = use_cache if skip_block_tiles else 1
     # Phase A: U keys, unless this tile's state comes from the cache.
-    # Integer arithmetic, not a scalar select: the Triton lowering types that select as i1.
-    carry = stream(0, n_k_tiles * (1 - jnp.asarray(use_cache, jnp.int32)), False, carry)
+    carry = stream(0, n_k_tiles * (1 - use_cache) * work, "u", carry)
     if write_state:
         acc_out, m_out, l_out = out_refs[1:]
         acc_out[...], m_out[...], l_out[...] = carry
     # Phase B: only the key tiles that overlap [s, e).
-    carry = stream(s // block_k, jnp.minimum((e + block_k - 1) // block_k, n_k_tiles), True,
-                   carry)
+    lo = s // block_k
+    hi = jnp.minimum((e + block_k - 1) // block_k, n_k_tiles)
+    carry = stream(lo, lo + (hi - lo) * work, "c", carry)
     acc, _, l = carry
     out_refs[0][...] = (acc / l[:, None]).astype(out_refs[0].dtype)
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("mode", "block_q", "block_k", "interpret", "poison"))
+def _rows_kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *,
+                 scale, block_q, block_k, n_k_tiles, n_splits):
+    """Reuse mode, the query tiles overlapping the block: all keys, split over programs
+    (grid axis 3) so the few block tiles do not stream the whole canvas serially; each
+    program writes the partial state of its share of the keys."""
+    s, e, start = se_ref[0], se_ref[1], se_ref[2]
+    q = q_ref[pl.ds(start + pl.program_id(0) * block_q, block_q), :]
+    per = (n_k_tiles + n_splits - 1) // n_splits
+    lo = pl.program_id(3) * per
+    acc, m, l = _stream(q, k_ref, v_ref, mask_ref, s, e, lo, jnp.minimum(lo + per, n_k_tiles),
+                        "all", _empty(block_q, q.shape[-1]), scale=scale, block_k=block_k)
+    acc_out[...], m_out[...], l_out[...] = acc, m, l
+
+
+def _block_rows(se, q_p, k_p, v_p, mask_p, rep, block_len, splits, block_q, interpret):
+    """(start row, rows [B, R, H, K]) of the query tiles overlapping [s, e) with e - s <=
+    `block_len`, from `_rows_kernel`'s partial states merged in log2 space."""
+    B, Lp, H, K = q_p.shape
+    n_tiles = Lp // block_q
+    R = min(pl.cdiv(block_len, block_q) + 1, n_tiles) * block_q
+    S = splits or max(1, min(n_tiles, pl.cdiv(264, (R // block_q) * B * H)))
+    start = jnp.minimum((se[0] // block_q) * block_q, Lp - R)
+    se3 = jnp.concatenate([se, start[None]])
+    row_spec = pl.BlockSpec((None, None, None, block_q), lambda c, b, h, k: (k, b, h, c))
+    acc_spec = pl.BlockSpec((None, None, block_q, None, K), lambda c, b, h, k: (k, b, c, h, 0))
+    full_q = pl.BlockSpec((None, Lp, None, K), lambda c, b, h, k: (b, 0, h, 0))
+    kv_spec = pl.BlockSpec((None, Lp, None, K), lambda c, b, h, k: (b, 0, h // rep, 0))
+    from jax.experimental.pallas import triton as plgpu
+    acc, m, l = pl.pallas_call(
+        functools.partial(_rows_kernel, scale=LOG2E / math.sqrt(K), block_q=block_q,
+                          block_k=block_q, n_k_tiles=n_tiles, n_splits=S),
+        grid=(R // block_q, B, H, S),
+        in_specs=[pl.BlockSpec((3,), lambda c, b, h, k: (0,)), full_q, kv_spec, kv_spec,
+                  pl.BlockSpec((None, Lp), lambda c, b, h, k: (b, 0))],
+        out_specs=[acc_spec, row_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct((S, B, R, H, K), jnp.float32),
+                   jax.ShapeDtypeStruct((S, B, H, R), jnp.float32),
+                   jax.ShapeDtypeStruct((S, B, H, R), jnp.float32)],
+        interpret=interpret, name="facache_block_rows",
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(se3, q_p, k_p, v_p, mask_p)
+    m_all = m.max(0)
+    w = jnp.exp2(m - m_all)                                   # [S, B, H, R]
+    l_all = (l * w).sum(0)
+    acc_all = (acc * w.transpose(0, 1, 3, 2)[..., None]).sum(0)
+    return start, (acc_all / l_all.transpose(0, 2, 1)[..., None]).astype(q_p.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("mode", "block_q", "block_k", "block_len",
+                                             "splits", "interpret", "poison"))
 def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                             mode: str = "fill", block_q: int = 64, block_k: int = 64,
+                            block_len: int | None = None, splits: int | None = None,
                             interpret: bool = False, poison: bool = False):
     """The Pallas (Triton lowering) kernel; same contract as `cached_attention_ref`.
+
+    Reuse mode with `block_len` (a static bound on e - s): the query tiles overlapping the
+    block are computed by `_rows_kernel` with the keys split over `splits` programs (default:
+    enough for ~2 per SM) instead of one serial stream each; their rows then sum in another
+    order than fill's (fp32 rounding), the rows outside them stay bit-identical.
     `poison` (tests) makes the outputs NaN-filled buffers first, so an unwritten tile shows."""
     _check(q, k, v, key_mask, mode, state)
     if block_q != block_k:
@@ -200,9 +271,11 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
                       jax.ShapeDtypeStruct((B, H, Lp), jnp.float32)]
         out_specs += [tile_spec, row_spec, row_spec]
     poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
+    split_rows = reuse and block_len is not None
     kernel = functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_q=block_q,
                                block_k=block_k, n_k_tiles=Lp // block_k, reuse=reuse,
-                               write_state=write_state, n_poisoned=len(poisoned))
+                               write_state=write_state, skip_block_tiles=split_rows,
+                               n_poisoned=len(poisoned))
     from jax.experimental.pallas import triton as plgpu
     outs = pl.pallas_call(
         kernel, grid=(Lp // block_q, B, H), in_specs=in_specs + out_specs[:len(poisoned)],
@@ -211,7 +284,15 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
         name=f"facache_{mode}",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(se, q_p, k_p, v_p, mask_p, m_in, l_in, acc_in, *poisoned)
-    o = outs[0][:, :L]
+    o = outs[0]
+    if split_rows:
+        start, rows = _block_rows(se, q_p, k_p, v_p, mask_p, rep, block_len, splits, block_q,
+                                  interpret)
+        tile = (start + jnp.arange(rows.shape[1])) // block_q * block_q
+        overlaps = ((tile < e) & (tile + block_q > s))[None, :, None, None]
+        old = jax.lax.dynamic_slice_in_dim(o, start, rows.shape[1], axis=1)
+        o = jax.lax.dynamic_update_slice_in_dim(o, jnp.where(overlaps, rows, old), start, 1)
+    o = o[:, :L]
     if not write_state:
         return o
     acc, m, l = outs[1][:, :L], outs[2][..., :L], outs[3][..., :L]
@@ -219,7 +300,10 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
 
 
 def cached_attention(q, k, v, key_mask, s, e, state: FAState | None = None, *,
-                     mode: str = "fill", block_q: int = 64, block_k: int = 64):
+                     mode: str = "fill", block_q: int = 64, block_k: int = 64,
+                     block_len: int | None = None):
     """Dispatch: the Pallas kernel on GPU, the dense reference elsewhere."""
-    fn = cached_attention_pallas if jax.default_backend() == "gpu" else cached_attention_ref
-    return fn(q, k, v, key_mask, s, e, state, mode=mode, block_q=block_q, block_k=block_k)
+    if jax.default_backend() == "gpu":
+        return cached_attention_pallas(q, k, v, key_mask, s, e, state, mode=mode,
+                                       block_q=block_q, block_k=block_k, block_len=block_len)
+    return cached_attention_ref(q, k, v, key_mask, s, e, state, mode=mode)

@@ -103,6 +103,31 @@ def test_random_shapes_fill_reuse_fp32(case):
     np.testing.assert_array_equal(np.asarray(reused), np.asarray(fresh))
 
 
+@pytest.mark.parametrize("case", CASES + list(random_cases(3, seed=1)),
+                         ids=lambda c: f"L{c[1]}-s{c[6]}-e{c[7]}-t{c[8]}")
+@pytest.mark.parametrize("splits", [None, 3])
+def test_reuse_with_split_block_rows(case, splits):
+    """Reuse with `block_len`: the block's query tiles stream their keys in `splits` shares
+    (`_rows_kernel`), merged afterwards. Other rows: bit-identical to fill; the block's tiles:
+    fp32 rounding of another summation order."""
+    B, L, H, G, K, pads, s, e, tile = case
+    q, k, v, key_mask = inputs(0, B, L, H, G, K, pads)
+    kw = dict(block_q=tile, block_k=tile, interpret=True, poison=True)
+    o, state = cached_attention_pallas(q, k, v, key_mask, s, e, mode="fill", **kw)
+    split = dict(kw, block_len=e - s + 3, splits=splits)  # any bound >= e - s
+    again = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse", **split)
+    rows = np.arange(L) // tile * tile
+    in_block_tiles = (rows < e) & (rows + tile > s)
+    np.testing.assert_array_equal(np.asarray(again)[:, ~in_block_tiles],
+                                  np.asarray(o)[:, ~in_block_tiles])
+    assert rel_err(again[:, in_block_tiles], o[:, in_block_tiles]) <= 1e-6
+    q2, k2, v2, _ = inputs(1, B, L, H, G, K, pads)
+    block = ((jnp.arange(L) >= s) & (jnp.arange(L) < e))[None, :, None, None]
+    q2, k2, v2 = (jnp.where(block, new, old) for new, old in ((q2, q), (k2, k), (v2, v)))
+    reused = cached_attention_pallas(q2, k2, v2, key_mask, s, e, state, mode="reuse", **split)
+    assert rel_err(reused, dense_attention(q2, k2, v2, key_mask)) <= 1e-5
+
+
 def test_stale_cache_is_really_used():
     """Reuse must read the cached state for rows outside the block: a wrong state shows."""
     q, k, v, key_mask = inputs(2, 1, 64, 2, 2, 16, [0])
@@ -142,10 +167,12 @@ def test_bad_arguments():
                                 interpret=True)
 
 
-@pytest.mark.parametrize("mode", ["full", "fill", "reuse"])
+@pytest.mark.parametrize("mode", ["full", "fill", "reuse", "reuse_split"])
 def test_lowers_to_valid_triton_ir(mode, monkeypatch):
     q, k, v, key_mask = inputs(0, 1, 200, 4, 2, 128, [0], jnp.bfloat16)
     _, state = cached_attention_ref(q, k, v, key_mask, 90, 122, mode="fill")
+    kw = dict(mode="reuse", block_len=32) if mode == "reuse_split" else dict(mode=mode)
     fn = lambda q, k, v, s, e, st: cached_attention_pallas(
-        q, k, v, key_mask, s, e, st if mode == "reuse" else None, mode=mode)
-    assert_valid_triton(fn, q, k, v, 90, 122, state, monkeypatch=monkeypatch)
+        q, k, v, key_mask, s, e, st if mode.startswith("reuse") else None, **kw)
+    assert_valid_triton(fn, q, k, v, 90, 122, state, monkeypatch=monkeypatch,
+                        n_kernels=2 if mode == "reuse_split" else 1)
