@@ -6,7 +6,7 @@ Times: cuDNN full attention (jax.nn.dot_product_attention); our kernel in full m
 caching: the baseline it must match within 1.2x), at each tile size in --tiles; fill mode (full
 attention plus writing the cached state) and reuse mode (block in the middle of the canvas and
 at its end, as in the last block of generation) at the default tile, with the block's tiles in
-one program each (`reuse_*`) and with their keys split (`reuse_split_*`, what generate runs).
+one program each (`reuse_*`) and with their keys split (`reuse_split_*`).
 Each time is per call with 20 dependent calls in one jitted program (`time_chained`), so host
 dispatch (~0.1 ms) does not hide the kernels.
 """
