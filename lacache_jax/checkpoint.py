@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from lacache_jax import sharding as sharding_lib
 from lacache_jax.config import ConfigError, ModelConfig
 from lacache_jax.model import Layer, Params, param_shapes
-from lacache_jax.quant import FP8, FP8FFN
+from lacache_jax.quant import FP8, FP8FFN, GROUP
 
 FORMAT = 1
 META_FILE = "lacache.json"
@@ -64,8 +64,8 @@ def fp8_group_name(i: int) -> str:
 
 def fp8_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     D, F = cfg.d_model, cfg.d_ff
-    return {"gate_up": (2 * F, D), "gate_up_scale": (2 * F // 128, D // 128),
-            "down": (D, F), "down_scale": (D // 128, F // 128)}
+    return {"gate_up": (2 * F, D), "gate_up_scale": (2 * F // GROUP, D // GROUP),
+            "down": (D, F), "down_scale": (D // GROUP, F // GROUP)}
 
 
 def fp8_to_group(w: FP8FFN) -> dict[str, Any]:
@@ -83,7 +83,8 @@ def group_to_fp8(g: Mapping[str, Any]) -> FP8FFN:
 
 
 def params_to_groups(params: Params) -> dict[str, dict[str, Any]]:
-    """The stored arrays by group (fields marked `derived`, the FP8 copies, are not stored)."""
+    """The stored arrays by group; fields marked `derived` (the FP8 copies) are left out here
+    and written by `save` as groups of their own."""
     groups = {"embed": {"embed": params.embed}}
     for i, layer in enumerate(params.layers):
         groups[f"layer_{i:03d}"] = {f.name: getattr(layer, f.name)
@@ -213,20 +214,17 @@ def load(path: str | os.PathLike, dtype: Any = None,
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
     groups = {}
     shapes = expected_shapes(config)
+    shapes.update({fp8_group_name(i): fp8_shapes(config) for i in fp8_layers})
+    # FP8 groups keep their stored types: codes as bytes, scales fp32; `dtype` is for the rest.
     fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
-    names = group_names(config) + [fp8_group_name(i) for i in fp8_layers]
-    for name in tqdm(names, desc="loading", unit="group", leave=False, disable=None):
+    dtype_of = lambda name, k: (fp8_dtypes.get(k, jnp.float32) if name.startswith("fp8_")
+                                else dtype)
+    for name in tqdm(shapes, desc="loading", unit="group", leave=False, disable=None):
         item = Path(path).absolute() / PARAMS_DIR / name
         if not item.is_dir():
             raise CheckpointError(f"{item}: weight group missing (incomplete checkpoint)")
-        if name.startswith("fp8_"):
-            shapes[name] = fp8_shapes(config)
-            target = {k: jax.ShapeDtypeStruct(shape, fp8_dtypes.get(k, jnp.float32),
-                                              sharding=sharding(name, k))
-                      for k, shape in shapes[name].items()}
-        else:
-            target = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding(name, k))
-                      for k, shape in shapes[name].items()}
+        target = {k: jax.ShapeDtypeStruct(shape, dtype_of(name, k), sharding=sharding(name, k))
+                  for k, shape in shapes[name].items()}
         try:
             stored = checkpointer.metadata(item).item_metadata.tree
         except Exception as e:  # orbax raises several types for a damaged item

@@ -35,7 +35,8 @@ class Layer:
     ff_norm: jax.Array    # [D]
     w_gate_up: jax.Array  # [D, 2F]: columns gate (LLaDA `ff_proj`, SiLU applies) | up
     w_down: jax.Array     # [F, D]  (LLaDA block `ff_out`)
-    # FP8 copies of the FFN weights (quant.quantize_ffn); derived, so never stored.
+    # FP8 copies of the FFN weights (quant.quantize_ffn); derived from the bf16 ones, so a
+    # checkpoint stores them as groups of their own (checkpoint.fp8_to_group), if at all.
     ffn8: quant.FP8FFN | None = dataclasses.field(default=None, metadata={"derived": True})
 
 

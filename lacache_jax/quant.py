@@ -113,7 +113,7 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
     """RMSNorm + SwiGLU FFN with per-group FP8 matmuls (fp32 accumulation), on un-normed x:
     the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
     Under a mesh the kernels run per row shard, FP8 weights replicated (sharding.py)."""
-    B, L, D = x_BLD.shape
+    D = x_BLD.shape[-1]
     rows = P(DATA, None, None)
     fn = shard_kernel(lambda x, n, w: _ffn_fp8_rows(x.reshape(-1, D), n, eps, w).reshape(x.shape),
                       (rows, P(), P()), rows)
