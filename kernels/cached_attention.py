@@ -142,9 +142,11 @@ def _empty(block_q, K):
             jnp.zeros((block_q,), jnp.float32))
 
 
-def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, m_in, l_in, acc_in, *refs,
+def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, *refs,
             scale, block_q, block_k, n_k_tiles, reuse, write_state, skip_block_tiles,
             n_poisoned):
+    if reuse:  # the cached state comes in only in reuse mode
+        m_in, l_in, acc_in, *refs = refs
     out_refs = refs[n_poisoned:]  # poisoned inputs alias the outputs; never read
     s, e = se_ref[0], se_ref[1]
     q = q_ref[...]
@@ -248,21 +250,17 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
     q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
     mask_p = jnp.pad(key_mask.astype(jnp.int32), [(0, 0), (0, Lp - L)])
     reuse, write_state = mode == "reuse", mode == "fill"
-    if reuse:
-        m_in = jnp.pad(state.m, [(0, 0), (0, 0), (0, Lp - L)])
-        l_in = jnp.pad(state.l, [(0, 0), (0, 0), (0, Lp - L)])
-        acc_in = jnp.pad(state.acc, pad)
-    else:  # unused inputs of the right shape keep one kernel signature
-        m_in = l_in = jnp.zeros((B, H, Lp), jnp.float32)
-        acc_in = jnp.zeros((B, Lp, H, K), jnp.float32)
+    state_in = [] if not reuse else [
+        jnp.pad(state.m, [(0, 0), (0, 0), (0, Lp - L)]),
+        jnp.pad(state.l, [(0, 0), (0, 0), (0, Lp - L)]), jnp.pad(state.acc, pad)]
     se = jnp.stack([jnp.asarray(s, jnp.int32), jnp.asarray(e, jnp.int32)])
 
     row_spec = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
     tile_spec = pl.BlockSpec((None, block_q, None, K), lambda i, b, h: (b, i, h, 0))
     kv_spec = pl.BlockSpec((None, Lp, None, K), lambda i, b, h: (b, 0, h // rep, 0))
     in_specs = [pl.BlockSpec((2,), lambda i, b, h: (0,)), tile_spec, kv_spec, kv_spec,
-                pl.BlockSpec((None, Lp), lambda i, b, h: (b, 0)), row_spec, row_spec,
-                tile_spec]
+                pl.BlockSpec((None, Lp), lambda i, b, h: (b, 0))]
+    in_specs += [row_spec, row_spec, tile_spec][:len(state_in)]
     out_shape = [jax.ShapeDtypeStruct((B, Lp, H, K), q.dtype)]
     out_specs = [tile_spec]
     if write_state:
@@ -283,7 +281,7 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
         input_output_aliases={len(in_specs) + j: j for j in range(len(poisoned))},
         name=f"facache_{mode}",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(se, q_p, k_p, v_p, mask_p, m_in, l_in, acc_in, *poisoned)
+    )(se, q_p, k_p, v_p, mask_p, *state_in, *poisoned)
     o = outs[0]
     if split_rows:
         start, rows = _block_rows(se, q_p, k_p, v_p, mask_p, rep, block_len, splits, block_q,
