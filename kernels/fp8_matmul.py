@@ -51,15 +51,21 @@ def fp8_matmul_ref(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
+    n_sub = w_ref.shape[0] // GROUP  # 128-wide column blocks, one weight scale each
 
-    def group(g, acc):
+    def group(g, accs):
         g = first + g
         cols = pl.ds(g * GROUP, GROUP)
-        part = jnp.dot(x_ref[:, cols], w_ref[:, cols].T, preferred_element_type=jnp.float32)
-        return acc + part * (xs_ref[:, pl.ds(g, 1)] * ws_ref[pl.ds(g, 1)][None, :])
-    acc = jax.lax.fori_loop(0, n_groups, group,
-                            jnp.zeros((x_ref.shape[0], w_ref.shape[0]), jnp.float32))
-    o_ref[...] = acc.astype(o_ref.dtype)
+        x = x_ref[:, cols]  # loaded once, shared by the column blocks
+        xs = xs_ref[:, pl.ds(g, 1)]
+        return tuple(
+            acc + jnp.dot(x, w_ref[pl.ds(c * GROUP, GROUP), cols].T,
+                          preferred_element_type=jnp.float32) * (xs * ws_ref[c, pl.ds(g, 1)])
+            for c, acc in enumerate(accs))
+    zeros = jnp.zeros((x_ref.shape[0], GROUP), jnp.float32)
+    accs = jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+    for c, acc in enumerate(accs):
+        o_ref[:, pl.ds(c * GROUP, GROUP)] = acc.astype(o_ref.dtype)
 
 
 def k_splits(m_tiles: int, n_tiles: int, n_groups: int, programs: int = 264) -> int:
@@ -77,14 +83,16 @@ def row_tile(M: int) -> int:
     return min(128, max(16, 1 << (M - 1).bit_length()))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "splits", "interpret",
-                                             "poison", "num_stages"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "block_n", "splits",
+                                             "interpret", "poison", "num_warps", "num_stages"))
 def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
-                      block_m: int | None = None, splits: int | None = None,
-                      interpret: bool = False, poison: bool = False, num_stages: int = 4):
-    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`. With `splits`
-    > 1 (default: `k_splits`), each program sums one share of the K groups into an fp32
-    partial, and the partials are added afterwards."""
+                      block_m: int | None = None, block_n: int = GROUP,
+                      splits: int | None = None, interpret: bool = False,
+                      poison: bool = False, num_warps: int | None = None, num_stages: int = 4):
+    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`. A program
+    computes `block_m` x `block_n` outputs (`block_n` a multiple of 128 dividing N). With
+    `splits` > 1 (default: `k_splits`), each program sums one share of the K groups into an
+    fp32 partial, and the partials are added afterwards."""
     _check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -94,24 +102,27 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     G = K // GROUP
-    S = splits or k_splits(Mp // bm, N // GROUP, G)
+    bn = block_n
+    if bn % GROUP or N % bn:
+        raise ValueError(f"block_n {bn} must be a multiple of {GROUP} dividing N {N}")
+    S = splits or k_splits(Mp // bm, N // bn, G)
     if G % S:
         raise ValueError(f"splits {S} must divide the {G} K groups")
     out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
-    out_spec = pl.BlockSpec((None, bm, GROUP), lambda i, j, k: (k, i, j))
+    out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     in_specs = [pl.BlockSpec((bm, K), lambda i, j, k: (i, 0)),
                 pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
-                pl.BlockSpec((GROUP, K), lambda i, j, k: (j, 0)),
-                pl.BlockSpec((None, G), lambda i, j, k: (j, 0))]
+                pl.BlockSpec((bn, K), lambda i, j, k: (j, 0)),
+                pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0))]
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     from jax.experimental.pallas import triton as plgpu
     out = pl.pallas_call(
         functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned)),
-        grid=(Mp // bm, N // GROUP, S), in_specs=in_specs + [out_spec] * len(poisoned),
+        grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {},
-        compiler_params=plgpu.CompilerParams(num_warps=8 if bm == 128 else 4,
-                                             num_stages=num_stages),
+        compiler_params=plgpu.CompilerParams(
+            num_warps=num_warps or (8 if bm * bn >= 128 * 128 else 4), num_stages=num_stages),
     )(xq, x_scale, wq, w_scale, *poisoned)
     return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
 

@@ -42,13 +42,15 @@ def test_gemm_matches_dequantised_fp32(M, K, N):
 def test_gemm_bf16_output_row_tiles_and_k_splits():
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=1)
     ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-    for bm, splits in ((16, 1), (64, 2), (32, 4)):
-        out = fp8_matmul_pallas(xq, xs, wq, ws, block_m=bm, splits=splits, interpret=True,
-                                poison=True)
+    for bm, bn, splits in ((16, 128, 1), (64, 256, 2), (32, 256, 4)):
+        out = fp8_matmul_pallas(xq, xs, wq, ws, block_m=bm, block_n=bn, splits=splits,
+                                interpret=True, poison=True)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out.astype(jnp.float32), ref) <= 2.0 ** -8  # one bf16 rounding
     with pytest.raises(ValueError, match="splits 3 must divide"):
         fp8_matmul_pallas(xq, xs, wq, ws, splits=3, interpret=True)
+    with pytest.raises(ValueError, match="block_n 384"):
+        fp8_matmul_pallas(xq, xs, wq, ws, block_n=384, interpret=True)
     assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 128, 128]
     # Decode shapes split K until ~2 programs per SM; big M never splits.
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
@@ -100,8 +102,9 @@ def test_zero_groups_and_clipping():
 
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
-    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a), xq, xs, wq, ws,
-                        monkeypatch=monkeypatch)
+    for bn in (128, 256):
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, block_n=bn), xq, xs, wq, ws,
+                            monkeypatch=monkeypatch)
     x = jnp.ones((20, 512), jnp.bfloat16)
     assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5), x, x[0],
                         monkeypatch=monkeypatch)

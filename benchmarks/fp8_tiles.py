@@ -1,0 +1,87 @@
+"""Tile sweep for the FP8 GEMM (`kernels/fp8_matmul.py`) on LLaDA-8B's FFN shapes, next to
+XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
+
+    python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
+
+Prints one row per (shape, M, tiles) and writes them all; the fastest tiles per M are what
+`fp8_matmul_pallas`'s defaults should pick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.common import exit_on_sigterm, time_chained, write_result
+from kernels.fp8_matmul import fp8_matmul_pallas, row_tile
+from lacache_jax.quant import quantize_act, quantize_weight
+
+SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
+
+
+def configs(M: int):
+    """Row tile from M up to 128 (bigger tiles only pay at big M), 128/256 columns, warps,
+    pipeline stages."""
+    bms = sorted({row_tile(M), 64, 128}) if M >= 64 else [row_tile(M)]
+    return [dict(block_m=bm, block_n=bn, num_warps=nw, num_stages=ns)
+            for bm, bn, nw, ns in itertools.product(bms, (128, 256), (4, 8), (3, 4))]
+
+
+def sweep(shape: str, M: int, rows: list) -> None:
+    K, N = SHAPES[shape]
+    kx, kw = jax.random.split(jax.random.key(M))
+    xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
+    wq, ws = quantize_weight(jax.random.normal(kw, (K, N), jnp.bfloat16) * K ** -0.5)
+    flops = 2.0 * M * K * N
+    n = 20 if M <= 4096 else 5
+    base = dict(shape=shape, M=M, K=K, N=N)
+    x16 = jax.random.normal(kx, (M, K), jnp.bfloat16)
+    w16 = jax.random.normal(kw, (K, N), jnp.bfloat16)
+    for name, fn, args in (
+            ("xla_fp8_per_tensor", lambda a: jax.lax.dot_general(
+                a, wq, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16), (xq,)),
+            ("xla_bf16", lambda a: a @ w16, (x16,))):
+        t = time_chained(fn, *args, n=n)["median_ms"]
+        rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9})
+        print(rows[-1], flush=True)
+    for cfg in configs(M):
+        try:
+            t = time_chained(lambda a, s: fp8_matmul_pallas(a, s, wq, ws, **cfg), xq, xs,
+                             n=n)["median_ms"]
+        except Exception as e:  # noqa: BLE001 (a tile that does not compile: record, go on)
+            rows.append({**base, "kernel": "pallas", **cfg, "error": str(e)[:300]})
+            print(rows[-1], flush=True)
+            continue
+        rows.append({**base, "kernel": "pallas", **cfg, "ms": t, "tflops": flops / t / 1e9})
+        print(rows[-1], flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="32,256,4096,16384")
+    ap.add_argument("--shapes", default="gate_up,down")
+    args = ap.parse_args()
+    rows: list = []
+    exit_on_sigterm()
+    try:
+        for shape in args.shapes.split(","):
+            for M in map(int, args.ms.split(",")):
+                sweep(shape, M, rows)
+    finally:
+        best = {}
+        for r in rows:
+            if r["kernel"] == "pallas" and "ms" in r:
+                key = f"{r['shape']}/{r['M']}"
+                if key not in best or r["ms"] < best[key]["ms"]:
+                    best[key] = r
+        for key, r in best.items():
+            print("best", key, {k: r[k] for k in ("block_m", "block_n", "num_warps",
+                                                   "num_stages", "ms", "tflops")})
+        print("->", write_result("fp8_tiles", {"rows": rows, "best": best}))
+
+
+if __name__ == "__main__":
+    main()
