@@ -3,8 +3,8 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
 
-Prints one row per (shape, M, tiles) and writes them all; the fastest tiles per M are what
-`fp8_matmul_pallas`'s defaults should pick.
+Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
+the kernels' defaults and `fp8_matmul`'s dispatch should pick.
 """
 
 from __future__ import annotations
@@ -16,18 +16,21 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import exit_on_sigterm, time_chained, write_result
-from kernels.fp8_matmul import fp8_matmul_pallas, row_tile
+from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, row_tile
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
-def configs(M: int):
-    """Row tile from M up to 128 (bigger tiles only pay at big M), 128/256 columns, warps,
-    pipeline stages."""
-    bms = sorted({row_tile(M), 64, 128}) if M >= 64 else [row_tile(M)]
-    return [dict(block_m=bm, block_n=bn, num_warps=nw, num_stages=ns)
-            for bm, bn, nw, ns in itertools.product(bms, (128, 256), (4, 8), (3, 4))]
+def configs(M: int, pallas: bool):
+    """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
+    first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU: 128/256
+    columns, warp-specialised or not, TMA stages."""
+    if pallas:
+        return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
+                itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
+    return [dict(block_n=bn, warp_specialized=w, stages=st)
+            for bn, w, st in itertools.product((128, 256), (True, False), (2, 3, 4))]
 
 
 def sweep(shape: str, M: int, rows: list) -> None:
@@ -47,16 +50,17 @@ def sweep(shape: str, M: int, rows: list) -> None:
         t = time_chained(fn, *args, n=n)["median_ms"]
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9})
         print(rows[-1], flush=True)
-    for cfg in configs(M):
-        try:
-            t = time_chained(lambda a, s: fp8_matmul_pallas(a, s, wq, ws, **cfg), xq, xs,
-                             n=n)["median_ms"]
-        except Exception as e:  # noqa: BLE001 (a tile that does not compile: record, go on)
-            rows.append({**base, "kernel": "pallas", **cfg, "error": str(e)[:300]})
+    for kernel, fn in (("pallas", fp8_matmul_pallas), ("mgpu", fp8_matmul_mgpu)):
+        for cfg in configs(M, kernel == "pallas"):
+            try:
+                t = time_chained(lambda a, s: fn(a, s, wq, ws, **cfg), xq, xs,
+                                 n=n)["median_ms"]
+            except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
+                rows.append({**base, "kernel": kernel, **cfg, "error": str(e)[:300]})
+                print(rows[-1], flush=True)
+                continue
+            rows.append({**base, "kernel": kernel, **cfg, "ms": t, "tflops": flops / t / 1e9})
             print(rows[-1], flush=True)
-            continue
-        rows.append({**base, "kernel": "pallas", **cfg, "ms": t, "tflops": flops / t / 1e9})
-        print(rows[-1], flush=True)
 
 
 def main():
@@ -73,13 +77,12 @@ def main():
     finally:
         best = {}
         for r in rows:
-            if r["kernel"] == "pallas" and "ms" in r:
-                key = f"{r['shape']}/{r['M']}"
+            if r["kernel"] in ("pallas", "mgpu") and "ms" in r:
+                key = f"{r['shape']}/{r['M']}/{r['kernel']}"
                 if key not in best or r["ms"] < best[key]["ms"]:
                     best[key] = r
         for key, r in best.items():
-            print("best", key, {k: r[k] for k in ("block_m", "block_n", "num_warps",
-                                                   "num_stages", "ms", "tflops")})
+            print("best", key, {k: v for k, v in r.items() if k not in ("shape", "M", "K", "N")})
         print("->", write_result("fp8_tiles", {"rows": rows, "best": best}))
 
 

@@ -4,12 +4,12 @@ scale per 128 x 128 block, -> [M, N] in `out_dtype`.
 
 Each 128-wide K group's FP8 products are summed exactly in fp32 by the tensor cores, then
 multiplied by (x scale of the row) x (w scale of the block) and added to an fp32 accumulator, so
-the result equals the dequantised fp32 matmul up to fp32 summation order. Tiles: 128 output
-columns (one weight-scale block) by 16-128 rows chosen from M; M of any size is padded to the
-row tile inside the wrapper; at decode shapes K is split over programs too (`k_splits`), the
-fp32 partials summed afterwards. XLA's FP8 `dot_general` (cuBLASLt) applies one scale per
-tensor only, so it cannot compute this product exactly: it is measured as the speed ceiling
-in `benchmarks/fp8_ffn.py`, and the dispatch has no other exact candidate yet.
+the result equals the dequantised fp32 matmul up to fp32 summation order. Tiles: 128 (or a
+multiple: one weight-scale block each) output columns by 16-64 rows chosen from M; M of any
+size is padded to the row tile inside the wrapper; at decode shapes K is split over programs
+too (`k_splits`), the fp32 partials summed afterwards. XLA's FP8 `dot_general` (cuBLASLt)
+applies one scale per tensor only, so it cannot compute this product exactly: it is measured
+as the speed ceiling in `benchmarks/fp8_ffn.py`.
 """
 
 from __future__ import annotations
@@ -78,9 +78,15 @@ def k_splits(m_tiles: int, n_tiles: int, n_groups: int, programs: int = 264) -> 
 
 
 def row_tile(M: int) -> int:
-    """Rows per program: the smallest power of two >= M in [16, 128] (16 is Triton's
-    smallest dot tile; 128 x 128 fp32 accumulators fill a 4-warp program's registers)."""
-    return min(128, max(16, 1 << (M - 1).bit_length()))
+    """Rows per program: the smallest power of two >= M in [16, 64]. (16 is Triton's smallest
+    dot tile; on the H200 64 x 128 tiles beat 128 x 128 and 64 x 256 at M 4096 and 16384:
+    `benchmarks/fp8_tiles.py`, RESULTS.md.)"""
+    return min(64, max(16, 1 << (M - 1).bit_length()))
+
+
+def warps(block_m: int) -> int:
+    """Measured best (fp8_tiles): 8 warps for the thin decode tiles, 4 from 64 rows."""
+    return 8 if block_m <= 32 else 4
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "block_m", "block_n", "splits",
@@ -88,7 +94,7 @@ def row_tile(M: int) -> int:
 def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                       block_m: int | None = None, block_n: int = GROUP,
                       splits: int | None = None, interpret: bool = False,
-                      poison: bool = False, num_warps: int | None = None, num_stages: int = 4):
+                      poison: bool = False, num_warps: int | None = None, num_stages: int = 3):
     """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`. A program
     computes `block_m` x `block_n` outputs (`block_n` a multiple of 128 dividing N). With
     `splits` > 1 (default: `k_splits`), each program sums one share of the K groups into an
@@ -122,9 +128,93 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {},
         compiler_params=plgpu.CompilerParams(
-            num_warps=num_warps or (8 if bm * bn >= 128 * 128 else 4), num_stages=num_stages),
+            num_warps=num_warps or warps(bm), num_stages=num_stages),
     )(xq, x_scale, wq, w_scale, *poisoned)
     return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
+
+
+def _mgpu_group(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
+    """One 128-wide K group on one warpgroup's 64 rows: the FP8 wgmma into a fresh fp32
+    accumulator (exact per group), then the row x column scales into the running sum."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    tm, tn = acc.shape
+
+    def mma(acc_ref):
+        plgpu.wgmma(acc_ref, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
+        return acc_ref[...]
+    part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
+    xs = plgpu.load(xs_smem.at[0, rows], (), layout=plgpu.Layout.WGMMA.reduce(1))
+    ws = plgpu.load(ws_smem.at[0], (), layout=plgpu.Layout.WGMMA.reduce(0))
+    return acc + part * (jax.lax.broadcast_in_dim(xs, (tm, tn), [0])
+                         * jax.lax.broadcast_in_dim(ws, (tm, tn), [1]))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_n", "stages",
+                                             "warp_specialized"))
+def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n: int = 128,
+                    stages: int = 4, warp_specialized: bool = True):
+    """The Mosaic GPU (Hopper wgmma + TMA) kernel; same contract as `fp8_matmul_ref`.
+
+    Each warpgroup owns 64 x `block_n` outputs. Per K group the FP8 tiles arrive by TMA
+    (`stages` in flight), one wgmma sums the group exactly in a fresh fp32 accumulator and the
+    scales fold it into the running fp32 sum in registers (DeepSeek-style promotion every
+    group). `warp_specialized`: two compute warpgroups (128 rows, sharing the weight tile)
+    and a TMA warpgroup per CTA, so one warpgroup's scaling overlaps the other's wgmma; else
+    one warpgroup per CTA with an in-line pipeline. Scales are passed transposed ([G, M]) and
+    the weight scale expanded per column ([G, N]) so each group's are one TMA row each."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    _check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    G, tm, tn = K // GROUP, 64, block_n
+    if tn % 64 or N % tn or tn > 256:
+        raise ValueError(f"block_n {tn} must be a multiple of 64, at most 256, dividing N {N}")
+    bm = 2 * tm if warp_specialized else tm
+    Mp = pl.cdiv(M, bm) * bm
+    xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
+    xs_GM = jnp.pad(x_scale, [(0, Mp - M), (0, 0)]).T
+    ws_GN = jnp.repeat(w_scale.T, GROUP, axis=1)
+    swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
+    tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+    in_specs = [plgpu.BlockSpec((bm, GROUP), lambda g: (0, g), transforms=tiled),
+                plgpu.BlockSpec((1, bm), lambda g: (g, 0)),
+                plgpu.BlockSpec((tn, GROUP), lambda g: (0, g), transforms=tiled),
+                plgpu.BlockSpec((1, tn), lambda g: (g, 0))]
+    def zeros():  # built inside the kernel: kernels capture no constants
+        return plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
+
+    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem2):
+        wg = jax.lax.axis_index("wg") if warp_specialized else 0
+        ms = pl.ds(jax.lax.axis_index("m") * bm, bm)
+        ns = pl.ds(jax.lax.axis_index("n") * tn, tn)
+        rows = pl.ds(wg * tm, tm)
+        operands = (x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns], ws_gmem.at[:, ns])
+
+        def body(_, *refs):
+            return _mgpu_group(*refs, rows)
+
+        def store(acc):
+            o_smem = o_smem2.at[wg]
+            o_smem[...] = acc.astype(o_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns].at[rows])
+            plgpu.wait_smem_to_gmem(0)
+
+        if warp_specialized:
+            plgpu.emit_pipeline_warp_specialized(
+                body, grid=(G,), memory_registers=40, max_concurrent_steps=stages,
+                wg_axis="wg", num_compute_wgs=2, in_specs=in_specs,
+                compute_context=lambda pipeline: store(pipeline(zeros())))(*operands)
+        else:
+            store(plgpu.emit_pipeline(body, grid=(G,), in_specs=in_specs, init_carry=zeros(),
+                                      max_concurrent_steps=stages)(*operands))
+
+    threads = dict(num_threads=3, thread_name="wg") if warp_specialized else {}
+    out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
+                       scratch_types=[plgpu.SMEM((bm // tm, tm, tn), out_dtype)],
+                       grid=(Mp // bm, N // tn), grid_names=("m", "n"), **threads)(
+        xq, xs_GM, wq, ws_GN)
+    return out[:M]
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):

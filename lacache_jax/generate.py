@@ -132,14 +132,15 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     return params, gen, B, x, pad, keys
 
 
-def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str):
-    """FACache attention; under a mesh, one kernel per (row shard, head shard). (The kernel's
-    split-key path for the block's tiles, `block_len=`, is not used here until it has been
-    compiled and timed on a GPU.)"""
+def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
+            block_len: int | None = None):
+    """FACache attention; under a mesh, one kernel per (row shard, head shard). In reuse mode
+    `block_len` (the static e - s) selects the kernel's split-key path for the block's tiles
+    (measured faster on the H200: RESULTS.md)."""
     heads = PS(DATA, None, MODEL, None)
     st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
     extra = () if state is None else (state,)
-    fn = shard_kernel(lambda *a: cached_attention(*a, mode=mode),
+    fn = shard_kernel(lambda *a: cached_attention(*a, mode=mode, block_len=block_len),
                       (heads, heads, heads, PS(DATA, None), PS(), PS(), *((st,) if extra else ())),
                       (heads, st) if mode == "fill" else heads)
     return fn(q, k, v, key_mask, s, e, *extra)
@@ -232,7 +233,8 @@ def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_
     def forward_exact_step(x, keep_BT, s, cache):
         fresh = layer0_qkv(cut(model_rows(x), s), cut(cos_M, s), cut(sin_M, s))
         x0, q, k, v = (put(c, n, s) for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
-        attn = facache(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse")
+        attn = facache(q, k, v, dup(keep_BT), s, s + bl, cache.fa, mode="reuse",
+                       block_len=bl)
         return exact_rest(x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
     first_forward = forward_exact_fill if gen.cache == "exact" else forward_full

@@ -3,12 +3,15 @@ pure-jnp references and the dequantised fp32 math; Triton IR checked by MLIR's v
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.fp8_matmul import fp8_matmul_pallas, fp8_matmul_ref, k_splits, row_tile
+from kernels.fp8_matmul import (fp8_matmul_mgpu, fp8_matmul_pallas, fp8_matmul_ref,
+                                k_splits, row_tile)
 from kernels.fused_quant import (quantize_groups, rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                  rms_normed, swiglu_quant_pallas, swiglu_quant_ref)
 from lacache_jax.quant import dequantize_act, dequantize_weight, quantize_weight
@@ -51,7 +54,7 @@ def test_gemm_bf16_output_row_tiles_and_k_splits():
         fp8_matmul_pallas(xq, xs, wq, ws, splits=3, interpret=True)
     with pytest.raises(ValueError, match="block_n 384"):
         fp8_matmul_pallas(xq, xs, wq, ws, block_n=384, interpret=True)
-    assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 128, 128]
+    assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 64, 64]
     # Decode shapes split K until ~2 programs per SM; big M never splits.
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
 
@@ -144,3 +147,19 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     err_out = rel_err(out.astype(jnp.float32), exact)
     assert err_ref <= 2 * FP8_REL and err_out <= 2 * FP8_REL
     assert rel_err(out.astype(jnp.float32), ref.astype(jnp.float32)) <= max(err_ref, err_out)
+
+
+def test_mgpu_gemm_lowers_for_hopper():
+    """The Mosaic GPU kernel cannot run here (TMA has no interpreter); lowering it for CUDA
+    still checks its layouts, wgmma operand shapes and shared-memory budget. Numerics:
+    tests/test_gpu.py on the H200."""
+    _, _, (xq, xs), (wq, ws) = operands(100, 512, 256)
+    for bn, ws_, stages in ((128, True, 4), (256, True, 3), (128, False, 4)):
+        fn = functools.partial(fp8_matmul_mgpu, block_n=bn, warp_specialized=ws_, stages=stages)
+        text = jax.jit(fn).trace(xq, xs, wq, ws).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in text
+    with pytest.raises(ValueError, match="exceeds available shared memory"):
+        jax.jit(functools.partial(fp8_matmul_mgpu, block_n=256, stages=4)).trace(
+            xq, xs, wq, ws).lower(lowering_platforms=("cuda",))
+    with pytest.raises(ValueError, match="block_n 96"):
+        fp8_matmul_mgpu(xq, xs, wq, ws, block_n=96)

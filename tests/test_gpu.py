@@ -73,7 +73,7 @@ def test_facache_kernel_on_gpu(dtype):
 def test_fp8_kernels_on_gpu_at_llada_widths():
     """The Triton-compiled FP8 GEMM and fused quantisation kernels at LLaDA-8B's widths
     (D 4096, F 12288; N cut to 1024 to keep the reference cheap), odd M."""
-    from kernels.fp8_matmul import fp8_matmul_pallas, fp8_matmul_ref
+    from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, fp8_matmul_ref
     from kernels.fused_quant import (rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                      swiglu_quant_pallas, swiglu_quant_ref)
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
@@ -83,8 +83,11 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-        for bn in (128, 256):
-            out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
+        outs = [fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
+                for bn in (128, 256)]
+        outs += [fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, block_n=bn, warp_specialized=w)
+                 for bn in (128, 256) for w in (True, False)]
+        for out in outs:
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
