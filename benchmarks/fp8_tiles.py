@@ -1,7 +1,7 @@
 """Tile sweep for the FP8 GEMM (`kernels/fp8_matmul.py`) on LLaDA-8B's FFN shapes, next to
 XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
-    python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
+    python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down] [--kernels pallas,mgpu]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick.
@@ -33,7 +33,7 @@ def configs(M: int, pallas: bool):
             for bn, w, st in itertools.product((128, 256), (True, False), (2, 3, 4))]
 
 
-def sweep(shape: str, M: int, rows: list) -> None:
+def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -50,7 +50,8 @@ def sweep(shape: str, M: int, rows: list) -> None:
         t = time_chained(fn, *args, n=n)["median_ms"]
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9})
         print(rows[-1], flush=True)
-    for kernel, fn in (("pallas", fp8_matmul_pallas), ("mgpu", fp8_matmul_mgpu)):
+    for kernel in kernels:
+        fn = {"pallas": fp8_matmul_pallas, "mgpu": fp8_matmul_mgpu}[kernel]
         for cfg in configs(M, kernel == "pallas"):
             try:
                 t = time_chained(lambda a, s: fn(a, s, wq, ws, **cfg), xq, xs,
@@ -67,13 +68,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="32,256,4096,16384")
     ap.add_argument("--shapes", default="gate_up,down")
+    ap.add_argument("--kernels", default="pallas,mgpu")
     args = ap.parse_args()
     rows: list = []
     exit_on_sigterm()
     try:
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
-                sweep(shape, M, rows)
+                sweep(shape, M, rows, args.kernels.split(","))
     finally:
         best = {}
         for r in rows:
