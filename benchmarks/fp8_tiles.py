@@ -1,7 +1,8 @@
 """Tile sweep for the FP8 GEMM (`kernels/fp8_matmul.py`) on LLaDA-8B's FFN shapes, next to
 XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
-    python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down] [--kernels pallas,mgpu]
+    python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
+        [--kernels pallas,mgpu]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick.
