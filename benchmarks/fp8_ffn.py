@@ -18,7 +18,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
-from kernels.fp8_matmul import fp8_matmul_pallas
+from kernels.fp8_matmul import fp8_matmul
 from kernels.fused_quant import rmsnorm_quant, swiglu_quant
 from lacache_jax.model import mlp
 
@@ -43,7 +43,7 @@ def layer_times(cfg, ceil, ms, rows):
         y16, y8 = (mlp(x, lay, cfg).astype(jnp.float32) for lay in (bf16_layer, fp8_layer))
         fp8_err = float(jnp.linalg.norm(y8 - y16) / jnp.linalg.norm(y16))
         hq, hs = rmsnorm_quant(x[0], fp8_layer.ff_norm, cfg.norm_eps)
-        gemm = time_chained(lambda hq, hs: fp8_matmul_pallas(hq, hs, w.gate_up, w.gate_up_scale),
+        gemm = time_chained(lambda hq, hs: fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale),
                             hq, hs, n=n)["median_ms"]
         try:
             xla8 = time_chained(lambda hq: jax.lax.dot_general(
@@ -71,7 +71,7 @@ def layer_times(cfg, ceil, ms, rows):
                 "gate_up_gemm": gemm,
                 "swiglu_quant": time_chained(swiglu_quant, jnp.ones((M, 2 * F),
                                                                     jnp.bfloat16))["median_ms"],
-                "down_gemm": time_chained(lambda aq, as_: fp8_matmul_pallas(
+                "down_gemm": time_chained(lambda aq, as_: fp8_matmul(
                     aq, as_, w.down, w.down_scale), aq, as_)["median_ms"]}
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},

@@ -217,7 +217,20 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
     return out[:M]
 
 
+def _hopper() -> bool:
+    return getattr(jax.devices()[0], "compute_capability", "").startswith("9")
+
+
+# From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
+# split-K is faster (0.043 vs 0.048 ms for gate/up), from M 256 the Mosaic GPU one (2x).
+MGPU_MIN_M = 128
+
+
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
-    """Dispatch: the Pallas kernel on GPU, the reference elsewhere."""
-    fn = fp8_matmul_pallas if jax.default_backend() == "gpu" else fp8_matmul_ref
-    return fn(xq, x_scale, wq, w_scale, out_dtype)
+    """Dispatch: on Hopper the Mosaic GPU kernel from `MGPU_MIN_M` rows, else the Pallas
+    (Triton) kernel on GPU; the reference elsewhere."""
+    if jax.default_backend() != "gpu":
+        return fp8_matmul_ref(xq, x_scale, wq, w_scale, out_dtype)
+    if xq.shape[0] >= MGPU_MIN_M and _hopper():
+        return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype)
+    return fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype)
