@@ -86,8 +86,7 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         outs = [fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
                 for bn in (128, 256)]
         outs += [fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, block_n=bn, warp_specialized=w,
-                                 stages=st) for bn, w, st in ((128, True, 4), (128, False, 2),
-                                                              (256, True, 2))]
+                                 stages=st) for bn, w, st in ((128, True, 4), (128, False, 2))]
         for out in outs:
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
