@@ -83,12 +83,17 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-        outs = [fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
-                for bn in (128, 256)]
-        outs += [fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, block_n=bn, warp_specialized=w,
-                                 stages=st) for bn, w, st in ((128, True, 4), (128, False, 2))]
-        for out in outs:
+        for bn in (128, 256):
+            out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
+        for bn, w, st in ((128, True, 4), (128, False, 2)):
+            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, block_n=bn, warp_specialized=w,
+                                  stages=st)
+            # Hopper's FP8 wgmma sums a group's 128 products with about 14 significant bits,
+            # not fp32's 24 (DeepSeek-V3 report, section 3.3.2; the reason to promote every
+            # group): about 2^-13 relative per group, bounded here by 2^-12 and measured.
+            print("mgpu", M, K, bn, w, rel_err(out, ref))
+            assert rel_err(out, ref) <= 2.0 ** -12
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
     q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True)
