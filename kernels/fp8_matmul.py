@@ -2,14 +2,21 @@
 1 x 128 group, times w [N, K] float8_e4m3fn (K-major, as Hopper's FP8 MMA reads it) with one
 scale per 128 x 128 block, -> [M, N] in `out_dtype`.
 
-Each 128-wide K group's FP8 products are summed exactly in fp32 by the tensor cores, then
-multiplied by (x scale of the row) x (w scale of the block) and added to an fp32 accumulator, so
-the result equals the dequantised fp32 matmul up to fp32 summation order. Tiles: 128 (or a
-multiple: one weight-scale block each) output columns by 16-64 rows chosen from M; M of any
-size is padded to the row tile inside the wrapper; at decode shapes K is split over programs
-too (`k_splits`), the fp32 partials summed afterwards. XLA's FP8 `dot_general` (cuBLASLt)
-applies one scale per tensor only, so it cannot compute this product exactly: it is measured
-as the speed ceiling in `benchmarks/fp8_ffn.py`.
+Each 128-wide K group's FP8 products are summed by the tensor cores, then multiplied by (x scale
+of the row) x (w scale of the block) and added to an fp32 accumulator. Two kernels:
+
+- `fp8_matmul_pallas` (Pallas, Triton lowering): 16-64 rows by 128 (or a multiple) columns per
+  program, M padded to the row tile; at decode shapes K is split over programs too (`k_splits`)
+  and the fp32 partials summed afterwards. Equals the dequantised fp32 matmul up to fp32
+  summation order. Fastest below 128 rows.
+- `fp8_matmul_mgpu` (Pallas, Mosaic GPU: TMA + wgmma, Hopper only): 2x the Triton kernel
+  from M 256 (RESULTS.md).
+  Hopper's FP8 wgmma sums a group's products with about 14 significant bits rather than fp32's
+  24 (DeepSeek-V3 report, §3.3.2), so its result is within ~2^-13 of the exact per-group one.
+
+`fp8_matmul` dispatches by M (`MGPU_MIN_M`) as measured by `benchmarks/fp8_tiles.py`. XLA's FP8
+`dot_general` (cuBLASLt) applies one scale per tensor only, so it cannot compute this product:
+it is the speed ceiling in the benchmarks.
 """
 
 from __future__ import annotations
