@@ -23,15 +23,18 @@ from lacache_jax.quant import quantize_act, quantize_weight
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
-def configs(M: int, pallas: bool):
+def configs(M: int, N: int, pallas: bool):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
-    first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU: 128/256
-    columns, warp-specialised or not, TMA stages."""
+    first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU (128
+    columns: 256 was slower in the second sweep): warp-specialised or not, TMA stages, K
+    groups per pipeline step, K splits."""
     if pallas:
         return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
                 itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
-    return [dict(block_n=bn, warp_specialized=w, stages=st)
-            for bn, w, st in itertools.product((128, 256), (True, False), (2, 3, 4))]
+    few_tiles = -(-M // 128) * (N // 128) < 2 * 132  # K splits only pay below ~2 per SM
+    return [dict(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)
+            for w, st, gs, sp in itertools.product(
+                (True, False), (2, 4), (1, 2), (1, 2, 4) if few_tiles else (1,))]
 
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
@@ -53,7 +56,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
         print(rows[-1], flush=True)
     for kernel in kernels:
         fn = {"pallas": fp8_matmul_pallas, "mgpu": fp8_matmul_mgpu}[kernel]
-        for cfg in configs(M, kernel == "pallas"):
+        for cfg in configs(M, N, kernel == "pallas"):
             try:
                 t = time_chained(lambda a, s: fn(a, s, wq, ws, **cfg), xq, xs,
                                  n=n)["median_ms"]

@@ -140,42 +140,57 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 
-def _mgpu_group(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
-    """One 128-wide K group on one warpgroup's 64 rows: the FP8 wgmma into a fresh fp32
-    accumulator (exact per group), then the row x column scales into the running sum."""
+def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
+    """One pipeline step on one warpgroup's 64 rows: per 128-wide K group of the step an FP8
+    wgmma into a fresh fp32 accumulator, all issued first; then each group, once done, is
+    scaled (row x column) into the running register sum while later groups' wgmmas run."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     tm, tn = acc.shape
+    n_groups = xs_smem.shape[0]
 
-    def mma(acc_ref):
-        plgpu.wgmma(acc_ref, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
-        return acc_ref[...]
-    part = pl.run_scoped(mma, plgpu.ACC((tm, tn), jnp.float32))
-    xs = plgpu.load(xs_smem.at[0, rows], (), layout=plgpu.Layout.WGMMA.reduce(1))
-    ws = plgpu.load(ws_smem.at[0], (), layout=plgpu.Layout.WGMMA.reduce(0))
-    return acc + part * (jax.lax.broadcast_in_dim(xs, (tm, tn), [0])
-                         * jax.lax.broadcast_in_dim(ws, (tm, tn), [1]))
+    def run(*parts):
+        for c, part in enumerate(parts):
+            x, w = x_smem.at[rows], w_smem
+            if n_groups > 1:
+                x, w = x.at[:, pl.ds(c * GROUP, GROUP)], w.at[:, pl.ds(c * GROUP, GROUP)]
+            plgpu.wgmma(part, x, plgpu.transpose_ref(w, (1, 0)))
+        out = acc
+        for c, part in enumerate(parts):
+            done = plgpu.wgmma_accumulator_load(part, wait_n=n_groups - 1 - c)
+            xs = plgpu.load(xs_smem.at[c, rows], (), layout=plgpu.Layout.WGMMA.reduce(1))
+            ws = plgpu.load(ws_smem.at[c], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            out = out + done * (jax.lax.broadcast_in_dim(xs, (tm, tn), [0])
+                                * jax.lax.broadcast_in_dim(ws, (tm, tn), [1]))
+        return out
+    return pl.run_scoped(run, *[plgpu.ACC((tm, tn), jnp.float32)] * n_groups)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "block_n", "stages",
-                                             "warp_specialized"))
+                                             "warp_specialized", "groups_per_step", "splits"))
 def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n: int = 128,
-                    stages: int = 4, warp_specialized: bool = True):
+                    stages: int = 4, warp_specialized: bool = True, groups_per_step: int = 1,
+                    splits: int = 1):
     """The Mosaic GPU (Hopper wgmma + TMA) kernel; same contract as `fp8_matmul_ref`.
 
-    Each warpgroup owns 64 x `block_n` outputs. Per K group the FP8 tiles arrive by TMA
-    (`stages` in flight), one wgmma sums the group exactly in a fresh fp32 accumulator and the
-    scales fold it into the running fp32 sum in registers (DeepSeek-style promotion every
-    group). `warp_specialized`: two compute warpgroups (128 rows, sharing the weight tile)
-    and a TMA warpgroup per CTA, so one warpgroup's scaling overlaps the other's wgmma; else
-    one warpgroup per CTA with an in-line pipeline. Scales are passed transposed ([G, M]) and
-    the weight scale expanded per column ([G, N]) so each group's are one TMA row each."""
+    Each warpgroup owns 64 x `block_n` outputs. Per pipeline step `groups_per_step` 128-wide
+    K groups of FP8 tiles arrive by TMA (`stages` steps in flight); each group's wgmma sums it
+    in a fresh fp32 accumulator and its scales fold it into the running fp32 sum in registers
+    (promotion every group, as DeepSeek-V3 does: the wgmma itself keeps ~14 bits).
+    `warp_specialized`: two compute warpgroups (128 rows, sharing the weight tile) and a TMA
+    warpgroup per CTA, so one warpgroup's scaling overlaps the other's wgmma; else one
+    warpgroup per CTA with an in-line pipeline. `splits` > 1 splits K over CTAs (fp32
+    partials, summed afterwards) when the output tiles alone are too few for the SMs. Scales
+    are passed transposed ([G, M]) and the weight scale expanded per column ([G, N]) so each
+    group's are one TMA row each."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     _check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
-    G, tm, tn = K // GROUP, 64, block_n
+    G, tm, tn, gs = K // GROUP, 64, block_n, groups_per_step
     if tn % 64 or N % tn or tn > 256:
         raise ValueError(f"block_n {tn} must be a multiple of 64, at most 256, dividing N {N}")
+    if G % (splits * gs):
+        raise ValueError(f"splits {splits} x groups_per_step {gs} must divide the {G} K groups")
     bm = 2 * tm if warp_specialized else tm
     Mp = pl.cdiv(M, bm) * bm
     xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -183,10 +198,12 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
     ws_GN = jnp.repeat(w_scale.T, GROUP, axis=1)
     swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
     tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
-    in_specs = [plgpu.BlockSpec((bm, GROUP), lambda g: (0, g), transforms=tiled),
-                plgpu.BlockSpec((1, bm), lambda g: (g, 0)),
-                plgpu.BlockSpec((tn, GROUP), lambda g: (0, g), transforms=tiled),
-                plgpu.BlockSpec((1, tn), lambda g: (g, 0))]
+    in_specs = [plgpu.BlockSpec((bm, gs * GROUP), lambda g: (0, g), transforms=tiled),
+                plgpu.BlockSpec((gs, bm), lambda g: (g, 0)),
+                plgpu.BlockSpec((tn, gs * GROUP), lambda g: (0, g), transforms=tiled),
+                plgpu.BlockSpec((gs, tn), lambda g: (g, 0))]
+    share = G // splits  # K groups per CTA
+
     def zeros():  # built inside the kernel: kernels capture no constants
         return plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
 
@@ -195,10 +212,15 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
         ms = pl.ds(jax.lax.axis_index("m") * bm, bm)
         ns = pl.ds(jax.lax.axis_index("n") * tn, tn)
         rows = pl.ds(wg * tm, tm)
+        if splits > 1:  # this CTA's share of K; its fp32 partial goes to o_gmem[k]
+            k = jax.lax.axis_index("k")
+            ks, gk = pl.ds(k * share * GROUP, share * GROUP), pl.ds(k * share, share)
+            x_gmem, xs_gmem, o_gmem = x_gmem.at[:, ks], xs_gmem.at[gk], o_gmem.at[k]
+            w_gmem, ws_gmem = w_gmem.at[:, ks], ws_gmem.at[gk]
         operands = (x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns], ws_gmem.at[:, ns])
 
         def body(_, *refs):
-            return _mgpu_group(*refs, rows)
+            return _mgpu_step(*refs, rows)
 
         def store(acc):
             o_smem = o_smem2.at[wg]
@@ -207,21 +229,26 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
             plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns].at[rows])
             plgpu.wait_smem_to_gmem(0)
 
+        steps = (share // gs,)
         if warp_specialized:
             plgpu.emit_pipeline_warp_specialized(
-                body, grid=(G,), memory_registers=40, max_concurrent_steps=stages,
+                body, grid=steps, memory_registers=40, max_concurrent_steps=stages,
                 wg_axis="wg", num_compute_wgs=2, in_specs=in_specs,
                 compute_context=lambda pipeline: store(pipeline(zeros())))(*operands)
         else:
-            store(plgpu.emit_pipeline(body, grid=(G,), in_specs=in_specs, init_carry=zeros(),
+            store(plgpu.emit_pipeline(body, grid=steps, in_specs=in_specs, init_carry=zeros(),
                                       max_concurrent_steps=stages)(*operands))
 
+    part_dtype = out_dtype if splits == 1 else jnp.float32
     threads = dict(num_threads=3, thread_name="wg") if warp_specialized else {}
-    out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
-                       scratch_types=[plgpu.SMEM((bm // tm, tm, tn), out_dtype)],
-                       grid=(Mp // bm, N // tn), grid_names=("m", "n"), **threads)(
-        xq, xs_GM, wq, ws_GN)
-    return out[:M]
+    split = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
+    if splits > 1:
+        split = dict(grid=split["grid"] + (splits,), grid_names=("m", "n", "k"))
+    out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(
+                           (splits, Mp, N)[splits == 1:], part_dtype),
+                       scratch_types=[plgpu.SMEM((bm // tm, tm, tn), part_dtype)],
+                       **split, **threads)(xq, xs_GM, wq, ws_GN)
+    return (out if splits == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 
 def _hopper() -> bool:

@@ -154,8 +154,9 @@ def test_mgpu_gemm_lowers_for_hopper():
     still checks its layouts, wgmma operand shapes and shared-memory budget. Numerics:
     tests/test_gpu.py on the H200."""
     _, _, (xq, xs), (wq, ws) = operands(100, 512, 256)
-    for bn, ws_, stages in ((128, True, 4), (256, True, 3), (128, False, 4)):
-        fn = functools.partial(fp8_matmul_mgpu, block_n=bn, warp_specialized=ws_, stages=stages)
+    for kw in (dict(), dict(block_n=256, stages=3), dict(warp_specialized=False),
+               dict(groups_per_step=2), dict(splits=2), dict(splits=4, warp_specialized=False)):
+        fn = functools.partial(fp8_matmul_mgpu, **kw)
         text = jax.jit(fn).trace(xq, xs, wq, ws).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -163,3 +164,5 @@ def test_mgpu_gemm_lowers_for_hopper():
             xq, xs, wq, ws).lower(lowering_platforms=("cuda",))
     with pytest.raises(ValueError, match="block_n 96"):
         fp8_matmul_mgpu(xq, xs, wq, ws, block_n=96)
+    with pytest.raises(ValueError, match="splits 2 x groups_per_step 4"):
+        fp8_matmul_mgpu(xq, xs, wq, ws, splits=2, groups_per_step=4)

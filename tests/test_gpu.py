@@ -86,13 +86,13 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         for bn in (128, 256):
             out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
-        for bn, w, st in ((128, True, 4), (128, False, 2)):
-            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, block_n=bn, warp_specialized=w,
-                                  stages=st)
+        for kw in (dict(), dict(warp_specialized=False, stages=2), dict(groups_per_step=2),
+                   dict(splits=4), dict(splits=2, groups_per_step=2, warp_specialized=False)):
+            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, **kw)
             # Hopper's FP8 wgmma sums a group's 128 products with about 14 significant bits,
             # not fp32's 24 (DeepSeek-V3 report, section 3.3.2; the reason to promote every
             # group): about 2^-13 relative per group, bounded here by 2^-12 and measured.
-            print("mgpu", M, K, bn, w, rel_err(out, ref))
+            print("mgpu", M, K, kw, rel_err(out, ref))
             assert rel_err(out, ref) <= 2.0 ** -12
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
