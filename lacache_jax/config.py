@@ -255,7 +255,7 @@ class GenerationConfig:
     The fixed schedule (LLaDA) applies when neither `threshold` nor `factor` is set: each block
     takes `steps // (gen_length // block_length)` steps. With `threshold` or `factor`
     (Fast-dLLM), a block takes as many steps as it needs. `mask_id`/`eos_id` default to the
-    model's; `eot_id` (LLaDA: 126348) only matters for `confidence_eos_eot_inf`.
+    model's; `confidence_eos_eot_inf` needs `eot_id` (LLaDA: 126348).
     """
     gen_length: int = 256
     block_length: int = 32
@@ -315,6 +315,8 @@ class GenerationConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{name} must be a non-negative token id, got {v!r}")
+        if self.confidence_eos_eot_inf and self.eot_id is None:
+            raise ValueError("confidence_eos_eot_inf needs eot_id (LLaDA's <|eot_id|> is 126348)")
 
     @property
     def num_blocks(self) -> int:

@@ -248,11 +248,8 @@ def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_
         k_sample = jax.vmap(lambda k: jax.random.fold_in(k, 0))(step_keys)
         k_conf = jax.vmap(lambda k: jax.random.fold_in(k, 1))(step_keys)
         x0 = sampling.sample(logits, gen.temperature, k_sample)
-        conf_logits = logits
-        if gen.confidence_eos_eot_inf:
-            for tok in (gen.eos_id, gen.eot_id):
-                if tok is not None:
-                    conf_logits = conf_logits.at[..., tok].set(-jnp.inf)
+        conf_logits = (sampling.without_eos_eot(logits, gen.eos_id, gen.eot_id, gen.temperature)
+                       if gen.confidence_eos_eot_inf else logits)
         conf = sampling.confidence(conf_logits, x0, gen.remasking, k_conf)
         k_fixed = None if gen.parallel else sched[:, jnp.minimum(i, sched.shape[1] - 1)]
         reveal = sampling.choose(conf, masked, k_fixed, gen.threshold, gen.factor)

@@ -43,6 +43,20 @@ def confidence(logits_BQV: jax.Array, x0_BQ: jax.Array, remasking: str,
     return jnp.exp(chosen - jax.nn.logsumexp(logits_BQV, axis=-1))
 
 
+def without_eos_eot(logits_BQV: jax.Array, eos_id: int, eot_id: int,
+                    temperature: float) -> jax.Array:
+    """The logits `confidence_eos_eot_inf` takes the confidence from: EOS and EoT removed from
+    the softmax, so they are revealed last.
+
+    Released-code quirk kept on purpose: LLaDA writes `noisy[..., eos] = logits[..., eot] =
+    -inf` and takes the softmax of `logits`. At T = 0 no noise is added and `noisy` is
+    `logits` itself, so both tokens drop; at T > 0 `noisy` is a new tensor and only EoT drops.
+    """
+    for tok in ((eos_id, eot_id) if temperature == 0 else (eot_id,)):
+        logits_BQV = logits_BQV.at[..., tok].set(-jnp.inf)
+    return logits_BQV
+
+
 def choose(conf_BQ: jax.Array, masked_BQ: jax.Array, k_B: jax.Array | None = None,
            threshold: float | None = None, factor: float | None = None) -> jax.Array:
     """Positions to reveal [B, Q] among `masked_BQ`, by confidence.

@@ -122,12 +122,12 @@ def reference_generate(model, prompt, *, gen_length, block_length, steps, mask_i
                 if logits_eos_inf:
                     logits[:, eos_id] = -math.inf
                 x0 = logits.argmax(-1)
-                conf_logits = logits.clone()
                 if confidence_eos_eot_inf:
-                    conf_logits[:, eos_id] = -math.inf
-                    if eot_id is not None:
-                        conf_logits[:, eot_id] = -math.inf
-                p = torch.softmax(conf_logits, dim=-1)  # float64, as Fast-dLLM
+                    # As released: at T = 0 the "noisy" logits are `logits` itself, so this
+                    # chained assignment drops both tokens from the softmax below.
+                    noisy = logits
+                    noisy[:, eos_id] = logits[:, eot_id] = -math.inf
+                p = torch.softmax(logits, dim=-1)  # float64, as Fast-dLLM
                 conf = p.gather(-1, x0[:, None])[:, 0]
                 masked = x[0, s:e] == mask_id
                 k = schedule[i] if i < steps_per_block else 0

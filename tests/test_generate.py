@@ -4,11 +4,13 @@ invariants, early stop at EOS, and refusal of every bad GenerationConfig value."
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 import lacache_jax as lj
 from lacache_jax import sampling
@@ -204,7 +206,26 @@ def test_factor_rule_quirk():
     assert sampling.choose(conf3, masked3, factor=1.0).sum() == 3
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_confidence_eos_eot_inf_as_released(temperature):
+    """The released chained assignment, restated in torch: at T > 0 the noisy logits are a
+    new float64 tensor, so only EoT leaves the confidence softmax (EOS keeps its share)."""
+    eos, eot = 3, 5
+    logits = jax.random.normal(jax.random.key(0), (2, 4, 8)) * 3
+    x0 = jnp.argmax(logits, -1).at[0, 0].set(eos).at[1, 0].set(eot)
+    ref_logits = torch.tensor(np.asarray(logits), dtype=torch.float64)
+    noisy = ref_logits if temperature == 0 else ref_logits.clone()  # add_gumbel_noise
+    noisy[..., eos] = ref_logits[..., eot] = -math.inf
+    ref = torch.softmax(ref_logits, -1).gather(-1, torch.tensor(np.asarray(x0))[..., None])
+    ours = sampling.confidence(sampling.without_eos_eot(logits, eos, eot, temperature), x0,
+                               "low_confidence", None)
+    # fp32 softmax vs float64: a few fp32 ulps.
+    np.testing.assert_allclose(np.asarray(ours), ref[..., 0].numpy(), rtol=1e-6, atol=1e-7)
+    assert float(ours[1, 0]) == 0.0 and (float(ours[0, 0]) == 0.0) == (temperature == 0)
+
+
 @pytest.mark.parametrize("field,value,message", [
+    ("confidence_eos_eot_inf", True, "confidence_eos_eot_inf needs eot_id"),
     ("block_length", 7, "block_length=7 does not divide gen_length=24"),
     ("steps", 10, "steps=10 is not divisible by the number of blocks 3"),
     ("steps", 0, "steps must be a positive integer"),
