@@ -26,15 +26,17 @@ SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 def configs(M: int, N: int, pallas: bool):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
     first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU (128
-    columns: 256 was slower in the second sweep): warp-specialised or not, TMA stages, K
-    groups per pipeline step, K splits."""
+    columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
+    shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
+    splits (where the output tiles are fewer than 2 per SM)."""
     if pallas:
         return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
                 itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
-    few_tiles = -(-M // 128) * (N // 128) < 2 * 132  # K splits only pay below ~2 per SM
+    tiles = -(-M // 128) * (N // 128)
+    splits = (1,) if tiles >= 2 * 132 else (1, 2, 4) if tiles >= 132 // 2 else (1, 4, 8)
     return [dict(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)
             for w, st, gs, sp in itertools.product(
-                (True, False), (2, 4), (1, 2), (1, 2, 4) if few_tiles else (1,))]
+                (True, False) if M > 64 else (False,), (2, 4), (1, 2), splits)]
 
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
