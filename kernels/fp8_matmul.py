@@ -251,8 +251,10 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
     return (out if splits == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 
-def _hopper() -> bool:
-    return getattr(jax.devices()[0], "compute_capability", "").startswith("9")
+def compute_capability() -> tuple[int, int]:
+    """(major, minor) of the first GPU."""
+    major, minor = jax.devices()[0].compute_capability.split(".")
+    return int(major), int(minor)
 
 
 # From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
@@ -262,9 +264,14 @@ MGPU_MIN_M = 128
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch: on Hopper the Mosaic GPU kernel from `MGPU_MIN_M` rows, else the Pallas
-    (Triton) kernel on GPU; the reference elsewhere."""
+    (Triton) kernel on GPU; the reference elsewhere. GPUs without FP8 tensor cores (before
+    compute capability 8.9, e.g. the A100) are refused: Triton cannot compile the FP8 dot."""
     if jax.default_backend() != "gpu":
         return fp8_matmul_ref(xq, x_scale, wq, w_scale, out_dtype)
-    if xq.shape[0] >= MGPU_MIN_M and _hopper():
+    cc = compute_capability()
+    if cc < (8, 9):
+        raise ValueError(f"the FP8 FFN needs FP8 tensor cores (compute capability 8.9 or "
+                         f"newer: Ada, Hopper); this GPU's is {cc[0]}.{cc[1]}")
+    if xq.shape[0] >= MGPU_MIN_M and cc[0] == 9:
         return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype)
     return fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype)

@@ -166,3 +166,25 @@ def test_mgpu_gemm_lowers_for_hopper():
         fp8_matmul_mgpu(xq, xs, wq, ws, block_n=96)
     with pytest.raises(ValueError, match="splits 2 x groups_per_step 4"):
         fp8_matmul_mgpu(xq, xs, wq, ws, splits=2, groups_per_step=4)
+    _, _, (xq, xs), (wq, ws) = operands(32, 1024, 256)  # the decode sweep's deepest K split
+    fn = functools.partial(fp8_matmul_mgpu, splits=8, warp_specialized=False)
+    assert "mosaic_gpu" in jax.jit(fn).trace(xq, xs, wq, ws).lower(
+        lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("cc,M,kernel", [
+    ("9.0", 32, "pallas"), ("9.0", 128, "mgpu"), ("8.9", 256, "pallas"),
+    ("10.0", 256, "pallas"), ("8.0", 32, None)])
+def test_dispatch_on_gpus(monkeypatch, cc, M, kernel):
+    """Which kernel `fp8_matmul` picks per GPU and M; no FP8 tensor cores: a clear error."""
+    import kernels.fp8_matmul as fm
+    _, _, (xq, xs), (wq, ws) = operands(M, 256, 128)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
+    monkeypatch.setattr(fm, "fp8_matmul_pallas", lambda *a: "pallas")
+    monkeypatch.setattr(fm, "fp8_matmul_mgpu", lambda *a: "mgpu")
+    if kernel is None:
+        with pytest.raises(ValueError, match="FP8 tensor cores .* this GPU's is 8.0"):
+            fm.fp8_matmul(xq, xs, wq, ws)
+    else:
+        assert fm.fp8_matmul(xq, xs, wq, ws) == kernel
