@@ -65,10 +65,15 @@ def cmd_demo(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    """Load a checkpoint and its tokenizer, generate for one prompt, print text and speed."""
+    """Load a checkpoint and its tokenizer, generate for the prompts (one ragged batch), print
+    the answers and the speed."""
     import lacache_jax as lj
     from lacache_jax.tokenizer import Tokenizer
 
+    tok = Tokenizer(args.checkpoint)
+    eot_id = args.eot_id
+    if args.confidence_eos_eot_inf and eot_id is None:
+        eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
     dpad = None
     if args.dpad:
         dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
@@ -76,24 +81,31 @@ def cmd_generate(args) -> int:
         gen_length=args.gen_length, block_length=args.block_length, steps=args.steps or
         args.gen_length, temperature=args.temperature, remasking=args.remasking,
         threshold=args.threshold, factor=args.factor, cache=args.cache,
-        refresh_interval=args.refresh_interval, dpad=dpad, stop_at_eos=not args.no_stop_at_eos,
-        cfg_scale=args.cfg_scale)
-    tok = Tokenizer(args.checkpoint)
-    text = tok.chat_prompt(args.prompt) if args.chat else args.prompt
-    prompt = tok.encode(text)
+        refresh_interval=args.refresh_interval, dpad=dpad, fp8_ffn=args.fp8_ffn,
+        stop_at_eos=not args.no_stop_at_eos, cfg_scale=args.cfg_scale,
+        logits_eos_inf=args.logits_eos_inf, confidence_eos_eot_inf=args.confidence_eos_eot_inf,
+        eot_id=eot_id)
+    prompts = [tok.encode(tok.chat_prompt(p) if args.chat else p) for p in args.prompt]
     config, params = lj.load(args.checkpoint, dtype=args.dtype)
+    if args.fp8_ffn and all(layer.ffn8 is None for layer in params.layers):
+        print("[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
+              "stores them]", file=sys.stderr)
+        params = lj.quantize_ffn(params)
     t0 = time.perf_counter()
-    run = lj.compile_generate(params, config, [prompt], gen, key=jax.random.key(args.seed))
+    run = lj.compile_generate(params, config, prompts, gen, key=jax.random.key(args.seed))
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = jax.block_until_ready(run())
     run_s = time.perf_counter() - t0
-    answer = out.answers(gen.gen_length)[0]
-    print(tok.decode(answer))
-    n = int(out.gen_lengths[0])
-    print(f"\n[{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the first EOS); "
-          f"NFE {int(out.nfe[0])}; {float(out.tokens_per_step[0]):.2f} tokens per step; "
-          f"compile {compile_s:.1f} s; {jax.default_backend()}]", file=sys.stderr)
+    for i, answer in enumerate(out.answers(gen.gen_length)):
+        if len(prompts) > 1:
+            print(f"--- {i}: {args.prompt[i]}")
+        print(tok.decode(answer))
+    n = int(out.gen_lengths.sum())
+    rows = f"{len(prompts)} prompts, " if len(prompts) > 1 else ""
+    print(f"\n[{rows}{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the first "
+          f"EOS); NFE {int(out.nfe.max())}; {float(out.tokens_per_step.mean()):.2f} tokens per "
+          f"step; compile {compile_s:.1f} s; {jax.default_backend()}]", file=sys.stderr)
     return 0
 
 
@@ -107,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("generate", help="generate text from a prompt with a converted checkpoint")
     p.add_argument("--checkpoint", required=True, help="directory written by python -m convert")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, action="append",
+                   help="repeat for several prompts: one ragged batch")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--gen-length", type=int, default=128)
     p.add_argument("--block-length", type=int, default=32)
@@ -123,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dpad-keep", type=int, default=32)
     p.add_argument("--cfg-scale", type=float, default=0.0)
     p.add_argument("--no-stop-at-eos", action="store_true")
+    p.add_argument("--fp8-ffn", action="store_true",
+                   help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
+    p.add_argument("--logits-eos-inf", action="store_true", help="never sample EOS")
+    p.add_argument("--confidence-eos-eot-inf", action="store_true",
+                   help="reveal EOS / end of turn last")
+    p.add_argument("--eot-id", type=int, default=None,
+                   help="end-of-turn id (default: the tokenizer's <|eot_id|>)")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"])
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(run=cmd_generate)

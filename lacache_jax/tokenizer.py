@@ -32,6 +32,10 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a whole token (e.g. a special one), or None if the vocabulary lacks it."""
+        return self._tok.token_to_id(token)
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 

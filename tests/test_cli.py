@@ -17,7 +17,7 @@ from lacache_jax.__main__ import main
 from tests.conftest import random_llada_state, write_hf_llada
 
 ROOT = Path(__file__).resolve().parents[1]
-CFG = lj.tiny()
+CFG = lj.tiny(d_model=128, d_ff=256)  # FP8 FFN needs multiples of 128
 SPECIALS = {"<|startoftext|>": 312, "<|start_header_id|>": 313, "<|end_header_id|>": 314,
             "<|eot_id|>": 315, "<|endoftext|>": CFG.eos_id, "<|mdm_mask|>": CFG.mask_id}
 CHAT_TEMPLATE = (
@@ -73,6 +73,27 @@ def test_generate_prints_text_and_speed(checkpoint, capsys, chat):
     assert out == tok.decode(ref.answers(16)[0]) + "\n"
     assert f"[{int(ref.gen_lengths[0])} tokens in" in err and f"NFE {int(ref.nfe[0])}" in err
     assert "tokens/s" in err and "tokens per step" in err
+
+
+def test_generate_batch_fp8_and_eos_flags(checkpoint, capsys):
+    """Repeated --prompt is one ragged batch; --fp8-ffn quantises at load; the end-of-turn id
+    of --confidence-eos-eot-inf comes from the tokenizer (<|eot_id|> = 315 here)."""
+    from lacache_jax.tokenizer import Tokenizer
+    prompts = ["12+30=", "7+5="]
+    rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", prompts[0], "--prompt",
+               prompts[1], "--gen-length", "16", "--block-length", "8", "--dtype", "float32",
+               "--fp8-ffn", "--logits-eos-inf", "--confidence-eos-eot-inf"])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    tok = Tokenizer(checkpoint)
+    config, params = lj.load(checkpoint, dtype="float32")
+    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16, fp8_ffn=True,
+                              logits_eos_inf=True, confidence_eos_eot_inf=True, eot_id=315)
+    ref = lj.generate(lj.quantize_ffn(params), config, [tok.encode(p) for p in prompts], gen,
+                      key=jax.random.key(0))
+    assert out == "".join(f"--- {i}: {p}\n{tok.decode(a)}\n"
+                          for i, (p, a) in enumerate(zip(prompts, ref.answers(16))))
+    assert "quantising the FFN weights to FP8 at load" in err and "[2 prompts, 32 tokens" in err
 
 
 def test_generate_errors(tmp_path, checkpoint, capsys):
