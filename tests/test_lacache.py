@@ -23,16 +23,21 @@ EXACT_CASES = {
     "factor_cfg": dict(factor=1.0, cfg_scale=1.0),
     "dpad": dict(steps=12, dpad=lj.DPadConfig(window=10)),
     "stop_at_eos": dict(threshold=0.5, stop_at_eos=True, eos_id=202),
+    "block_4": dict(block_length=4, steps=12),
+    "block_12_threshold": dict(block_length=12, threshold=0.7),
+    "one_row": dict(steps=12, rows=1),
 }
 
 
 @pytest.mark.parametrize("case", list(EXACT_CASES))
 def test_exact_equals_none(models, case):
+    """Prompt lengths 5 / 9 / 13 in one ragged batch (or the first alone), blocks of 4, 8, 12."""
     params, _ = models
-    gen = _gen(**EXACT_CASES[case])
-    keys = jax.random.split(jax.random.key(5), len(RAGGED))
-    none = lj.generate(params, CFG, RAGGED, gen, key=keys)
-    exact = lj.generate(params, CFG, RAGGED, _gen(cache="exact", **EXACT_CASES[case]), key=keys)
+    kw = dict(EXACT_CASES[case])
+    prompts = RAGGED[:kw.pop("rows", len(RAGGED))]
+    keys = jax.random.split(jax.random.key(5), len(prompts))
+    none = lj.generate(params, CFG, prompts, _gen(**kw), key=keys)
+    exact = lj.generate(params, CFG, prompts, _gen(cache="exact", **kw), key=keys)
     np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
     np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
 
