@@ -154,10 +154,10 @@ def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
            if layer.ffn8 is not None}
     with atomic_dir(path, force) as tmp:
         (tmp / PARAMS_DIR).mkdir()
-        for name, arrays in params_to_groups(params).items():
+        groups = {**params_to_groups(params), **{fp8_group_name(i): a for i, a in fp8.items()}}
+        for name, arrays in tqdm(groups.items(), desc="saving", unit="group", leave=False,
+                                 disable=None):
             write_group(tmp, name, arrays)
-        for i, arrays in fp8.items():
-            write_group(tmp, fp8_group_name(i), arrays)
         write_meta(tmp, config, params.dtype, fp8)
 
 
