@@ -92,6 +92,10 @@ def quantize_ffn(params: Any, skip: Iterable[int] = (0,), granularity: str = "gr
     "token" or "tensor" (the paper's ablation; unfused quantisation)."""
     if granularity not in ("group", "token", "tensor"):
         raise ValueError(f"granularity must be 'group', 'token' or 'tensor', got {granularity!r}")
+    D, F = params.layers[0].w_down.shape[::-1]
+    if D % GROUP or F % GROUP:
+        raise ValueError(f"the FP8 FFN needs d_model and d_ff to be multiples of {GROUP} (one "
+                         f"scale per {GROUP} x {GROUP} block); this model has {D} and {F}")
     skip = set(skip)
     layers = []
     for i, layer in enumerate(params.layers):

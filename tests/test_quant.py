@@ -76,6 +76,9 @@ def test_bad_shapes():
         quant.quantize_act(jnp.ones((2, 100)))
     with pytest.raises(ValueError, match="granularity"):
         quant.quantize_act(jnp.ones((2, 128)), "block")
+    params = lj.init_params(lj.tiny(), jax.random.key(0), jnp.float32)  # d_model 64, d_ff 160
+    with pytest.raises(ValueError, match="d_model and d_ff to be multiples of 128.* 64 and 160"):
+        lj.quantize_ffn(params)
 
 
 FP8_CFG = lj.tiny(d_model=128, d_ff=256, n_heads=4, n_kv_heads=2, n_layers=3)
