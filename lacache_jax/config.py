@@ -198,6 +198,8 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
 
 # --- presets ---------------------------------------------------------------------------
 
+LLADA_EOT_ID = 126348  # <|eot_id|>: not in config.json; LLaDA's sampler hard-codes it
+
 def llada_8b() -> ModelConfig:
     """LLaDA-8B (Base, Instruct) and LLaDA-1.5: REFERENCE.md §1."""
     return ModelConfig(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=12288,
@@ -255,7 +257,8 @@ class GenerationConfig:
     The fixed schedule (LLaDA) applies when neither `threshold` nor `factor` is set: each block
     takes `steps // (gen_length // block_length)` steps. With `threshold` or `factor`
     (Fast-dLLM), a block takes as many steps as it needs. `mask_id`/`eos_id` default to the
-    model's; `confidence_eos_eot_inf` needs `eot_id` (LLaDA: 126348).
+    model's; `eot_id` (only read by `confidence_eos_eot_inf`) defaults to LLaDA's `<|eot_id|>`,
+    126348, which the reference hard-codes, when the vocabulary holds it.
     """
     gen_length: int = 256
     block_length: int = 32
@@ -315,8 +318,6 @@ class GenerationConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{name} must be a non-negative token id, got {v!r}")
-        if self.confidence_eos_eot_inf and self.eot_id is None:
-            raise ValueError("confidence_eos_eot_inf needs eot_id (LLaDA's <|eot_id|> is 126348)")
 
     @property
     def num_blocks(self) -> int:
@@ -331,10 +332,17 @@ class GenerationConfig:
         return self.threshold is not None or self.factor is not None
 
     def resolve(self, model: ModelConfig) -> "GenerationConfig":
-        """Fill `mask_id`/`eos_id` from the model and check every id lies in its vocabulary."""
+        """Fill `mask_id`/`eos_id` from the model (and `eot_id`, see the class docstring);
+        check every id lies in its vocabulary."""
+        eot_id = self.eot_id
+        if self.confidence_eos_eot_inf and eot_id is None:
+            if model.vocab_size <= LLADA_EOT_ID:
+                raise ValueError("confidence_eos_eot_inf needs eot_id: this vocabulary has no "
+                                 f"LLaDA <|eot_id|> ({LLADA_EOT_ID})")
+            eot_id = LLADA_EOT_ID
         out = dataclasses.replace(
             self, mask_id=model.mask_id if self.mask_id is None else self.mask_id,
-            eos_id=model.eos_id if self.eos_id is None else self.eos_id)
+            eos_id=model.eos_id if self.eos_id is None else self.eos_id, eot_id=eot_id)
         for name in ("mask_id", "eos_id", "eot_id"):
             v = getattr(out, name)
             if v is not None and v >= model.vocab_size:

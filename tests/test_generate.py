@@ -224,8 +224,17 @@ def test_confidence_eos_eot_inf_as_released(temperature):
     assert float(ours[1, 0]) == 0.0 and (float(ours[0, 0]) == 0.0) == (temperature == 0)
 
 
+def test_eot_id_default():
+    """LLaDA's <|eot_id|> where the vocabulary holds it (the reference hard-codes it), else
+    confidence_eos_eot_inf needs an explicit eot_id."""
+    gen = _gen(confidence_eos_eot_inf=True)
+    assert gen.resolve(lj.llada_8b()).eot_id == 126348
+    assert dataclasses.replace(gen, eot_id=7).resolve(lj.llada_8b()).eot_id == 7
+    with pytest.raises(ValueError, match="confidence_eos_eot_inf needs eot_id"):
+        gen.resolve(CFG)  # what lj.generate does first
+
+
 @pytest.mark.parametrize("field,value,message", [
-    ("confidence_eos_eot_inf", True, "confidence_eos_eot_inf needs eot_id"),
     ("block_length", 7, "block_length=7 does not divide gen_length=24"),
     ("steps", 10, "steps=10 is not divisible by the number of blocks 3"),
     ("steps", 0, "steps must be a positive integer"),
