@@ -20,7 +20,7 @@ from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
 from lacache_jax.config import ConfigError, ModelConfig
 from lacache_jax.model import Params, qkv_columns
-from lacache_jax.quant import GROUP, quantize_ffn_layer
+from lacache_jax.quant import check_fp8_ffn_dims, quantize_ffn_layer
 
 PREFIX = "model.transformer."
 # LLaDA block parameter -> (our Layer field, part of its columns or None, stored transposed)
@@ -100,9 +100,11 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
         raise ConvertError(str(e)) from None
     fp8_layers = [] if fp8_skip is None else [
         i for i in range(cfg.n_layers) if i not in fp8_skip]
-    if fp8_layers and (cfg.d_model % GROUP or cfg.d_ff % GROUP):
-        raise ConvertError(f"--fp8-ffn needs d_model and the FFN width to be multiples of "
-                           f"{GROUP}, got {cfg.d_model} and {cfg.d_ff}")
+    if fp8_layers:
+        try:
+            check_fp8_ffn_dims(cfg.d_model, cfg.d_ff)
+        except ValueError as e:
+            raise ConvertError(f"--fp8-ffn: {e}") from None
     if fp8_skip is not None and any(not 0 <= i < cfg.n_layers for i in fp8_skip):
         raise ConvertError(f"--fp8-skip {list(fp8_skip)}: layers are 0..{cfg.n_layers - 1}")
     entries = _normalise_names(find_sources(src))

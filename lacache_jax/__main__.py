@@ -87,7 +87,7 @@ def cmd_generate(args) -> int:
         eot_id=eot_id)
     prompts = [tok.encode(tok.chat_prompt(p) if args.chat else p) for p in args.prompt]
     config, params = lj.load(args.checkpoint, dtype=args.dtype)
-    if args.fp8_ffn and all(layer.ffn8 is None for layer in params.layers):
+    if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
         print("[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
               "stores them]", file=sys.stderr)
         params = lj.quantize_ffn(params)

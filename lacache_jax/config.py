@@ -200,6 +200,7 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
 
 LLADA_EOT_ID = 126348  # <|eot_id|>: not in config.json; LLaDA's sampler hard-codes it
 
+
 def llada_8b() -> ModelConfig:
     """LLaDA-8B (Base, Instruct) and LLaDA-1.5: REFERENCE.md §1."""
     return ModelConfig(d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32, d_ff=12288,

@@ -34,6 +34,7 @@ from kernels.cached_attention import FAState, cached_attention
 from lacache_jax import sampling
 from lacache_jax.cache import KVCache, LaCache
 from lacache_jax.config import GenerationConfig, ModelConfig
+from lacache_jax.quant import has_fp8_ffn
 from lacache_jax.model import (Params, finish_block, forward_layers, lm_head, qkv, rms_norm,
                                rope_tables, run_blocks)
 from lacache_jax.sharding import DATA, MODEL, shard_kernel, shard_params
@@ -110,7 +111,7 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
                          f"max_seq_len={config.max_seq_len}")
     if len(params.layers) != config.n_layers:
         raise ValueError(f"params has {len(params.layers)} layers, config says {config.n_layers}")
-    if gen.fp8_ffn and all(layer.ffn8 is None for layer in params.layers):
+    if gen.fp8_ffn and not has_fp8_ffn(params):
         raise ValueError("fp8_ffn=True needs FP8 FFN weights: params = lj.quantize_ffn(params)")
     if not gen.fp8_ffn:
         params = dataclasses.replace(

@@ -85,6 +85,19 @@ class FP8FFN:
     granularity: str = dataclasses.field(default="group", metadata={"static": True})
 
 
+def check_fp8_ffn_dims(d_model: int, d_ff: int) -> None:
+    """One weight scale per 128 x 128 block: both FFN widths must be multiples of it."""
+    if d_model % GROUP or d_ff % GROUP:
+        raise ValueError(f"the FP8 FFN needs d_model and d_ff to be multiples of {GROUP} (one "
+                         f"scale per {GROUP} x {GROUP} block); this model has {d_model} and "
+                         f"{d_ff}")
+
+
+def has_fp8_ffn(params: Any) -> bool:
+    """Whether any layer carries FP8 FFN copies (`quantize_ffn`, or stored by convert/save)."""
+    return any(layer.ffn8 is not None for layer in params.layers)
+
+
 def quantize_ffn(params: Any, skip: Iterable[int] = (0,), granularity: str = "group") -> Any:
     """`params` with FP8 FFN weights attached to every layer but those in `skip` (LaCache
     keeps the first layer in bf16). The bf16 weights stay, so one set of params serves
@@ -92,10 +105,7 @@ def quantize_ffn(params: Any, skip: Iterable[int] = (0,), granularity: str = "gr
     "token" or "tensor" (the paper's ablation; unfused quantisation)."""
     if granularity not in ("group", "token", "tensor"):
         raise ValueError(f"granularity must be 'group', 'token' or 'tensor', got {granularity!r}")
-    D, F = params.layers[0].w_down.shape[::-1]
-    if D % GROUP or F % GROUP:
-        raise ValueError(f"the FP8 FFN needs d_model and d_ff to be multiples of {GROUP} (one "
-                         f"scale per {GROUP} x {GROUP} block); this model has {D} and {F}")
+    check_fp8_ffn_dims(*params.layers[0].w_down.shape[::-1])
     skip = set(skip)
     layers = []
     for i, layer in enumerate(params.layers):
