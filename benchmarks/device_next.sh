@@ -1,28 +1,23 @@
 #!/usr/bin/env bash
-# The next session's device calls (time-boxed stages; partial results survive a timeout):
-#   bash benchmarks/device_next.sh 1   GPU tests (the Mosaic GPU FP8 variants written after the
-#                                      last GPU run: K groups per step, K splits), their sweep,
-#                                      also at the decode shape M 32 (split K, one warpgroup)
-#   bash benchmarks/device_next.sh 2   FP8 FFN at M 1024 / 16384, exact vs none at 1024 / 2048,
-#                                      demo-model token identity of exact with the split path
-# On nvidia-h200-x2 or larger: python3 -m benchmarks.multi_gpu --gpus 1,2 (issue 7).
+# The next device calls (time-boxed stages; partial results survive a timeout):
+#   bash benchmarks/device_next.sh 1   GPU tests, then issue 5's FP8 numbers with the
+#                                      shape-dependent Mosaic GPU pipeline (mgpu_config): FFN
+#                                      at every M, prefix and dual generate bf16 vs FP8
+#   bash benchmarks/device_next.sh 2   exact vs none at prompt 1024 / 2048, demo-model token
+#                                      identity of exact with the split path (issue 4's repeat)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
 1)
-  timeout 150 python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 \
+  timeout 120 python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 \
     | grep -i "mgpu\|passed\|failed\|error" | cut -c1-400 | tail -25
-  timeout 200 python3 -m benchmarks.fp8_tiles --kernels mgpu --shapes down,gate_up \
-    --ms 256,4096 2>&1 | grep "best\|->" | quiet
-  timeout 100 python3 -m benchmarks.fp8_tiles --kernels mgpu --shapes down,gate_up --ms 32 \
-    2>&1 | grep "best\|->" | quiet
-  timeout 80 python3 -m benchmarks.fp8_tiles --kernels mgpu --shapes gate_up --ms 16384 \
-    2>&1 | grep "best\|->" | quiet ;;
+  timeout 250 python3 -m benchmarks.fp8_ffn --ms 32,256,1024,4096,16384 --ablation-layers 0 \
+    2>&1 | quiet | tail -7
+  timeout 180 python3 -m benchmarks.generate --batch 1 --modes prefix,dual --decoding fixed \
+    --prompt 512 --iters 1 --fp8-ffn both 2>&1 | quiet | tail -8 ;;
 2)
-  timeout 150 python3 -m benchmarks.fp8_ffn --ms 1024,16384 --ablation-layers 0 2>&1 \
-    | quiet | tail -4
   timeout 200 python3 -m benchmarks.generate --batch 1 --modes none,exact --decoding fixed \
     --prompt 1024,2048 --iters 1 2>&1 | quiet | tail -8
   python3 -m convert demo_model /tmp/demo_ck --force --quiet && timeout 150 python3 -m \

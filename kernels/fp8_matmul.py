@@ -14,9 +14,10 @@ of the row) x (w scale of the block) and added to an fp32 accumulator. Two kerne
   Hopper's FP8 wgmma sums a group's products with about 14 significant bits rather than fp32's
   24 (DeepSeek-V3 report, §3.3.2), so its result is within ~2^-13 of the exact per-group one.
 
-`fp8_matmul` dispatches by M (`MGPU_MIN_M`) as measured by `benchmarks/fp8_tiles.py`. XLA's FP8
-`dot_general` (cuBLASLt) applies one scale per tensor only, so it cannot compute this product:
-it is the speed ceiling in the benchmarks.
+`fp8_matmul` dispatches by M (`MGPU_MIN_M`) and sets the Mosaic GPU kernel's pipeline by shape
+(`mgpu_config`), as measured by `benchmarks/fp8_tiles.py`. XLA's FP8 `dot_general` (cuBLASLt)
+applies one scale per tensor only, so it cannot compute this product: it is the speed ceiling in
+the benchmarks.
 """
 
 from __future__ import annotations
@@ -262,6 +263,18 @@ def compute_capability() -> tuple[int, int]:
 MGPU_MIN_M = 128
 
 
+def mgpu_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+    """`fp8_matmul_mgpu` settings for a shape, as measured by fp8_tiles on the H200: with
+    fewer 128 x 128 output tiles than SMs (the down GEMM at M 256: 64 tiles), each CTA walks a
+    long K loop, and two K groups per TMA step with 2 steps in flight beat 1 with 4 (0.069 vs
+    0.089 ms); with more tiles the two tie (M 4096, 16384) or 4 x 1 wins (gate/up at M 256:
+    0.099 vs 0.118 ms). Two groups per step need an even group count."""
+    tiles = -(-M // 128) * (N // 128)
+    if tiles < sms and (K // GROUP) % 2 == 0:
+        return dict(stages=2, groups_per_step=2)
+    return {}
+
+
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch: on Hopper the Mosaic GPU kernel from `MGPU_MIN_M` rows, else the Pallas
     (Triton) kernel on GPU; the reference elsewhere. GPUs without FP8 tensor cores (before
@@ -273,5 +286,7 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
         raise ValueError(f"the FP8 FFN needs FP8 tensor cores (compute capability 8.9 or "
                          f"newer: Ada, Hopper); this GPU's is {cc[0]}.{cc[1]}")
     if xq.shape[0] >= MGPU_MIN_M and cc[0] == 9:
-        return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype)
+        (M, K), N = xq.shape, wq.shape[0]
+        sms = getattr(jax.devices()[0], "core_count", 132)
+        return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype, **mgpu_config(M, N, K, sms))
     return fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype)

@@ -182,9 +182,23 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, kernel):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
     monkeypatch.setattr(fm, "fp8_matmul_pallas", lambda *a: "pallas")
-    monkeypatch.setattr(fm, "fp8_matmul_mgpu", lambda *a: "mgpu")
+    mgpu_settings = []
+    monkeypatch.setattr(fm, "fp8_matmul_mgpu", lambda *a, **kw: mgpu_settings.append(kw) or "mgpu")
     if kernel is None:
         with pytest.raises(ValueError, match="FP8 tensor cores .* this GPU's is 8.0"):
             fm.fp8_matmul(xq, xs, wq, ws)
     else:
         assert fm.fp8_matmul(xq, xs, wq, ws) == kernel
+        # one output tile (< 132 SMs) and 2 K groups: the deep-step pipeline
+        assert mgpu_settings == ([dict(stages=2, groups_per_step=2)] if kernel == "mgpu" else [])
+
+
+def test_mgpu_config():
+    """The Mosaic GPU pipeline per shape, as fp8_tiles measured on the H200 (132 SMs)."""
+    from kernels.fp8_matmul import mgpu_config
+    deep = dict(stages=2, groups_per_step=2)
+    assert mgpu_config(256, 4096, 12288) == deep  # LLaDA-8B's down GEMM: 64 tiles
+    assert mgpu_config(256, 2 * 12288, 4096) == {}  # gate/up: 384 tiles
+    assert mgpu_config(4096, 4096, 12288) == {}
+    assert mgpu_config(256, 4096, 3 * 128) == {}  # an odd number of K groups
+    assert mgpu_config(256, 4096, 12288, sms=16) == {}  # a GPU with fewer SMs than tiles
