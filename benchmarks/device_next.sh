@@ -3,8 +3,9 @@
 #   bash benchmarks/device_next.sh 1   GPU tests, then issue 5's FP8 numbers with the
 #                                      shape-dependent Mosaic GPU pipeline (mgpu_config): FFN
 #                                      at every M, prefix and dual generate bf16 vs FP8
-#   bash benchmarks/device_next.sh 2   exact vs none at prompt 1024 / 2048, demo-model token
-#                                      identity of exact with the split path (issue 4's repeat)
+#   bash benchmarks/device_next.sh 2   GPU tests, exact vs none at prompt 1024 / 2048,
+#                                      demo-model token identity of exact with the split path
+#                                      (issue 4's repeat)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,6 +19,8 @@ case "${1:-1}" in
   timeout 180 python3 -m benchmarks.generate --batch 1 --modes prefix,dual --decoding fixed \
     --prompt 512 --iters 1 --fp8-ffn both 2>&1 | quiet | tail -8 ;;
 2)
+  timeout 120 python3 -m pytest -q -s -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 \
+    | grep -i "mgpu\|passed\|failed\|error" | cut -c1-400 | tail -25
   timeout 200 python3 -m benchmarks.generate --batch 1 --modes none,exact --decoding fixed \
     --prompt 1024,2048 --iters 1 2>&1 | quiet | tail -8
   python3 -m convert demo_model /tmp/demo_ck --force --quiet && timeout 150 python3 -m \

@@ -87,8 +87,9 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
             out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
         for kw in (dict(), dict(warp_specialized=False, stages=2),
-                   dict(groups_per_step=2, stages=2),  # 4 x 2 groups overflow smem
-                   dict(splits=4), dict(splits=2, groups_per_step=2, warp_specialized=False),
+                   dict(groups_per_step=2, stages=2),  # 4 stages x 2 groups overflow smem
+                   dict(splits=4),
+                   dict(splits=2, groups_per_step=2, warp_specialized=False, stages=2),
                    dict(splits=8, warp_specialized=False)):
             out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, **kw)
             # Hopper's FP8 wgmma sums a group's 128 products with about 14 significant bits,
