@@ -6,6 +6,7 @@
 #   bash benchmarks/device_next.sh 2   GPU tests, exact vs none at prompt 1024 / 2048,
 #                                      demo-model token identity of exact with the split path
 #                                      (issue 4's repeat)
+#   bash benchmarks/device_next.sh 3   FP8 GEMM: GPU test, persistent CTAs vs one per tile
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -26,4 +27,9 @@ case "${1:-1}" in
   python3 -m convert demo_model /tmp/demo_ck --force --quiet && timeout 150 python3 -m \
     benchmarks.accuracy --checkpoint /tmp/demo_ck --n 500 \
     --modes fixed,exact,threshold,threshold+exact 2>&1 | quiet | tail -8 ;;
+3)
+  timeout 100 python3 -m pytest -q -s -m gpu tests/test_gpu.py -k fp8_kernels_on_gpu \
+    -p no:cacheprovider 2>&1 | grep -i "mgpu\|passed\|failed\|error" | cut -c1-300 | tail -20
+  timeout 240 python3 -m benchmarks.fp8_tiles --kernels mgpu --persistent --shapes down,gate_up \
+    --ms 256,4096 2>&1 | quiet | grep "'ms'\|best\|->\|rror" | cut -c1-260 ;;
 esac

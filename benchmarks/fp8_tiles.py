@@ -2,7 +2,7 @@
 XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
-        [--kernels pallas,mgpu]
+        [--kernels pallas,mgpu] [--persistent]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick.
@@ -23,7 +23,7 @@ from lacache_jax.quant import quantize_act, quantize_weight
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
-def configs(M: int, N: int, pallas: bool):
+def configs(M: int, N: int, pallas: bool, persistent: bool = False):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
     first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
@@ -32,6 +32,10 @@ def configs(M: int, N: int, pallas: bool):
     if pallas:
         return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
                 itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
+    if persistent:  # warp-specialised, one CTA per tile vs one per SM looping over tiles
+        sms = getattr(jax.devices()[0], "core_count", 132)
+        return [dict(stages=st, groups_per_step=gs, ctas=c) for st, gs, c in
+                itertools.product((2, 4), (1, 2), (None, sms)) if st * gs <= 4]
     tiles = -(-M // 128) * (N // 128)
     splits = (1,) if tiles >= 2 * 132 else (1, 2, 4) if tiles >= 132 // 2 else (1, 4, 8)
     return [dict(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)
@@ -39,7 +43,7 @@ def configs(M: int, N: int, pallas: bool):
                 (True, False) if M > 64 else (False,), (2, 4), (1, 2), splits)]
 
 
-def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
+def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -58,7 +62,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str]) -> None:
         print(rows[-1], flush=True)
     for kernel in kernels:
         fn = {"pallas": fp8_matmul_pallas, "mgpu": fp8_matmul_mgpu}[kernel]
-        for cfg in configs(M, N, kernel == "pallas"):
+        for cfg in configs(M, N, kernel == "pallas", persistent):
             try:
                 t = time_chained(lambda a, s: fn(a, s, wq, ws, **cfg), xq, xs,
                                  n=n)["median_ms"]
@@ -75,13 +79,15 @@ def main():
     ap.add_argument("--ms", default="32,256,4096,16384")
     ap.add_argument("--shapes", default="gate_up,down")
     ap.add_argument("--kernels", default="pallas,mgpu")
+    ap.add_argument("--persistent", action="store_true",
+                    help="Mosaic GPU: per-tile vs persistent CTAs only")
     args = ap.parse_args()
     rows: list = []
     exit_on_sigterm()
     try:
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
-                sweep(shape, M, rows, args.kernels.split(","))
+                sweep(shape, M, rows, args.kernels.split(","), args.persistent)
     finally:
         best = {}
         for r in rows:

@@ -166,11 +166,11 @@ def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
     return pl.run_scoped(run, *[plgpu.ACC((tm, tn), jnp.float32)] * n_groups)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "block_n", "stages",
-                                             "warp_specialized", "groups_per_step", "splits"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block_n", "stages", "warp_specialized",
+                                             "groups_per_step", "splits", "ctas"))
 def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n: int = 128,
                     stages: int = 4, warp_specialized: bool = True, groups_per_step: int = 1,
-                    splits: int = 1):
+                    splits: int = 1, ctas: int | None = None):
     """The Mosaic GPU (Hopper wgmma + TMA) kernel; same contract as `fp8_matmul_ref`.
 
     Each warpgroup owns 64 x `block_n` outputs. Per pipeline step `groups_per_step` 128-wide
@@ -180,9 +180,11 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
     `warp_specialized`: two compute warpgroups (128 rows, sharing the weight tile) and a TMA
     warpgroup per CTA, so one warpgroup's scaling overlaps the other's wgmma; else one
     warpgroup per CTA with an in-line pipeline. `splits` > 1 splits K over CTAs (fp32
-    partials, summed afterwards) when the output tiles alone are too few for the SMs. Scales
-    are passed transposed ([G, M]) and the weight scale expanded per column ([G, N]) so each
-    group's are one TMA row each."""
+    partials, summed afterwards) when the output tiles alone are too few for the SMs. `ctas`
+    (warp-specialised, no split): that many persistent CTAs (one per SM) loop over the output
+    tiles, so a tile's output store overlaps the next tile's loads and no CTA is launched per
+    tile. Scales are passed transposed ([G, M]) and the weight scale expanded per column
+    ([G, N]) so each group's are one TMA row each."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     _check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
@@ -192,6 +194,8 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
         raise ValueError(f"block_n {tn} must be a multiple of 64, at most 256, dividing N {N}")
     if G % (splits * gs):
         raise ValueError(f"splits {splits} x groups_per_step {gs} must divide the {G} K groups")
+    if ctas and (splits > 1 or not warp_specialized):
+        raise ValueError("persistent CTAs (ctas) need warp_specialized and splits 1")
     bm = 2 * tm if warp_specialized else tm
     Mp = pl.cdiv(M, bm) * bm
     xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -204,51 +208,73 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
                 plgpu.BlockSpec((tn, gs * GROUP), lambda g: (0, g), transforms=tiled),
                 plgpu.BlockSpec((gs, tn), lambda g: (g, 0))]
     share = G // splits  # K groups per CTA
+    steps = (share // gs,)
 
     def zeros():  # built inside the kernel: kernels capture no constants
         return plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
 
+    def ws_pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=steps, memory_registers=40, max_concurrent_steps=stages, wg_axis="wg",
+            num_compute_wgs=2, in_specs=in_specs, compute_context=compute_context)
+
     def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem2):
         wg = jax.lax.axis_index("wg") if warp_specialized else 0
-        ms = pl.ds(jax.lax.axis_index("m") * bm, bm)
-        ns = pl.ds(jax.lax.axis_index("n") * tn, tn)
         rows = pl.ds(wg * tm, tm)
-        if splits > 1:  # this CTA's share of K; its fp32 partial goes to o_gmem[k]
-            k = jax.lax.axis_index("k")
-            ks, gk = pl.ds(k * share * GROUP, share * GROUP), pl.ds(k * share, share)
-            x_gmem, xs_gmem, o_gmem = x_gmem.at[:, ks], xs_gmem.at[gk], o_gmem.at[k]
-            w_gmem, ws_gmem = w_gmem.at[:, ks], ws_gmem.at[gk]
-        operands = (x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns], ws_gmem.at[:, ns])
 
         def body(_, *refs):
             return _mgpu_step(*refs, rows)
 
-        def store(acc):
-            o_smem = o_smem2.at[wg]
-            o_smem[...] = acc.astype(o_smem.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[ms, ns].at[rows])
-            plgpu.wait_smem_to_gmem(0)
+        def tile(m, n, allocations=None):  # one output tile: its K loop, then its store
+            ms, ns = pl.ds(m * bm, bm), pl.ds(n * tn, tn)
+            x, xs, w, ws, o = x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem
+            if splits > 1:  # this CTA's share of K; its fp32 partial goes to o[k]
+                k = jax.lax.axis_index("k")
+                ks, gk = pl.ds(k * share * GROUP, share * GROUP), pl.ds(k * share, share)
+                x, xs, w, ws, o = x.at[:, ks], xs.at[gk], w.at[:, ks], ws.at[gk], o.at[k]
+            operands = (x.at[ms], xs.at[:, ms], w.at[ns], ws.at[:, ns])
 
-        steps = (share // gs,)
-        if warp_specialized:
-            plgpu.emit_pipeline_warp_specialized(
-                body, grid=steps, memory_registers=40, max_concurrent_steps=stages,
-                wg_axis="wg", num_compute_wgs=2, in_specs=in_specs,
-                compute_context=lambda pipeline: store(pipeline(zeros())))(*operands)
+            def store(acc):
+                o_smem = o_smem2.at[wg]
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store read it
+                o_smem[...] = acc.astype(o_smem.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(o_smem, o.at[ms, ns].at[rows])
+
+            if warp_specialized:
+                ws_pipeline(body, lambda pipeline: store(pipeline(zeros())))(
+                    *operands, allocations=allocations)
+            else:
+                store(plgpu.emit_pipeline(body, grid=steps, in_specs=in_specs,
+                                          init_carry=zeros(), max_concurrent_steps=stages)(
+                    *operands))
+
+        if ctas:  # the pipeline's buffers are allocated once, outside the tile loop
+            def ignore(*_, **__):
+                return None
+
+            @functools.partial(pl.run_scoped, allocations=ws_pipeline(ignore, ignore)
+                               .get_allocations(x_gmem, xs_gmem, w_gmem, ws_gmem),
+                               collective_axes="wg")
+            def _(allocations):
+                @plgpu.nd_loop((Mp // bm, N // tn), collective_axes="cta")
+                def _(info):
+                    tile(*info.index, allocations)
         else:
-            store(plgpu.emit_pipeline(body, grid=steps, in_specs=in_specs, init_carry=zeros(),
-                                      max_concurrent_steps=stages)(*operands))
+            tile(jax.lax.axis_index("m"), jax.lax.axis_index("n"))
+        plgpu.wait_smem_to_gmem(0)
 
     part_dtype = out_dtype if splits == 1 else jnp.float32
     threads = dict(num_threads=3, thread_name="wg") if warp_specialized else {}
-    split = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
+    grid = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
     if splits > 1:
-        split = dict(grid=split["grid"] + (splits,), grid_names=("m", "n", "k"))
+        grid = dict(grid=grid["grid"] + (splits,), grid_names=("m", "n", "k"))
+    if ctas:
+        grid = dict(grid=(ctas,), grid_names=("cta",))
     out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(
                            (splits, Mp, N)[splits == 1:], part_dtype),
                        scratch_types=[plgpu.SMEM((bm // tm, tm, tn), part_dtype)],
-                       **split, **threads)(xq, xs_GM, wq, ws_GN)
+                       **grid, **threads)(xq, xs_GM, wq, ws_GN)
     return (out if splits == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 

@@ -155,7 +155,8 @@ def test_mgpu_gemm_lowers_for_hopper():
     tests/test_gpu.py on the H200."""
     _, _, (xq, xs), (wq, ws) = operands(100, 512, 256)
     for kw in (dict(), dict(block_n=256, stages=3), dict(warp_specialized=False),
-               dict(groups_per_step=2), dict(splits=2), dict(splits=4, warp_specialized=False)):
+               dict(groups_per_step=2), dict(splits=2), dict(splits=4, warp_specialized=False),
+               dict(ctas=132), dict(ctas=3)):
         fn = functools.partial(fp8_matmul_mgpu, **kw)
         text = jax.jit(fn).trace(xq, xs, wq, ws).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
@@ -166,6 +167,8 @@ def test_mgpu_gemm_lowers_for_hopper():
         fp8_matmul_mgpu(xq, xs, wq, ws, block_n=96)
     with pytest.raises(ValueError, match="splits 2 x groups_per_step 4"):
         fp8_matmul_mgpu(xq, xs, wq, ws, splits=2, groups_per_step=4)
+    with pytest.raises(ValueError, match="persistent CTAs"):
+        fp8_matmul_mgpu(xq, xs, wq, ws, ctas=132, splits=2)
     _, _, (xq, xs), (wq, ws) = operands(32, 1024, 256)  # the decode sweep's deepest K split
     fn = functools.partial(fp8_matmul_mgpu, splits=8, warp_specialized=False)
     assert "mosaic_gpu" in jax.jit(fn).trace(xq, xs, wq, ws).lower(

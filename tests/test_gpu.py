@@ -90,7 +90,8 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
                    dict(groups_per_step=2, stages=2),  # 4 stages x 2 groups overflow smem
                    dict(splits=4),
                    dict(splits=2, groups_per_step=2, warp_specialized=False, stages=2),
-                   dict(splits=8, warp_specialized=False)):
+                   dict(splits=8, warp_specialized=False),
+                   dict(ctas=132), dict(ctas=3, groups_per_step=2, stages=2)):  # 3: uneven
             out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, **kw)
             # Hopper's FP8 wgmma sums a group's 128 products with about 14 significant bits,
             # not fp32's 24 (DeepSeek-V3 report, section 3.3.2; the reason to promote every
