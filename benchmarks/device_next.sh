@@ -7,6 +7,7 @@
 #                                      demo-model token identity of exact with the split path
 #                                      (issue 4's repeat)
 #   bash benchmarks/device_next.sh 3   FP8 GEMM: GPU test, persistent CTAs vs one per tile
+#   bash benchmarks/device_next.sh 4   FP8 FFN from M 256 with the persistent dispatch
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -32,4 +33,7 @@ case "${1:-1}" in
     -p no:cacheprovider 2>&1 | grep -i "mgpu\|passed\|failed\|error" | cut -c1-300 | tail -20
   timeout 240 python3 -m benchmarks.fp8_tiles --kernels mgpu --persistent --shapes down,gate_up \
     --ms 256,4096 2>&1 | quiet | grep "'ms'\|best\|->\|rror" | cut -c1-260 ;;
+4)
+  timeout 250 python3 -m benchmarks.fp8_ffn --ms 256,1024,4096,16384 --ablation-layers 0 \
+    2>&1 | quiet | tail -6 ;;
 esac

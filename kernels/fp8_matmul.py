@@ -290,15 +290,20 @@ MGPU_MIN_M = 128
 
 
 def mgpu_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """`fp8_matmul_mgpu` settings for a shape, as measured by fp8_tiles on the H200: with
-    fewer 128 x 128 output tiles than SMs (the down GEMM at M 256: 64 tiles), each CTA walks a
-    long K loop, and two K groups per TMA step with 2 steps in flight beat 1 with 4 (0.069 vs
-    0.089 ms); with more tiles the two tie (M 4096, 16384) or 4 x 1 wins (gate/up at M 256:
-    0.099 vs 0.118 ms). Two groups per step need an even group count."""
+    """`fp8_matmul_mgpu` settings for a shape, as measured by fp8_tiles on the H200. With
+    fewer 128 x 128 output tiles than SMs (the down GEMM at M 256: 64 tiles) each CTA walks a
+    long K loop: two K groups per TMA step with 2 steps in flight beat 1 with 4 (0.068 vs
+    0.075-0.089 ms). With a few tiles per SM (gate/up at M 256: 384) 1 group x 4 steps wins
+    (0.090 vs 0.108 ms). With many (M 4096) persistent CTAs at 2 groups x 2 steps win (down
+    0.467 vs 0.498, gate/up 1.187 vs 1.212 ms). Two groups per step need an even group count."""
     tiles = -(-M // 128) * (N // 128)
-    if tiles < sms and (K // GROUP) % 2 == 0:
+    if (K // GROUP) % 2:
+        return {}
+    if tiles < sms:
         return dict(stages=2, groups_per_step=2)
-    return {}
+    if tiles < 4 * sms:
+        return {}
+    return dict(stages=2, groups_per_step=2, ctas=sms)
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):

@@ -202,6 +202,6 @@ def test_mgpu_config():
     deep = dict(stages=2, groups_per_step=2)
     assert mgpu_config(256, 4096, 12288) == deep  # LLaDA-8B's down GEMM: 64 tiles
     assert mgpu_config(256, 2 * 12288, 4096) == {}  # gate/up: 384 tiles
-    assert mgpu_config(4096, 4096, 12288) == {}
+    assert mgpu_config(4096, 4096, 12288) == dict(deep, ctas=132)  # 1024 tiles: persistent
     assert mgpu_config(256, 4096, 3 * 128) == {}  # an odd number of K groups
-    assert mgpu_config(256, 4096, 12288, sms=16) == {}  # a GPU with fewer SMs than tiles
+    assert mgpu_config(256, 4096, 12288, sms=16) == dict(deep, ctas=16)  # 4 tiles per SM
