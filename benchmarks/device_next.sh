@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device calls (time-boxed stages; partial results survive a timeout):
+# Device calls of 2026-11-30 (time-boxed stages; partial results survive a timeout):
 #   bash benchmarks/device_next.sh 1   GPU tests, then issue 5's FP8 numbers with the
 #                                      shape-dependent Mosaic GPU pipeline (mgpu_config): FFN
 #                                      at every M, prefix and dual generate bf16 vs FP8
