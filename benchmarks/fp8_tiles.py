@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import exit_on_sigterm, time_chained, write_result
-from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, row_tile
+from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, row_tile, sm_count
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
@@ -33,9 +33,8 @@ def configs(M: int, N: int, pallas: bool, persistent: bool = False):
         return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
                 itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
     if persistent:  # warp-specialised, one CTA per tile vs one per SM looping over tiles
-        sms = getattr(jax.devices()[0], "core_count", 132)
         return [dict(stages=st, groups_per_step=gs, ctas=c) for st, gs, c in
-                itertools.product((2, 4), (1, 2), (None, sms)) if st * gs <= 4]
+                itertools.product((2, 4), (1, 2), (None, sm_count())) if st * gs <= 4]
     tiles = -(-M // 128) * (N // 128)
     splits = (1,) if tiles >= 2 * 132 else (1, 2, 4) if tiles >= 132 // 2 else (1, 4, 8)
     return [dict(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)

@@ -266,11 +266,12 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, block_n
 
     part_dtype = out_dtype if splits == 1 else jnp.float32
     threads = dict(num_threads=3, thread_name="wg") if warp_specialized else {}
-    grid = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
-    if splits > 1:
-        grid = dict(grid=grid["grid"] + (splits,), grid_names=("m", "n", "k"))
     if ctas:
         grid = dict(grid=(ctas,), grid_names=("cta",))
+    elif splits > 1:
+        grid = dict(grid=(Mp // bm, N // tn, splits), grid_names=("m", "n", "k"))
+    else:
+        grid = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
     out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(
                            (splits, Mp, N)[splits == 1:], part_dtype),
                        scratch_types=[plgpu.SMEM((bm // tm, tm, tn), part_dtype)],
@@ -282,6 +283,11 @@ def compute_capability() -> tuple[int, int]:
     """(major, minor) of the first GPU."""
     major, minor = jax.devices()[0].compute_capability.split(".")
     return int(major), int(minor)
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the first GPU (132 on the H200 where none is reported)."""
+    return getattr(jax.devices()[0], "core_count", 132)
 
 
 # From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
@@ -318,6 +324,6 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
                          f"newer: Ada, Hopper); this GPU's is {cc[0]}.{cc[1]}")
     if xq.shape[0] >= MGPU_MIN_M and cc[0] == 9:
         (M, K), N = xq.shape, wq.shape[0]
-        sms = getattr(jax.devices()[0], "core_count", 132)
-        return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype, **mgpu_config(M, N, K, sms))
+        return fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype,
+                               **mgpu_config(M, N, K, sm_count()))
     return fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype)
