@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,8 @@ class GenerateOutput:
 
 def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
              key: jax.Array | None = None, prompt_lengths: Any = None,
-             mesh: jax.sharding.Mesh | None = None) -> GenerateOutput:
+             mesh: jax.sharding.Mesh | None = None,
+             progress: Callable[[int, int], None] | None = None) -> GenerateOutput:
     """Generate `gen.gen_length` tokens after each prompt.
 
     `prompts`: an int array [B, P], a list of token lists (ragged), or an array [B, P] with
@@ -76,20 +77,50 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     `mesh` (`lj.make_mesh(data, model)`): rows split over its `data` axis (the batch is
     padded to a multiple of it, and the padding dropped from the output), weights over `model`
     (tensor parallel); the tokens are those of the single-device run.
+    `progress(blocks_done, num_blocks)` is called from the device once per finished block (a
+    host callback; the call returns only once generation has finished).
     Every invalid argument raises ValueError before anything is compiled.
     """
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
-    return _rows(_generate(params, config, gen, mesh, *args), B)
+    if progress is None:
+        return _rows(_generate(params, config, gen, mesh, False, *args), B)
+    with _reporting(progress, gen.num_blocks):
+        return jax.block_until_ready(_rows(_generate(params, config, gen, mesh, True, *args), B))
 
 
 def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
                      key: jax.Array | None = None, prompt_lengths: Any = None,
-                     mesh: jax.sharding.Mesh | None = None):
+                     mesh: jax.sharding.Mesh | None = None,
+                     progress: Callable[[int, int], None] | None = None):
     """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
     `generate(...)` with these arguments, so benchmarks can time it without compilation."""
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
-    compiled = _generate.lower(params, config, gen, mesh, *args).compile()
-    return lambda: _rows(compiled(params, *args), B)
+    compiled = _generate.lower(params, config, gen, mesh, progress is not None, *args).compile()
+    if progress is None:
+        return lambda: _rows(compiled(params, *args), B)
+
+    def run():
+        with _reporting(progress, gen.num_blocks):
+            return jax.block_until_ready(_rows(compiled(params, *args), B))
+    return run
+
+
+_progress_hooks: list[Callable[[int], None]] = []
+
+
+@contextlib.contextmanager
+def _reporting(progress: Callable[[int, int], None], num_blocks: int):
+    """Route the loop's per-block callbacks to `progress` while the program runs."""
+    _progress_hooks.append(lambda done: progress(done, num_blocks))
+    try:
+        yield
+    finally:
+        _progress_hooks.pop()
+
+
+def _block_done(done) -> None:
+    if _progress_hooks:
+        _progress_hooks[-1](int(done))
 
 
 def _rows(out: GenerateOutput, B: int) -> GenerateOutput:
@@ -153,17 +184,17 @@ def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, block))(stream)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh"))
-def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, x_BT, pad_B,
-              keys_B):
+@functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh", "report"))
+def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, report: bool, x_BT,
+              pad_B, keys_B):
     # The mesh is static: kernels see it (`shard_kernel`) while this traces.
     with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
           else contextlib.nullcontext()):
-        return _generate_traced(params, cfg, gen, x_BT, pad_B, keys_B)
+        return _generate_traced(params, cfg, gen, report, x_BT, pad_B, keys_B)
 
 
-def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad_B,
-                     keys_B):
+def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, report: bool,
+                     x_BT, pad_B, keys_B):
     B, T = x_BT.shape
     G, bl = gen.gen_length, gen.block_length
     P = T - G
@@ -308,6 +339,8 @@ def _generate_traced(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_
             fill = finished[:, None] & (col[None, :] >= s + bl)
             st = {**st, "x": jnp.where(fill, gen.eos_id, st["x"]),
                   "done": st["done"] | finished}
+        if report:
+            jax.debug.callback(_block_done, k + 1)
         return {**st, "block": k + 1}
 
     zeros = jnp.zeros((B,), jnp.int32)
