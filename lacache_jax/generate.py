@@ -93,15 +93,18 @@ def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: Gen
                      mesh: jax.sharding.Mesh | None = None,
                      progress: Callable[[int, int], None] | None = None):
     """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
-    `generate(...)` with these arguments, so benchmarks can time it without compilation."""
+    `generate(...)` with these arguments, so benchmarks can time it without compilation.
+    `run.compiled` is the `jax.stages.Compiled` program (`run.compiled.as_text()`: the
+    optimised HLO, for profiles and copy counts)."""
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
     compiled = _generate.lower(params, config, gen, mesh, progress is not None, *args).compile()
-    if progress is None:
-        return lambda: _rows(compiled(params, *args), B)
 
     def run():
+        if progress is None:
+            return _rows(compiled(params, *args), B)
         with _reporting(progress, gen.num_blocks):
             return jax.block_until_ready(_rows(compiled(params, *args), B))
+    run.compiled = compiled
     return run
 
 
