@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from convert import safetensors_file as stf
 from convert.__main__ import main as convert_main
 from lacache_jax.config import ModelConfig, tiny
 
@@ -64,6 +63,19 @@ def random_llada_state(cfg: ModelConfig, seed: int = 0,
     return state
 
 
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Write with the `safetensors` package itself (through torch, which has bf16), never
+    with the converter's own reader/writer, so the two cannot share a misreading."""
+    import torch
+    from safetensors.torch import save_file
+
+    def to_torch(a):
+        if a.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(a.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(a))
+    save_file({n: to_torch(a) for n, a in tensors.items()}, str(path))
+
+
 def write_hf_llada(path: Path, cfg: ModelConfig, state: dict[str, np.ndarray], *,
                    dtype=np.float32, n_shards: int = 3, hf_config: dict | None = None) -> Path:
     """Write `state` as a HF LLaDA directory: config.json, `n_shards` safetensors shards and
@@ -73,12 +85,12 @@ def write_hf_llada(path: Path, cfg: ModelConfig, state: dict[str, np.ndarray], *
     names = list(state)
     groups = [names[k::n_shards] for k in range(n_shards)]
     if n_shards == 1:
-        stf.write_file(path / "model.safetensors", {n: state[n].astype(dtype) for n in names})
+        write_safetensors(path / "model.safetensors", {n: state[n].astype(dtype) for n in names})
         return path
     weight_map = {}
     for k, group in enumerate(groups, 1):
         fname = f"model-{k:05d}-of-{n_shards:05d}.safetensors"
-        stf.write_file(path / fname, {n: state[n].astype(dtype) for n in group})
+        write_safetensors(path / fname, {n: state[n].astype(dtype) for n in group})
         weight_map.update({n: fname for n in group})
     (path / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))

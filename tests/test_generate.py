@@ -43,16 +43,38 @@ PARITY = {
     "dual_factor": dict(cache="dual", factor=1.0),
     "dual_refresh_2": dict(cache="dual", refresh_interval=2),
     "cfg_scale": dict(cfg_scale=1.5, steps=12),
-    "logits_eos_inf": dict(logits_eos_inf=True, eos_id=70),
-    "confidence_eos_eot_inf": dict(confidence_eos_eot_inf=True, eos_id=70, eot_id=123),
+    # EOS / EoT are tokens the baseline emits (see _emitted), so these flags change tokens.
+    "logits_eos_inf": dict(logits_eos_inf=True, eos_id="emitted"),
+    "logits_eos_inf_threshold": dict(logits_eos_inf=True, eos_id="emitted", threshold=0.9),
+    "confidence_eos_eot_inf": dict(confidence_eos_eot_inf=True, eos_id="emitted",
+                                   eot_id="emitted"),
+    "confidence_eos_eot_inf_dual": dict(confidence_eos_eot_inf=True, eos_id="emitted",
+                                        eot_id="emitted", cache="dual", steps=12),
 }
+
+
+def _emitted(params, kw: dict) -> tuple[dict, np.ndarray]:
+    """Replace "emitted" ids by the two most frequent tokens of the run without the flags: a
+    flag that silently does nothing then leaves the output unchanged, which the caller checks."""
+    plain = {k: v for k, v in kw.items() if v != "emitted" and not k.endswith("_inf")}
+    base = np.asarray(lj.generate(params, CFG, [PROMPT], _gen(**plain)).tokens[0, len(PROMPT):])
+    ids, counts = np.unique(base, return_counts=True)
+    top = [int(i) for i in ids[np.argsort(-counts, kind="stable")][:2]]
+    fill = iter(top)
+    return {k: next(fill) if v == "emitted" else v for k, v in kw.items()}, base
 
 
 @pytest.mark.parametrize("case", list(PARITY))
 def test_matches_reference_sampler(models, case):
     params, ref_model = models
-    gen = _gen(**PARITY[case])
+    kw = PARITY[case]
+    base = None
+    if "emitted" in kw.values():
+        kw, base = _emitted(params, kw)
+    gen = _gen(**kw)
     out = lj.generate(params, CFG, [PROMPT], gen)
+    if base is not None:  # the flag acts: the tokens differ from the run without it
+        assert (np.asarray(out.tokens[0, len(PROMPT):]) != base).any()
     r = gen.resolve(CFG)
     ref, ref_nfe = reference_generate(
         ref_model, PROMPT, gen_length=G, block_length=BL, steps=gen.steps, mask_id=r.mask_id,

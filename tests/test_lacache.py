@@ -22,7 +22,6 @@ EXACT_CASES = {
     "threshold": dict(threshold=0.9),
     "factor_cfg": dict(factor=1.0, cfg_scale=1.0),
     "dpad": dict(steps=12, dpad=lj.DPadConfig(window=10)),
-    "stop_at_eos": dict(threshold=0.5, stop_at_eos=True, eos_id=202),
     "block_4": dict(block_length=4, steps=12),
     "block_12_threshold": dict(block_length=12, threshold=0.7),
     "one_row": dict(steps=12, rows=1),
@@ -40,6 +39,45 @@ def test_exact_equals_none(models, case):
     exact = lj.generate(params, CFG, prompts, _gen(cache="exact", **kw), key=keys)
     np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
     np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
+
+
+def test_exact_equals_none_when_a_row_stops_early(models):
+    """EOS taken from a token row 0 first emits in its second block: that row stops two blocks
+    early (fewer passes), the others run on; exact must follow none through all of it."""
+    params, _ = models
+    keys = jax.random.split(jax.random.key(5), len(RAGGED))
+    full = np.asarray(lj.generate(params, CFG, RAGGED, _gen(), key=keys).tokens)
+    P, BL = max(map(len, RAGGED)), _gen().block_length
+    first, second = full[0, P:P + BL].tolist(), full[0, P + BL:P + 2 * BL].tolist()
+    eos = next(t for t in second if t not in first)
+    gen = dict(stop_at_eos=True, eos_id=eos)
+    none = lj.generate(params, CFG, RAGGED, _gen(**gen), key=keys)
+    exact = lj.generate(params, CFG, RAGGED, _gen(cache="exact", **gen), key=keys)
+    assert int(none.nfe[0]) == 2 * BL < int(none.nfe.max())  # row 0 stopped after block 2
+    np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
+    np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
+
+
+def test_exact_runs_the_facache_kernel_in_fill_and_reuse(models, monkeypatch):
+    """Guards against a silently disabled cache ("exact" run as "none" is lossless too): the
+    FACache attention must be traced in fill mode (a block's first step) and reuse mode."""
+    params, _ = models
+    modes = []
+    real = ca.cached_attention_ref
+
+    def counted(*args, mode, **kw):
+        modes.append(mode)
+        return real(*args, mode=mode, **kw)
+    monkeypatch.setattr(ca, "cached_attention_ref", counted)  # what the CPU dispatch runs
+    jax.clear_caches()
+    try:
+        lj.generate(params, CFG, RAGGED, _gen(cache="exact", threshold=0.9))
+        assert sorted(set(modes)) == ["fill", "reuse"]
+        modes.clear()
+        lj.generate(params, CFG, RAGGED, _gen(cache="none", threshold=0.9))
+        assert modes == []
+    finally:
+        jax.clear_caches()
 
 
 def test_exact_with_the_pallas_kernel(models, monkeypatch):
