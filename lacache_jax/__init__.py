@@ -1,4 +1,17 @@
-"""lacache_jax: fast, exact-where-possible inference for diffusion LLMs (LLaDA) in JAX."""
+"""lacache_jax: fast, exact-where-possible inference for diffusion LLMs (LLaDA) in JAX.
+
+One legend of short names, used the same way in every file. Array names end in their axes
+(`x_BT`, `logits_BQV`, `cos_MTk`):
+
+  B  batch rows                    M  model rows (B, or 2B with CFG's unconditional copies)
+  T  canvas columns (P + gen_length)  L  query rows of a forward   S  keys it attends to
+  Q  the current block's columns (block_length)                  D  d_model
+  H  query heads    G  key/value heads    K  head dim (k: K/2)    F  FFN hidden    V  vocab
+  N  output columns of a matmul
+
+Scalars: `P` the padded prompt length, `s` / `e` a block's first / past-the-end column, `i` the
+step within a block. `cfg` is a ModelConfig, `gen` a GenerationConfig; PartitionSpec is `PS`.
+"""
 
 from lacache_jax.checkpoint import CheckpointError, load, save
 from lacache_jax.config import (ConfigError, DPadConfig, GenerationConfig, ModelConfig, llada_8b,

@@ -1,20 +1,46 @@
-"""Cache pytrees passed into and out of the jitted generation loop."""
+"""Cache policies: how a block's forwards use (and refresh) a cache. Each policy builds its own
+cache pytree and owns every forward that reads or writes it; the SAR loop (sar.py) only calls
+
+    cache = policy.init(ctx)                                   before the first block
+    logits_BQV, cache = policy.first(ctx, x_BT, keep_BT, s)     a block's first forward
+    logits_BQV, cache = policy.step(ctx, x_BT, keep_BT, s, cache, i)   its later forwards
+
+with `s` the block's first column, `keep_BT` the keys the block sees (padding and DPad's
+dropped suffix removed), `i` the step within the block, and logits for the block's rows only.
+
+  policy   first forward of a block               later forwards
+  none     full forward                           full forward
+  exact    full forward; fill layer 0's LaCache   layer 0: embed/norm/QKV/RoPE of [s, e) only,
+           (embeddings, q/k/v, FACache state)     FACache reuse; layers >= 1 full. Lossless.
+  prefix   full forward, keep every K/V           queries [P, T) against cached K/V before s
+  dual     full forward, keep every K/V           queries [s, e); their K/V overwrite the cache
+  dual + refresh_interval r: a full forward instead at steps i % r == 0 (`DualRefresh`).
+
+A new policy is one class here plus an entry in `POLICIES`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as PS
 
-from kernels.cached_attention import FAState
+from kernels.cached_attention import FAState, cached_attention
+from lacache_jax.canvas import Canvas
+from lacache_jax.config import GenerationConfig, ModelConfig
+from lacache_jax.model import Params, finish_block, qkv, rms_norm, run_blocks
+from lacache_jax.sharding import DATA, MODEL, shard_kernel
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
     """Every layer's keys (after RoPE: never re-rotated) and values over the whole canvas."""
-    k: list[jax.Array]  # n_layers x [B, T, G, K]
-    v: list[jax.Array]  # n_layers x [B, T, G, K]
+    k: list[jax.Array]  # n_layers x [M, T, G, K]
+    v: list[jax.Array]  # n_layers x [M, T, G, K]
 
 
 @jax.tree_util.register_dataclass
@@ -27,8 +53,184 @@ class LaCache:
     its attention's online-softmax state over the unchanged keys (FACache). Later steps
     recompute only the block's rows of each and overwrite them.
     """
-    x0: jax.Array       # [B, T, D] embedding outputs
-    q: jax.Array        # [B, T, H, K]
-    k: jax.Array        # [B, T, G, K]
-    v: jax.Array        # [B, T, G, K]
+    x0: jax.Array       # [M, T, D] embedding outputs
+    q: jax.Array        # [M, T, H, K]
+    k: jax.Array        # [M, T, G, K]
+    v: jax.Array        # [M, T, G, K]
     fa: FAState
+
+
+@dataclasses.dataclass(frozen=True)
+class Ctx:
+    """What a forward needs besides tokens and cache: weights, shapes and the canvas."""
+    params: Params
+    cfg: ModelConfig
+    canvas: Canvas
+
+
+def full_forward(ctx: Ctx, x_BT, keep_BT, s):
+    """All rows through all layers; returns the block's logits and every layer's K/V."""
+    cv = ctx.canvas
+    cos, sin = cv.rope()
+    h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BT)], ctx.params.layers, ctx.cfg,
+                           cos, sin, cv.dup(keep_BT))
+    return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s)), KVCache(ks, vs)
+
+
+def _kv_shape(ctx: Ctx):
+    cv, cfg = ctx.canvas, ctx.cfg
+    return (cv.pos_MT.shape[0], cv.pos_MT.shape[1], cfg.n_kv_heads, cfg.head_dim)
+
+
+class NoCache:
+    """Every forward recomputes the whole canvas."""
+
+    def init(self, ctx: Ctx):
+        return None
+
+    def first(self, ctx: Ctx, x_BT, keep_BT, s):
+        return full_forward(ctx, x_BT, keep_BT, s)[0], None
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        return self.first(ctx, x_BT, keep_BT, s)
+
+
+class KVPolicy:
+    """Shared by the Fast-dLLM caches: every layer's K/V kept from the block's first forward."""
+
+    def init(self, ctx: Ctx):
+        zeros = lambda: jnp.zeros(_kv_shape(ctx), ctx.params.dtype)
+        layers = range(ctx.cfg.n_layers)
+        return KVCache([zeros() for _ in layers], [zeros() for _ in layers])
+
+    def first(self, ctx: Ctx, x_BT, keep_BT, s):
+        return full_forward(ctx, x_BT, keep_BT, s)
+
+
+class PrefixCache(KVPolicy):
+    """Fast-dLLM prefix cache: later steps query the block and the suffix."""
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        # Static query window [P, T): rows before s are computed and ignored; their keys come
+        # from the cache, as do all keys before s (see DESIGN.md on static shapes).
+        cv = ctx.canvas
+        P = cv.prompt_len
+        fresh = (jnp.arange(cv.pos_MT.shape[1]) >= s)[None, :, None, None]
+
+        def kv_fn(i):
+            def mix(c, new):
+                with jax.named_scope("cache_update"):
+                    return jnp.where(fresh, c.at[:, P:].set(new), c)
+            return lambda k, v: (mix(cache.k[i], k), mix(cache.v[i], v))
+        cos, sin = cv.rope()
+        h, _, _ = run_blocks(ctx.params.embed[cv.model_rows(x_BT)[:, P:]], ctx.params.layers,
+                             ctx.cfg, cos[:, P:], sin[:, P:], cv.dup(keep_BT),
+                             [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+        return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s - P)), cache
+
+
+class DualCache(KVPolicy):
+    """Fast-dLLM dual cache: later steps query the block only and write its K/V."""
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        cv = ctx.canvas
+
+        def kv_fn(i):
+            def write(c, new):
+                with jax.named_scope("cache_update"):
+                    return cv.put(c, new, s)
+            return lambda k, v: (write(cache.k[i], k), write(cache.v[i], v))
+        cos, sin = cv.rope(s)
+        h, ks, vs = run_blocks(ctx.params.embed[cv.cut(cv.model_rows(x_BT), s)],
+                               ctx.params.layers, ctx.cfg, cos, sin, cv.dup(keep_BT),
+                               [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+        return cv.logits(ctx.params, ctx.cfg, h), KVCache(ks, vs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DualRefresh(DualCache):
+    """The dual cache refreshed by a full forward every `interval` steps of a block."""
+    interval: int
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        return jax.lax.cond(i % self.interval == 0,
+                            lambda x, c: full_forward(ctx, x, keep_BT, s),
+                            lambda x, c: DualCache.step(self, ctx, x, keep_BT, s, c, i),
+                            x_BT, cache)
+
+
+def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
+            block_len: int | None = None):
+    """FACache attention; under a mesh, one kernel per (row shard, head shard). In reuse mode
+    `block_len` (the static e - s) selects the kernel's split-key path for the block's tiles
+    (measured faster on the H200: RESULTS.md)."""
+    heads = PS(DATA, None, MODEL, None)
+    st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
+    extra = () if state is None else (state,)
+    fn = shard_kernel(lambda *a: cached_attention(*a, mode=mode, block_len=block_len),
+                      (heads, heads, heads, PS(DATA, None), PS(), PS(), *((st,) if extra else ())),
+                      (heads, st) if mode == "fill" else heads)
+    with jax.named_scope("attention"):
+        return fn(q, k, v, key_mask, s, e, *extra)
+
+
+class ExactCache:
+    """LaCache (REFERENCE.md §7): layer 0's embeddings, q/k/v and FACache state of the columns
+    outside the block are filled at its first forward and reused, so later forwards compute
+    layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none."""
+
+    def init(self, ctx: Ctx):
+        cfg, (M, T) = ctx.cfg, ctx.canvas.pos_MT.shape
+        empty = lambda shape, dtype=ctx.params.dtype: jnp.zeros(shape, dtype)
+        q_shape, kv_shape = (M, T, cfg.n_heads, cfg.head_dim), _kv_shape(ctx)
+        return LaCache(empty((M, T, cfg.d_model)), empty(q_shape), empty(kv_shape),
+                       empty(kv_shape), FAState(empty((M, cfg.n_heads, T), jnp.float32),
+                                                empty((M, cfg.n_heads, T), jnp.float32),
+                                                empty(q_shape, jnp.float32)))
+
+    @staticmethod
+    def _layer0_qkv(ctx: Ctx, tok, cos, sin):
+        layer0 = ctx.params.layers[0]
+        x0 = ctx.params.embed[tok]
+        return (x0, *qkv(rms_norm(x0, layer0.attn_norm, ctx.cfg.norm_eps), layer0, ctx.cfg,
+                         cos, sin))
+
+    @staticmethod
+    def _rest(ctx: Ctx, x0, attn, keep_BT, s):
+        """Layer 0 after its attention, then the deeper layers as usual."""
+        cv, params = ctx.canvas, ctx.params
+        cos, sin = cv.rope()
+        h, _, _ = run_blocks(finish_block(x0, attn, params.layers[0], ctx.cfg),
+                             params.layers[1:], ctx.cfg, cos, sin, cv.dup(keep_BT))
+        return cv.logits(params, ctx.cfg, cv.cut(h, s))
+
+    def first(self, ctx: Ctx, x_BT, keep_BT, s):
+        cv = ctx.canvas
+        x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
+        attn, fa = facache(q, k, v, cv.dup(keep_BT), s, s + cv.block_len, mode="fill")
+        return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        cv = ctx.canvas
+        fresh = self._layer0_qkv(ctx, cv.cut(cv.model_rows(x_BT), s), *cv.rope(s))
+        with jax.named_scope("cache_update"):
+            x0, q, k, v = (cv.put(c, n, s)
+                           for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
+        attn = facache(q, k, v, cv.dup(keep_BT), s, s + cv.block_len, cache.fa, mode="reuse",
+                       block_len=cv.block_len)
+        return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
+
+
+CachePolicy = NoCache | ExactCache | PrefixCache | DualCache
+# name -> policy for a GenerationConfig (`cache=`).
+POLICIES: dict[str, Callable[[GenerationConfig], Any]] = {
+    "none": lambda gen: NoCache(),
+    "exact": lambda gen: ExactCache(),
+    "prefix": lambda gen: PrefixCache(),
+    "dual": lambda gen: (DualCache() if gen.refresh_interval is None
+                         else DualRefresh(gen.refresh_interval)),
+}
+
+
+def policy_for(gen: GenerationConfig):
+    return POLICIES[gen.cache](gen)

@@ -219,7 +219,6 @@ def tiny(**overrides: Any) -> ModelConfig:
 
 # --- generation ------------------------------------------------------------------------
 
-CACHE_MODES = ("none", "exact", "prefix", "dual")
 REMASKING = ("low_confidence", "random")
 
 
@@ -304,8 +303,9 @@ class GenerationConfig:
                 raise ValueError(f"factor must be positive, got {self.factor}")
         if self.threshold is not None and self.factor is not None:
             raise ValueError("threshold and factor are alternatives: set at most one")
-        if self.cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {CACHE_MODES}, got {self.cache!r}")
+        from lacache_jax.cache import POLICIES  # the policy table owns the names
+        if self.cache not in POLICIES:
+            raise ValueError(f"cache must be one of {tuple(POLICIES)}, got {self.cache!r}")
         for name in ("stop_at_eos", "logits_eos_inf", "confidence_eos_eot_inf", "fp8_ffn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -331,6 +331,17 @@ class GenerationConfig:
     @property
     def parallel(self) -> bool:
         return self.threshold is not None or self.factor is not None
+
+    @property
+    def reveal_rule(self) -> str:
+        """The name of the reveal rule in `sampling.REVEAL_RULES`."""
+        return ("threshold" if self.threshold is not None else
+                "factor" if self.factor is not None else "fixed")
+
+    @property
+    def reveal_value(self) -> float | None:
+        """The reveal rule's setting (None for the fixed schedule)."""
+        return self.threshold if self.threshold is not None else self.factor
 
     def resolve(self, model: ModelConfig) -> "GenerationConfig":
         """Fill `mask_id`/`eos_id` from the model (and `eot_id`, see the class docstring);

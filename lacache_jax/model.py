@@ -1,7 +1,6 @@
 """LLaDA: weights as a dataclass pytree, pure forward functions over it, a thin NNX wrapper.
 
-Shape letters: B batch, L query length, S key length, D d_model, H query heads, G kv heads,
-K head dim, F FFN hidden size, V vocabulary.
+Shape suffixes follow the package legend (lacache_jax/__init__.py).
 
 Numerics follow REFERENCE.md §3: RMSNorm statistics in fp32, cast back, then the weight;
 rotate-half RoPE in fp32; softmax attention with fp32 accumulation; no biases; untied head.
@@ -58,6 +57,42 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     D, F, K = cfg.d_model, cfg.d_ff, cfg.head_dim
     return dict(attn_norm=(D,), w_qkv=(D, (cfg.n_heads + 2 * cfg.n_kv_heads) * K),
                 wo=(cfg.n_heads * K, D), ff_norm=(D,), w_gate_up=(D, 2 * F), w_down=(F, D))
+
+
+def check_params(params: Params, cfg: ModelConfig) -> None:
+    """Every weight's shape (and the float weights' common dtype) against the config, once,
+    before anything is traced: a mismatch is a ValueError naming the leaf and both shapes."""
+    D, V = cfg.d_model, cfg.vocab_size
+    if len(params.layers) != cfg.n_layers:
+        raise ValueError(f"params has {len(params.layers)} layers, config says {cfg.n_layers}")
+    want = {"embed": (V, D), "norm_f": (D,)}
+    if not cfg.tie_embeddings:
+        want["head"] = (D, V)
+    got = {"embed": params.embed, "norm_f": params.norm_f, "head": params.head}
+    for i, layer in enumerate(params.layers):
+        for name, shape in param_shapes(cfg).items():
+            want[f"layers[{i}].{name}"] = shape
+            got[f"layers[{i}].{name}"] = getattr(layer, name)
+        if layer.ffn8 is not None:
+            F2, F = 2 * cfg.d_ff, cfg.d_ff
+            for name, shape in dict(gate_up=(F2, D), gate_up_scale=(F2 // 128, D // 128),
+                                    down=(D, F), down_scale=(D // 128, F // 128)).items():
+                want[f"layers[{i}].ffn8.{name}"] = shape
+                got[f"layers[{i}].ffn8.{name}"] = getattr(layer.ffn8, name)
+    dims = (f"d_model={D}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+            f"d_ff={cfg.d_ff}, vocab_size={V}")
+    for name, shape in want.items():
+        leaf = got[name]
+        if leaf is None:
+            raise ValueError(f"params.{name} is missing (the config unties the LM head)")
+        if tuple(leaf.shape) != shape:
+            raise ValueError(f"params.{name} has shape {tuple(leaf.shape)} but the config "
+                             f"({dims}) needs {shape}")
+        if ".ffn8." not in name and leaf.dtype != params.embed.dtype:
+            raise ValueError(f"params.{name} is {leaf.dtype} but params.embed is "
+                             f"{params.embed.dtype}: weights must share one dtype")
+    if cfg.tie_embeddings and params.head is not None:
+        raise ValueError("params.head is set but the config ties the LM head to the embedding")
 
 
 def qkv_columns(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -141,15 +176,22 @@ def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
     """Projected queries and keys after RoPE, and values: [B, L, H|G, K]."""
     B, L, _ = h_BLD.shape
     K = cfg.head_dim
-    qkv_BLN = h_BLD @ layer.w_qkv
+    with jax.named_scope("qkv"):
+        qkv_BLN = h_BLD @ layer.w_qkv
     (q0, q1), (k0, k1), (v0, v1) = qkv_columns(cfg).values()
     q = qkv_BLN[..., q0:q1].reshape(B, L, cfg.n_heads, K)
     k = qkv_BLN[..., k0:k1].reshape(B, L, cfg.n_kv_heads, K)
     v = qkv_BLN[..., v0:v1].reshape(B, L, cfg.n_kv_heads, K)
-    return apply_rope(q, cos_BLk, sin_BLk), apply_rope(k, cos_BLk, sin_BLk), v
+    with jax.named_scope("rope"):
+        return apply_rope(q, cos_BLk, sin_BLk), apply_rope(k, cos_BLk, sin_BLk), v
 
 
 def mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
+    with jax.named_scope("ffn"):
+        return _mlp(x_BLD, layer, cfg)
+
+
+def _mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
     if layer.ffn8 is not None:
         return quant.ffn_fp8(x_BLD, layer.ff_norm, cfg.norm_eps, layer.ffn8)
     h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
@@ -164,7 +206,9 @@ def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
     h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
     q, k, v = qkv(h, layer, cfg, cos_BLk, sin_BLk)
     k_all, v_all = (k, v) if kv_fn is None else kv_fn(k, v)
-    return finish_block(x_BLD, attention(q, k_all, v_all, key_mask_BS), layer, cfg), k_all, v_all
+    with jax.named_scope("attention"):
+        attn = attention(q, k_all, v_all, key_mask_BS)
+    return finish_block(x_BLD, attn, layer, cfg), k_all, v_all
 
 
 def finish_block(x_BLD: jax.Array, attn_BLHK: jax.Array, layer: Layer, cfg: ModelConfig):
@@ -237,8 +281,7 @@ def forward(params: Params, config: ModelConfig, tokens: Any, attention_mask: An
         if positions.shape != (B, L) or not jnp.issubdtype(positions.dtype, jnp.integer):
             raise ValueError(f"positions must be integers of shape {(B, L)}, got "
                              f"{positions.dtype}{list(positions.shape)}")
-    if len(params.layers) != config.n_layers:
-        raise ValueError(f"params has {len(params.layers)} layers, config says {config.n_layers}")
+    check_params(params, config)
     return _forward(params, config, tokens, attention_mask, positions)
 
 

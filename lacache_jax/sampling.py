@@ -1,5 +1,6 @@
-"""What to reveal at a step: schedules, Gumbel sampling, confidence, parallel-decoding rules,
-DPad's kept suffix. Pure functions over the current block's rows ([B, Q] with Q = block)."""
+"""What to reveal at a step: schedules, Gumbel sampling, confidence, the reveal rules (a
+name -> rule table: fixed, threshold, factor), DPad's kept suffix. Pure functions over the
+current block's rows ([B, Q] with Q = block_length)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from lacache_jax.config import DPadConfig
+
+_DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
 
 
 def transfer_schedule(n_masked_B: jax.Array, steps: int) -> jax.Array:
@@ -57,36 +60,47 @@ def without_eos_eot(logits_BQV: jax.Array, eos_id: int, eot_id: int,
     return logits_BQV
 
 
-def choose(conf_BQ: jax.Array, masked_BQ: jax.Array, k_B: jax.Array | None = None,
-           threshold: float | None = None, factor: float | None = None) -> jax.Array:
-    """Positions to reveal [B, Q] among `masked_BQ`, by confidence.
-
-    - fixed: the `k_B` most confident;
-    - threshold (Fast-dLLM): all with confidence >= threshold, and always the most confident;
-    - factor (Fast-dLLM): sort the N masked confidences c_0 >= c_1 >= ...; with thr_0 = -1 and
-      thr_i = 1 - factor / (i + 2), reveal the top i for the first i with c_i < thr_i, or all
-      N if none fails. Released-code quirk kept on purpose: when the first failure is the last
-      candidate (i = N - 1) all N are revealed, so two remaining masks always go together.
-    Ties in confidence go to the lower position.
-    """
+def _ranked(conf_BQ: jax.Array, masked_BQ: jax.Array):
+    """Confidences with unmasked positions at -inf, their descending order and each
+    position's rank in it (0 = most confident; ties to the lower position)."""
     conf = jnp.where(masked_BQ, conf_BQ, -jnp.inf)
     order = jnp.argsort(-conf, axis=-1, stable=True)
-    rank = jnp.argsort(order, axis=-1)  # rank[b, q]: 0 for the most confident
+    return conf, order, jnp.argsort(order, axis=-1)
+
+
+def reveal_fixed(conf_BQ, masked_BQ, quota_B, value=None) -> jax.Array:
+    """LLaDA: the `quota_B` most confident masked positions (the step's schedule count)."""
+    _, _, rank = _ranked(conf_BQ, masked_BQ)
+    return (rank < quota_B[:, None]) & masked_BQ
+
+
+def reveal_threshold(conf_BQ, masked_BQ, quota_B, threshold: float) -> jax.Array:
+    """Fast-dLLM: every masked position with confidence >= threshold, and always the most
+    confident one."""
+    conf, _, rank = _ranked(conf_BQ, masked_BQ)
+    return ((rank == 0) | (conf >= threshold)) & masked_BQ
+
+
+def reveal_factor(conf_BQ, masked_BQ, quota_B, factor: float) -> jax.Array:
+    """Fast-dLLM factor rule: sort the N masked confidences c_0 >= c_1 >= ...; with thr_0 = -1
+    and thr_i = 1 - factor / (i + 2), reveal the top i for the first i with c_i < thr_i, or all
+    N if none fails. Released-code quirk kept on purpose: when the first failure is the last
+    candidate (i = N - 1) all N are revealed, so two remaining masks always go together."""
+    conf, order, rank = _ranked(conf_BQ, masked_BQ)
     n_B = masked_BQ.sum(-1)
-    if threshold is not None:
-        reveal = (rank == 0) | (conf >= threshold)
-    elif factor is not None:
-        Q = conf.shape[-1]
-        i = jnp.arange(Q)
-        sorted_conf = jnp.take_along_axis(conf, order, axis=-1)
-        thr = jnp.where(i == 0, -1.0, 1.0 - factor / (i + 2.0))
-        fails = (sorted_conf < thr) & (i < n_B[:, None])
-        first = jnp.where(fails.any(-1), jnp.argmax(fails, axis=-1), n_B)
-        count = jnp.where(first == n_B - 1, n_B, first)
-        reveal = rank < count[:, None]
-    else:
-        reveal = rank < k_B[:, None]
-    return reveal & masked_BQ
+    i = jnp.arange(conf.shape[-1])
+    sorted_conf = jnp.take_along_axis(conf, order, axis=-1)
+    thr = jnp.where(i == 0, -1.0, 1.0 - factor / (i + 2.0))
+    fails = (sorted_conf < thr) & (i < n_B[:, None])
+    first = jnp.where(fails.any(-1), jnp.argmax(fails, axis=-1), n_B)
+    count = jnp.where(first == n_B - 1, n_B, first)
+    return (rank < count[:, None]) & masked_BQ
+
+
+# name -> rule(conf_BQ, masked_BQ, quota_B, value) -> reveal_BQ: which masked positions of the
+# block to reveal. `quota_B` is the fixed schedule's count for this step (None for the
+# parallel rules); `value` the rule's setting (GenerationConfig.reveal_value).
+REVEAL_RULES = {"fixed": reveal_fixed, "threshold": reveal_threshold, "factor": reveal_factor}
 
 
 def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int) -> jax.Array:
@@ -106,3 +120,9 @@ def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int)
         rank = jnp.argsort(jnp.argsort(score, axis=-1), axis=-1)
         kept = in_window & (rank < dpad.keep)
     return (d < 0) | kept
+
+
+def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
+    """Per-row keys of the DPad draw for block `block`."""
+    stream = jax.vmap(lambda k: jax.random.fold_in(k, _DPAD_STREAM))(keys_B)
+    return jax.vmap(lambda k: jax.random.fold_in(k, block))(stream)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import jax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec as PS
 
 from lacache_jax.config import ModelConfig
 
@@ -53,14 +53,14 @@ def check_mesh(mesh: jax.sharding.Mesh, cfg: ModelConfig) -> None:
             raise ValueError(f"{what}={size} is not divisible by the mesh's model axis ({n})")
 
 
-def layer_specs() -> dict[str, P]:
-    return {"attn_norm": P(), "w_qkv": P(None, MODEL), "wo": P(MODEL, None), "ff_norm": P(),
-            "w_gate_up": P(None, MODEL), "w_down": P(MODEL, None)}
+def layer_specs() -> dict[str, PS]:
+    return {"attn_norm": PS(), "w_qkv": PS(None, MODEL), "wo": PS(MODEL, None), "ff_norm": PS(),
+            "w_gate_up": PS(None, MODEL), "w_down": PS(MODEL, None)}
 
 
-def group_specs(cfg: ModelConfig) -> dict[str, dict[str, P]]:
+def group_specs(cfg: ModelConfig) -> dict[str, dict[str, PS]]:
     """PartitionSpecs by checkpoint group and array name (see checkpoint.py)."""
-    specs = {"embed": {"embed": P()}, "final": {"norm_f": P(), "head": P(None, MODEL)}}
+    specs = {"embed": {"embed": PS()}, "final": {"norm_f": PS(), "head": PS(None, MODEL)}}
     specs.update({f"layer_{i:03d}": layer_specs() for i in range(cfg.n_layers)})
     return specs
 
@@ -72,12 +72,12 @@ def param_shardings(params: Any, mesh: jax.sharding.Mesh) -> Any:
 
     def layer(lay):
         fields = {f.name: ns(specs[f.name]) for f in dataclasses.fields(lay) if f.name in specs}
-        ffn8 = None if lay.ffn8 is None else jax.tree.map(lambda _: ns(P()), lay.ffn8)
+        ffn8 = None if lay.ffn8 is None else jax.tree.map(lambda _: ns(PS()), lay.ffn8)
         return dataclasses.replace(lay, **fields, ffn8=ffn8)
 
     return dataclasses.replace(
-        params, embed=ns(P()), layers=[layer(lay) for lay in params.layers], norm_f=ns(P()),
-        head=None if params.head is None else ns(P(None, MODEL)))
+        params, embed=ns(PS()), layers=[layer(lay) for lay in params.layers], norm_f=ns(PS()),
+        head=None if params.head is None else ns(PS(None, MODEL)))
 
 
 def shard_params(params: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:

@@ -14,7 +14,8 @@ import torch
 
 import lacache_jax as lj
 from lacache_jax import sampling
-from lacache_jax.generate import dpad_block_keys, row_keys
+from lacache_jax.generate import row_keys
+from lacache_jax.sampling import dpad_block_keys
 from tests.conftest import GEN_CFG
 from tests.reference_sampler import reference_generate
 
@@ -206,7 +207,7 @@ def test_random_remasking_and_temperature_invariants(models):
     conf = jax.random.uniform(jax.random.key(0), (64, BL))
     masked = jax.random.bernoulli(jax.random.key(1), 0.7, (64, BL))
     k = jnp.minimum(masked.sum(-1), 3)
-    np.testing.assert_array_equal(np.asarray(sampling.choose(conf, masked, k).sum(-1)), k)
+    np.testing.assert_array_equal(np.asarray(sampling.reveal_fixed(conf, masked, k).sum(-1)), k)
 
 
 def test_transfer_schedule():
@@ -218,14 +219,14 @@ def test_factor_rule_quirk():
     # Two masks left: both go even when the second fails its threshold (released behaviour).
     conf = jnp.array([[0.9, 0.1, 0.0, 0.0]])
     masked = jnp.array([[True, True, False, False]])
-    assert sampling.choose(conf, masked, factor=1.0).sum() == 2
+    assert sampling.reveal_factor(conf, masked, None, 1.0).sum() == 2
     # Three masks: thr_1 = 1 - 1/3; c_1 = 0.5 fails first at i = 1 -> reveal 1.
     masked3 = jnp.array([[True, True, True, False]])
     conf3 = jnp.array([[0.9, 0.5, 0.4, 0.0]])
-    assert sampling.choose(conf3, masked3, factor=1.0).sum() == 1
+    assert sampling.reveal_factor(conf3, masked3, None, 1.0).sum() == 1
     # c_1 = 0.7 passes thr_1; c_2 = 0.1 fails at i = 2 = N - 1 -> all 3.
     conf3 = jnp.array([[0.9, 0.7, 0.1, 0.0]])
-    assert sampling.choose(conf3, masked3, factor=1.0).sum() == 3
+    assert sampling.reveal_factor(conf3, masked3, None, 1.0).sum() == 3
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])

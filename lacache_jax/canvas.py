@@ -1,0 +1,88 @@
+"""What every forward of one generation shares, whatever its cache policy or step strategy:
+the canvas geometry, each row's real-token mask and RoPE positions, classifier-free guidance's
+unconditional copies, and the LM head on the current block's rows.
+
+The canvas `x_BT` holds each row's prompt left-padded to P, then `gen_length` masks, so every
+row's blocks start at the same column. Padding never shows: padded keys are masked and RoPE
+positions count from each row's first real token, so a row generates what it generates alone.
+With CFG (`cfg_scale > 0`) the model sees M = 2B rows: the B rows, then copies whose prompt
+tokens are masks; every cache policy handles them as ordinary rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from lacache_jax.config import GenerationConfig, ModelConfig
+from lacache_jax.model import Params, lm_head, rope_tables
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Canvas:
+    valid_BT: jax.Array   # [B, T] real tokens (prompt or generated), not left padding
+    prompt_BT: jax.Array  # [B, T] real prompt tokens
+    pos_MT: jax.Array     # [M, T] RoPE positions of the model rows
+    cos_MTk: jax.Array    # [M, T, K/2] RoPE tables at those positions (fp32)
+    sin_MTk: jax.Array
+    prompt_len: int = dataclasses.field(metadata={"static": True})   # P (padded)
+    block_len: int = dataclasses.field(metadata={"static": True})
+    mask_id: int = dataclasses.field(metadata={"static": True})
+    cfg_scale: float = dataclasses.field(metadata={"static": True})
+
+    @classmethod
+    def build(cls, pad_B: jax.Array, T: int, cfg: ModelConfig, gen: GenerationConfig):
+        col = jnp.arange(T)
+        P = T - gen.gen_length
+        valid_BT = col[None, :] >= pad_B[:, None]
+        pos_BT = jnp.maximum(col[None, :] - pad_B[:, None], 0).astype(jnp.int32)
+        pos_MT = jnp.concatenate([pos_BT, pos_BT]) if gen.cfg_scale > 0 else pos_BT
+        cos, sin = rope_tables(pos_MT, cfg.head_dim, cfg.rope_theta)
+        return cls(valid_BT, valid_BT & (col[None, :] < P), pos_MT, cos, sin, P,
+                   gen.block_length, gen.mask_id, gen.cfg_scale)
+
+    @property
+    def cfg(self) -> bool:
+        return self.cfg_scale > 0
+
+    @property
+    def rows_per_row(self) -> int:
+        """Model rows per batch row: 2 under CFG."""
+        return 2 if self.cfg else 1
+
+    def model_rows(self, x_BT: jax.Array) -> jax.Array:
+        """[B, T] tokens -> [M, T]: the unconditional copies mask the prompt."""
+        if not self.cfg:
+            return x_BT
+        return jnp.concatenate([x_BT, jnp.where(self.prompt_BT, self.mask_id, x_BT)])
+
+    def dup(self, a_B: jax.Array) -> jax.Array:
+        """A per-row array for the model rows (the copies share it)."""
+        return jnp.concatenate([a_B, a_B]) if self.cfg else a_B
+
+    def cut(self, a: jax.Array, s) -> jax.Array:
+        """The block's `block_len` columns of a [rows, T, ...] array, from column s."""
+        return jax.lax.dynamic_slice_in_dim(a, s, self.block_len, axis=1)
+
+    def put(self, a: jax.Array, new: jax.Array, s) -> jax.Array:
+        """`a` with the block's columns from column s replaced by `new`."""
+        return jax.lax.dynamic_update_slice_in_dim(a, new, s, axis=1)
+
+    def rope(self, s=None):
+        """RoPE tables of all columns, or of the block's from column s."""
+        if s is None:
+            return self.cos_MTk, self.sin_MTk
+        return self.cut(self.cos_MTk, s), self.cut(self.sin_MTk, s)
+
+    def logits(self, params: Params, cfg: ModelConfig, h_MQD: jax.Array) -> jax.Array:
+        """LM head on the block's rows only (logit truncation), fp32, CFG combined: [B, Q, V]."""
+        with jax.named_scope("head"):
+            logits = lm_head(params, cfg, h_MQD).astype(jnp.float32)
+            if self.cfg:
+                B = logits.shape[0] // 2
+                cond, uncond = logits[:B], logits[B:]
+                logits = uncond + (self.cfg_scale + 1.0) * (cond - uncond)
+            return logits
