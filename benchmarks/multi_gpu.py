@@ -26,8 +26,8 @@ from benchmarks.generate import run_one
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", default="1,2,4")
-    ap.add_argument("--batch", default="32", help="comma-separated data-parallel batches")
-    ap.add_argument("--tp", default="dual", help="comma-separated tensor-parallel settings")
+    ap.add_argument("--batch", default="32", help="comma-separated data-parallel batches ('none': skip)")
+    ap.add_argument("--tp", default="dual", help="comma-separated tensor-parallel settings ('none': skip)")
     ap.add_argument("--iters", type=int, default=2)
     args = ap.parse_args()
     cfg, ceil, params = llada_8b_setup()
@@ -35,8 +35,8 @@ def main():
                               threshold=0.9, stop_at_eos=False)
     tp = {"dual": gen, "dual+fp8": dataclasses.replace(gen, fp8_ffn=True),
           "exact": dataclasses.replace(gen, cache="exact", threshold=None)}
-    cases = [("data", int(B), "dual", gen) for B in args.batch.split(",")]
-    cases += [("model", 1, name, tp[name]) for name in args.tp.split(",")]
+    cases = [("data", int(B), "dual", gen) for B in args.batch.split(",") if B != "none"]
+    cases += [("model", 1, name, tp[name]) for name in args.tp.split(",") if name != "none"]
     if any(g.fp8_ffn for *_, g in cases):
         params = lj.quantize_ffn(params)
     rows, ref = [], {}
