@@ -9,23 +9,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import lm_eval  # the test extra installs it: a missing lm-eval fails here, never skips
 import numpy as np
 import pytest
 import torch
+from lm_eval.tasks import TaskManager
 
-pytest.importorskip("lm_eval")
-
-import jax  # noqa: E402
-import lm_eval  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-
-import lacache_jax as lj  # noqa: E402
-from benchmarks import accuracy, arith  # noqa: E402
-from convert.__main__ import main as convert_main  # noqa: E402
-from lacache_jax.lm_eval import LaCacheLM, elbo  # noqa: E402
-from lacache_jax.lm_eval.model_args import parse  # noqa: E402
-from lacache_jax.tokenizer import Tokenizer  # noqa: E402
-from tests.conftest import GEN_CFG, hf_logits  # noqa: E402
+import lacache_jax as lj
+from benchmarks import accuracy, arith
+from convert.__main__ import main as convert_main
+from lacache_jax.lm_eval import LaCacheLM, elbo
+from lacache_jax.lm_eval.model_args import parse
+from lacache_jax.tokenizer import Tokenizer
+from tests.conftest import GEN_CFG, hf_logits
 
 DATA = Path(__file__).resolve().parent / "data"
 SHIPPED = Path(__file__).resolve().parent.parent / "demo_model"

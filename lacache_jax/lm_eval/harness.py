@@ -49,10 +49,10 @@ _PAD_PROMPTS = "prompt_len" in inspect.signature(lj.generate).parameters
 @register_model("lacache_jax")
 class LaCacheLM(LM):
     """`LaCacheLM(checkpoint=DIR, gen_length=256, threshold=0.9, cache="dual", ...)`: every
-    model arg of model_args.py as a keyword. `config`, `params` and `tokenizer` (an
-    `lacache_jax.tokenizer.Tokenizer`) give a model already in memory instead of
-    `checkpoint`, with `tokenizer` the directory of its tokenizer files; `mask_draws`
-    (elbo.MaskDraws) replaces the seeded stratified draws of the ELBO."""
+    model arg of model_args.py as a keyword. `config` and `params` give a model already in
+    memory instead of `checkpoint`, with `tokenizer` the directory of its tokenizer files
+    (default: the checkpoint's); `mask_draws` (elbo.MaskDraws) replaces the seeded
+    stratified draws of the ELBO."""
 
     def __init__(self, checkpoint: str | None = None, *, config: lj.ModelConfig | None = None,
                  params: lj.Params | None = None, tokenizer: str | Path | None = None,
@@ -68,8 +68,8 @@ class LaCacheLM(LM):
             dtype = None if settings.dtype is None else jnp.dtype(settings.dtype)
             config, params = lj.load(settings.checkpoint, dtype=dtype)
         elif settings.dtype is not None:
-            params = jax.tree.map(lambda a: a.astype(settings.dtype)
-                                  if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+            raise ValueError("dtype applies when loading a checkpoint; convert params "
+                             "yourself when you pass them")
         tokenizer = settings.checkpoint if tokenizer is None else tokenizer
         if tokenizer is None:
             raise ValueError("tokenizer (a directory with tokenizer.json) is required with "

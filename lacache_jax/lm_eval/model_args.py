@@ -60,8 +60,7 @@ def parse(args: dict[str, Any]) -> EvalSettings:
         ev[name] = _coerce(args.pop(name), kind.rstrip("?"), kind.endswith("?"), name)
     gen_kwargs = _generation_kwargs(args)
     if args:
-        raise ValueError(f"unknown model args {sorted(args)}; known: "
-                         f"{sorted([*EVAL_ARGS, *_gen_fields()])}")
+        raise ValueError(f"unknown model args {sorted(args)}; known: {known_args()}")
     for name in ("batch_size", "mc_num"):
         if ev[name] <= 0:
             raise ValueError(f"{name} must be a positive integer, got {ev[name]}")
@@ -81,6 +80,17 @@ def parse(args: dict[str, Any]) -> EvalSettings:
                         dtype=ev["dtype"], batch_size=ev["batch_size"], slots=ev["slots"],
                         mc_num=ev["mc_num"], mc_batch=mc_batch,
                         check_greedy=ev["check_greedy"], chat=ev["chat"], seed=ev["seed"])
+
+
+def known_args() -> list[str]:
+    """Every model arg name, nested ones (`dpad_window`, ...) included."""
+    names = [*EVAL_ARGS]
+    for name, hint in _gen_fields().items():
+        names.append(name)
+        for kind in _kinds(hint)[0]:
+            if dataclasses.is_dataclass(kind):
+                names += [f"{name}_{f.name}" for f in dataclasses.fields(kind)]
+    return sorted(names)
 
 
 def _gen_fields() -> dict[str, Any]:
