@@ -78,8 +78,9 @@ def seeded_draws(seed: int, mc_num: int, mc_batch: int) -> MaskDraws:
 
 
 def bucket(n: int, hi: int) -> int:
-    """A static length >= n from a coarse ladder (at most 1/8 padding above 128): n rounded
-    up to a multiple of max(16, next_pow2(n) / 8), capped at `hi`."""
+    """A static length >= n from a coarse ladder: n rounded up to a multiple of
+    max(16, next_pow2(n) / 8), capped at `hi`; 8 lengths per octave, so less than 1/4
+    padding and few compilations."""
     step = max(16, (1 << max(n - 1, 1).bit_length()) // 8)
     return min(-(-n // step) * step, hi)
 
