@@ -1,0 +1,297 @@
+"""The lm-eval model `lacache_jax`: an `lm_eval.api.model.LM` over a converted checkpoint.
+
+    generate_until         requests grouped by their resolved GenerationConfig (max_gen_toks
+                           -> gen_length rounded up to a block multiple; temperature when
+                           do_sample), each group through `lj.generate` in ragged batches of
+                           `batch_size` prompts, longest first; answers cut at EOS, at
+                           max_gen_toks tokens and at the `until` strings, special tokens
+                           stripped.
+    loglikelihood          the Monte-Carlo ELBO of REFERENCE.md §9 (elbo.py), is_greedy by
+                           LLaDA's greedy check.
+    loglikelihood_rolling  the same ELBO over each document, chunked by lm-eval's rolling
+                           windows at the model's length (window + its one context token).
+
+Model args: model_args.py. Contexts too long for the model lose their oldest tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from lm_eval import utils as lm_utils
+from tqdm.auto import tqdm
+
+import lacache_jax as lj
+from lacache_jax.lm_eval import elbo
+from lacache_jax.lm_eval.model_args import EvalSettings, parse
+from lacache_jax.quant import has_fp8_ffn
+from lacache_jax.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# gen_kwargs keys of lm-eval tasks we read; others are logged once and ignored.
+_GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
+# Bucketed prompt lengths need `generate(prompt_len=)`; without it each batch compiles for
+# its own longest prompt (see the issue-19 report).
+_PAD_PROMPTS = "prompt_len" in inspect.signature(lj.generate).parameters
+
+
+@register_model("lacache_jax")
+class LaCacheLM(LM):
+    """`LaCacheLM(checkpoint=DIR, gen_length=256, threshold=0.9, cache="dual", ...)`: every
+    model arg of model_args.py as a keyword. `config` and `params` give a model already in
+    memory instead of `checkpoint`, with `tokenizer` the directory of its tokenizer files
+    (default: the checkpoint's); `mask_draws` (elbo.MaskDraws) replaces the seeded
+    stratified draws of the ELBO."""
+
+    def __init__(self, checkpoint: str | None = None, *, config: lj.ModelConfig | None = None,
+                 params: lj.Params | None = None, tokenizer: str | Path | None = None,
+                 mask_draws: elbo.MaskDraws | None = None, **model_args: Any):
+        super().__init__()
+        settings = parse({"checkpoint": checkpoint, **model_args})
+        if (config is None) != (params is None):
+            raise ValueError("config and params come together (or neither, with checkpoint)")
+        if config is None:
+            if settings.checkpoint is None:
+                raise ValueError("checkpoint is required: the directory written by "
+                                 "`python -m convert`")
+            dtype = None if settings.dtype is None else jnp.dtype(settings.dtype)
+            config, params = lj.load(settings.checkpoint, dtype=dtype)
+        elif settings.dtype is not None:
+            raise ValueError("dtype applies when loading a checkpoint; convert params "
+                             "yourself when you pass them")
+        tokenizer = settings.checkpoint if tokenizer is None else tokenizer
+        if tokenizer is None:
+            raise ValueError("tokenizer (a directory with tokenizer.json) is required with "
+                             "config/params and no checkpoint")
+        if settings.gen.fp8_ffn and not has_fp8_ffn(params):
+            log.info("quantising the FFN weights to FP8 at load (fp8_ffn=true)")
+            params = lj.quantize_ffn(params)
+        if settings.slots is not None:
+            log.warning("slots=%d: slot refill is not available yet; ragged batches of "
+                        "batch_size=%d prompts run instead", settings.slots, settings.batch_size)
+        self.settings: EvalSettings = settings
+        self.config, self.params, self.tok = config, params, Tokenizer(tokenizer)
+        self.gen = settings.gen.resolve(config)
+        # The ELBO's forward passes use FP8 FFN weights only if generation does.
+        self._score_params = params if self.gen.fp8_ffn else dataclasses.replace(
+            params, layers=[dataclasses.replace(layer, ffn8=None) for layer in params.layers])
+        self.mask_draws = mask_draws or elbo.seeded_draws(settings.seed, settings.mc_num,
+                                                          settings.mc_batch)
+        self._specials = _special_tokens(Path(tokenizer) / "tokenizer.json")
+        self._warned: set[str] = set()
+
+    # --- construction from lm-eval's --model_args ---------------------------------------
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        return cls.create_from_arg_obj(lm_utils.simple_parse_args_string(arg_string),
+                                       additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """`--model_args` win over the harness's own settings (`--batch_size` is always
+        passed, 1 by default), so `batch_size=` in model args is never a duplicate."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if str(extra.get("batch_size", "")).startswith("auto"):
+            raise ValueError("batch_size=auto is not supported: give a number of rows")
+        return cls(**{**extra, **arg_dict})
+
+    # --- lm-eval interface --------------------------------------------------------------
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.config.eos_id
+
+    @property
+    def max_length(self) -> int:
+        return self.config.max_seq_len
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.settings.checkpoint or "lacache_jax").replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.tok.chat_template
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """The whole conversation through the checkpoint's chat template (jinja2)."""
+        import jinja2
+        if not self.tok.chat_template:
+            raise ValueError("the checkpoint's tokenizer_config.json has no chat_template")
+        env = jinja2.Environment(keep_trailing_newline=True)
+        return env.from_string(self.tok.chat_template).render(
+            messages=chat_history, bos_token=self.tok.bos_token,
+            add_generation_prompt=add_generation_prompt)
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out: list[str | None] = [None] * len(requests)
+        groups: dict[lj.GenerationConfig, list[tuple[int, list[int], int, tuple]]] = {}
+        for i, req in enumerate(requests):
+            context, kwargs = req.args
+            gen, max_toks, until = self._request_settings(kwargs or {})
+            prompt = self._encode_context(context, self.config.max_seq_len - gen.gen_length)
+            groups.setdefault(gen, []).append((i, prompt, max_toks, until))
+        B = self.settings.batch_size
+        n_batches = sum(-(-len(g) // B) for g in groups.values())
+        bar = tqdm(total=n_batches, desc="generate_until", disable=disable_tqdm or self.rank)
+        for gen, items in groups.items():
+            items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
+            for lo in range(0, len(items), B):
+                chunk = items[lo:lo + B]
+                answers = self._generate([p for _, p, _, _ in chunk], [i for i, *_ in chunk],
+                                         gen)
+                for (i, _, max_toks, until), ids in zip(chunk, answers):
+                    out[i] = self._postprocess(ids[:max_toks], until)
+                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+                bar.update()
+        bar.close()
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [self._encode_pair(*req.args) for req in requests]
+        results = self._score(pairs, self.settings.check_greedy, not disable_tqdm)
+        for req, res in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        prefix = self._prefix_id()
+        windows, owner = [], []
+        for r, req in enumerate(requests):
+            tokens = self.tok.encode(req.args[0])
+            for win in lm_utils.get_rolling_token_windows(
+                    token_list=tokens, prefix_token=prefix,
+                    max_seq_len=self.config.max_seq_len - 1, context_len=1):
+                windows.append(lm_utils.make_disjoint_window(win))
+                owner.append(r)
+        totals = np.zeros(len(requests))
+        for r, (ll, _) in zip(owner, self._score(windows, False, not disable_tqdm)):
+            totals[r] += ll
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, float(total))
+        return [float(t) for t in totals]
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _score(self, pairs, check_greedy: bool, progress: bool) -> list[tuple[float, bool]]:
+        return elbo.loglikelihoods(
+            self._score_params, self.config, pairs, mc_num=self.settings.mc_num,
+            draws=self.mask_draws, batch_size=self.settings.batch_size,
+            mask_id=self.gen.mask_id, cfg_scale=self.gen.cfg_scale, check_greedy=check_greedy,
+            progress=progress and self.rank == 0)
+
+    def _request_settings(self, kwargs: dict) -> tuple[lj.GenerationConfig, int, tuple]:
+        """A request's GenerationConfig, token budget and stop strings."""
+        unknown = sorted(set(kwargs) - set(_GEN_KWARGS))
+        if unknown and repr(unknown) not in self._warned:
+            self._warned.add(repr(unknown))
+            log.warning("gen_kwargs %s are ignored by lacache_jax", unknown)
+        until = kwargs.get("until", ())
+        until = (until,) if isinstance(until, str) else tuple(until or ())
+        base = self.gen
+        max_toks = kwargs.get("max_gen_toks")
+        if max_toks is None:
+            max_toks = base.gen_length
+        if isinstance(max_toks, bool) or not isinstance(max_toks, int) or max_toks <= 0:
+            raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got "
+                             f"{max_toks!r}")
+        bl = base.block_length
+        gen_length = -(-max_toks // bl) * bl
+        changes: dict[str, Any] = {"gen_length": gen_length}
+        # steps keeps its tokens per step when gen_length changes; the default is one token
+        # per step. Either way it must divide into the blocks.
+        blocks = gen_length // bl
+        per_token = base.steps / base.gen_length if self.settings.steps_given else 1.0
+        changes["steps"] = max(1, -(-round(per_token * gen_length) // blocks)) * blocks
+        if kwargs.get("do_sample") and "temperature" in kwargs:
+            changes["temperature"] = float(kwargs["temperature"])
+        return dataclasses.replace(base, **changes), max_toks, until
+
+    def _generate(self, prompts: list[list[int]], request_ids: list[int],
+                  gen: lj.GenerationConfig) -> list[list[int]]:
+        """Answers (up to EOS) of one ragged batch, padded to `batch_size` rows with copies
+        of the last prompt so every full or partial batch has the same row count. Row keys
+        come from the request index: a row's draws do not depend on its batch."""
+        B, n = self.settings.batch_size, len(prompts)
+        rows = prompts + [prompts[-1]] * (B - n)
+        ids = request_ids + [request_ids[-1]] * (B - n)
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(self.settings.seed), i))(
+            jnp.asarray(ids))
+        extra = {}
+        if _PAD_PROMPTS:
+            extra["prompt_len"] = elbo.bucket(max(map(len, rows)),
+                                              self.config.max_seq_len - gen.gen_length)
+        out = lj.generate(self.params, self.config, rows, gen, key=keys, **extra)
+        return out.answers(gen.gen_length)[:n]
+
+    def _postprocess(self, ids: list[int], until: tuple) -> str:
+        """Text cut at the first `until` string (special tokens still in, so a special
+        token can be a stop string), then special tokens removed."""
+        text = self.tok.decode(ids)
+        for stop in until:
+            if stop:
+                text = text.split(stop, 1)[0]
+        for special in self._specials:
+            text = text.replace(special, "")
+        return text
+
+    def _prefix_id(self) -> int:
+        """What an empty context conditions on: BOS when the tokenizer has one, else EOS."""
+        bos = self.tok.token_id(self.tok.bos_token) if self.tok.bos_token else None
+        return self.config.eos_id if bos is None else bos
+
+    def _encode_context(self, context: str, budget: int) -> list[int]:
+        if budget < 1:
+            raise ValueError(f"no room for a prompt: the generation fills max_seq_len="
+                             f"{self.config.max_seq_len}")
+        ids = self.tok.encode(self.tok.chat_prompt(context) if self.settings.chat else context)
+        ids = ids or [self._prefix_id()]
+        if len(ids) > budget:
+            self._warn_once("truncated", "contexts longer than the model allows lose their "
+                            "oldest tokens")
+        return ids[-budget:]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's convention: trailing spaces of the context move to the continuation;
+        the continuation's ids are those of the whole text after the context's."""
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        if self.settings.chat:
+            context = self.tok.chat_prompt(context)
+        ctx = self.tok.encode(context)
+        whole = self.tok.encode(context + continuation)
+        cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self.tok.encode(continuation)
+        ctx = ctx or [self._prefix_id()]
+        room = self.config.max_seq_len - len(cont)
+        if room < 1:
+            raise ValueError(f"a continuation of {len(cont)} tokens leaves no room for its "
+                             f"context within max_seq_len={self.config.max_seq_len}")
+        if len(ctx) > room:
+            self._warn_once("truncated", "contexts longer than the model allows lose their "
+                            "oldest tokens")
+        return ctx[-room:], cont
+
+    def _warn_once(self, tag: str, message: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            log.warning(message)
+
+
+def _special_tokens(path: Path) -> list[str]:
+    """Texts of the tokenizer's special tokens (tokenizer.json `added_tokens`), stripped
+    from generated text; longest first so no special hides inside another."""
+    added = json.loads(path.read_text()).get("added_tokens", [])
+    return sorted({t["content"] for t in added if t.get("special")}, key=len, reverse=True)

@@ -1,0 +1,202 @@
+"""lm-eval `--model_args` for the `lacache_jax` model: parsed, typed and validated.
+
+Every `GenerationConfig` field is a model arg of the same name, read from its type hint, so a
+field added to `GenerationConfig` becomes an arg with no change here. A field holding a
+config dataclass (`dpad: DPadConfig | None`, and Flash-dLLM's `flash` once it exists) takes
+its own fields as `<field>_<name>` (`dpad_window=64`), and `<field>=true|false` switches it
+on with defaults or off; `dpad=gaussian|uniform` also picks DPad's strategy.
+The evaluation's own args are in `EVAL_ARGS`. Values may be strings (the command line), or
+Python values; lm-eval has already turned `none` into None, so a string field reads None as
+"none" (`cache=none`). Every bad value raises ValueError naming the arg.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from lacache_jax.config import GenerationConfig
+
+# name -> (type, default, help); types: int, float, bool, str, or "int?"-style optional.
+EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
+    "checkpoint": ("str?", None, "directory written by `python -m convert`"),
+    "dtype": ("str?", None, "weights' dtype on load: bfloat16 | float32 (default: as stored)"),
+    "batch_size": ("int", 32, "rows per forward pass: prompts (generation), samples (ELBO)"),
+    "slots": ("int?", None, "slot refill (continuous batching): accepted, not yet used"),
+    "mc_num": ("int", 128, "Monte-Carlo samples per loglikelihood request"),
+    "mc_batch": ("int?", None, "samples sharing one stratified draw of mask counts "
+                 "(LLaDA's batch_size; default min(mc_num, 32)); divides mc_num"),
+    "check_greedy": ("bool", True, "compute is_greedy (one forward per continuation token)"),
+    "chat": ("bool", False, "wrap each context as one user turn of the chat template"),
+    "seed": ("int", 0, "seed of the mask draws and of sampling at temperature > 0"),
+}
+# Harness-level settings lm-eval passes to every model; read or ignored, never an error.
+HARNESS_ARGS = ("max_batch_size", "device")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    gen: GenerationConfig   # settings of a request without gen_kwargs
+    steps_given: bool       # `steps` was set (else it follows the gen length: 1 token a step)
+    checkpoint: str | None
+    dtype: str | None
+    batch_size: int
+    slots: int | None
+    mc_num: int
+    mc_batch: int
+    check_greedy: bool
+    chat: bool
+    seed: int
+
+
+def parse(args: dict[str, Any]) -> EvalSettings:
+    """Model args (lm-eval's parsed `--model_args`, or Python keywords) -> EvalSettings."""
+    args = {k: v for k, v in args.items() if k not in HARNESS_ARGS}
+    ev = {name: default for name, (_, default, _) in EVAL_ARGS.items()}
+    for name in [n for n in args if n in EVAL_ARGS]:
+        kind = EVAL_ARGS[name][0]
+        ev[name] = _coerce(args.pop(name), kind.rstrip("?"), kind.endswith("?"), name)
+    gen_kwargs = _generation_kwargs(args)
+    if args:
+        raise ValueError(f"unknown model args {sorted(args)}; known: {known_args()}")
+    for name in ("batch_size", "mc_num"):
+        if ev[name] <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {ev[name]}")
+    if ev["slots"] is not None and ev["slots"] <= 0:
+        raise ValueError(f"slots must be a positive integer, got {ev['slots']}")
+    mc_batch = min(ev["mc_num"], 32) if ev["mc_batch"] is None else ev["mc_batch"]
+    if mc_batch <= 0 or ev["mc_num"] % mc_batch:
+        raise ValueError(f"mc_batch={mc_batch} must be a positive divisor of "
+                         f"mc_num={ev['mc_num']}")
+    if ev["dtype"] not in (None, "bfloat16", "float32"):
+        raise ValueError(f"dtype must be bfloat16 or float32, got {ev['dtype']!r}")
+    gen_length = gen_kwargs.get("gen_length", GenerationConfig.gen_length)
+    steps_given = "steps" in gen_kwargs
+    gen_kwargs.setdefault("steps", gen_length)
+    gen = GenerationConfig(**gen_kwargs)  # validates every field, naming it
+    return EvalSettings(gen=gen, steps_given=steps_given, checkpoint=ev["checkpoint"],
+                        dtype=ev["dtype"], batch_size=ev["batch_size"], slots=ev["slots"],
+                        mc_num=ev["mc_num"], mc_batch=mc_batch,
+                        check_greedy=ev["check_greedy"], chat=ev["chat"], seed=ev["seed"])
+
+
+def known_args() -> list[str]:
+    """Every model arg name, nested ones (`dpad_window`, ...) included."""
+    names = [*EVAL_ARGS]
+    for name, hint in _gen_fields().items():
+        names.append(name)
+        for kind in _kinds(hint)[0]:
+            if dataclasses.is_dataclass(kind):
+                names += [f"{name}_{f.name}" for f in dataclasses.fields(kind)]
+    return sorted(names)
+
+
+def _gen_fields() -> dict[str, Any]:
+    """GenerationConfig field name -> resolved type hint."""
+    return typing.get_type_hints(GenerationConfig)
+
+
+def _generation_kwargs(args: dict[str, Any]) -> dict[str, Any]:
+    """Pop the GenerationConfig args (and nested `<field>_<name>` ones) out of `args`."""
+    out = {}
+    for name, hint in _gen_fields().items():
+        kinds, optional = _kinds(hint)
+        nested = [k for k in kinds if dataclasses.is_dataclass(k)]
+        if nested:
+            out_value = _nested(args, name, nested[0])
+            if out_value is not _ABSENT:
+                out[name] = out_value
+            continue
+        if name in args:
+            out[name] = _coerce(args.pop(name), kinds[0], optional, name)
+    stray = [k for k in args if k.startswith("flash")]
+    if stray:
+        raise ValueError(f"{sorted(stray)}: Flash-dLLM decoding (lj.FlashConfig) is not in "
+                         "this version of lacache_jax")
+    return out
+
+
+_ABSENT = object()
+
+
+def _nested(args: dict[str, Any], name: str, cls: type) -> Any:
+    """A nested config from `name=` and `name_<field>=` args, or _ABSENT if none is given."""
+    fields = typing.get_type_hints(cls)
+    sub = {f: args.pop(f"{name}_{f}") for f in fields if f"{name}_{f}" in args}
+    switch = args.pop(name, _ABSENT)
+    if switch is _ABSENT and not sub:
+        return _ABSENT
+    if switch is not _ABSENT:
+        if isinstance(switch, str) and switch.lower() not in ("true", "false", "none"):
+            if "strategy" not in fields:
+                raise ValueError(f"{name} must be true or false, got {switch!r}")
+            sub.setdefault("strategy", switch)
+        elif switch is None or _coerce(switch, "bool", False, name) is False:
+            if sub:
+                raise ValueError(f"{name} is off but {sorted(f'{name}_{f}' for f in sub)} "
+                                 "are set")
+            return None
+    kwargs = {}
+    for f, v in sub.items():
+        kinds, optional = _kinds(fields[f])
+        kwargs[f] = _coerce(v, kinds[0], optional, f"{name}_{f}")
+    return cls(**kwargs)  # validates, naming `name.field`
+
+
+def _kinds(hint) -> tuple[list[Any], bool]:
+    """The non-None members of a type hint and whether None is allowed."""
+    members = list(typing.get_args(hint)) if isinstance(
+        hint, types.UnionType) or typing.get_origin(hint) is typing.Union else [hint]
+    optional = type(None) in members
+    kinds = [m for m in members if m is not type(None)]
+    return [{int: "int", float: "float", bool: "bool", str: "str"}.get(k, k) for k in kinds], \
+        optional
+
+
+def _coerce(value: Any, kind: Any, optional: bool, name: str) -> Any:
+    """`value` as `kind` ("int", "float", "bool", "str"), or None when `optional` allows."""
+    if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        value = None
+    if value is None:
+        if optional:
+            return None
+        if kind == "str":  # lm-eval parses the word `none` to None before we see it
+            return "none"
+        raise ValueError(f"{name} needs a value ({kind}), got none")
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+            return value.strip().lower() in ("true", "1")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    if kind == "int":
+        if isinstance(value, str):
+            try:
+                value = int(value.strip())
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {value!r}") from None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        return value
+    if kind == "float":
+        if isinstance(value, str):
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ValueError(f"{name} must be a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if kind == "str":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # lm-eval reads `checkpoint=2024` as a number
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        return value.strip()
+    raise ValueError(f"{name}: arguments of type {kind} are not supported")
