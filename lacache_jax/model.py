@@ -37,6 +37,11 @@ class Layer:
     # FP8 copies of the FFN weights (quant.quantize_ffn); derived from the bf16 ones, so a
     # checkpoint stores them as groups of their own (checkpoint.fp8_to_group), if at all.
     ffn8: quant.FP8FFN | None = dataclasses.field(default=None, metadata={"derived": True})
+    # Column layout of w_qkv and w_gate_up: `tp` contiguous groups, group j holding q | k | v
+    # of heads j*H/tp ... (and gate | up of FFN columns j*F/tp ...), so a tensor-parallel
+    # shard of the columns is whole heads and matching gate/up halves (sharding.py). 1 is the
+    # checkpoint layout (q | k | v, gate | up).
+    tp: int = dataclasses.field(default=1, metadata={"static": True, "derived": True})
 
 
 @jax.tree_util.register_dataclass
@@ -178,10 +183,13 @@ def qkv(h_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk):
     K = cfg.head_dim
     with jax.named_scope("qkv"):
         qkv_BLN = h_BLD @ layer.w_qkv
-    (q0, q1), (k0, k1), (v0, v1) = qkv_columns(cfg).values()
-    q = qkv_BLN[..., q0:q1].reshape(B, L, cfg.n_heads, K)
-    k = qkv_BLN[..., k0:k1].reshape(B, L, cfg.n_kv_heads, K)
-    v = qkv_BLN[..., v0:v1].reshape(B, L, cfg.n_kv_heads, K)
+    # Per column group (see Layer.tp): its q | k | v heads, then the groups' heads in order.
+    n = layer.tp
+    (_, q1), (_, k1), _ = qkv_columns(cfg).values()
+    q, k, v = jnp.split(qkv_BLN.reshape(B, L, n, -1), [q1 // n, k1 // n], axis=-1)
+    q = q.reshape(B, L, cfg.n_heads, K)
+    k = k.reshape(B, L, cfg.n_kv_heads, K)
+    v = v.reshape(B, L, cfg.n_kv_heads, K)
     with jax.named_scope("rope"):
         return apply_rope(q, cos_BLk, sin_BLk), apply_rope(k, cos_BLk, sin_BLk), v
 
@@ -195,7 +203,9 @@ def _mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
     if layer.ffn8 is not None:
         return quant.ffn_fp8(x_BLD, layer.ff_norm, cfg.norm_eps, layer.ffn8)
     h = rms_norm(x_BLD, layer.ff_norm, cfg.norm_eps)
-    gate, up = jnp.split(h @ layer.w_gate_up, 2, axis=-1)
+    lead = x_BLD.shape[:-1]
+    gate_up = (h @ layer.w_gate_up).reshape(*lead, layer.tp, 2, -1)  # groups: see Layer.tp
+    gate, up = (gate_up[..., c, :].reshape(*lead, -1) for c in (0, 1))
     return (jax.nn.silu(gate) * up) @ layer.w_down
 
 

@@ -6,9 +6,9 @@ going out (wo, w_down); norms and the embedding are replicated. XLA's SPMD parti
 places the collectives; caches follow the activations. The Pallas kernels are opaque to it, so
 `shard_kernel` wraps them in `shard_map` when a mesh is active (`jax.set_mesh`): FACache runs
 per (row shard, head shard), the FP8 FFN kernels per row shard with their FP8 weights
-replicated. Q/K/V and gate/up are fused column-wise, so a contiguous column shard holds whole
-heads of one of q, k, v (or one of gate, up): XLA regroups them per step, which costs a
-collective that a per-shard interleaved layout would avoid (not done yet).
+replicated. Q/K/V and gate/up are fused column-wise; `shard_params` regroups those columns
+for the model axis (`tp_layout`, Layer.tp), so each shard holds whole q/k/v heads and matching
+gate/up halves and the partitioner needs no per-step regrouping collective.
 
 Multi-host: call `jax.distributed.initialize()` first on every host; `make_mesh` then spans
 all hosts' devices (`jax.devices()`), and the same program runs everywhere.
@@ -20,6 +20,8 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
@@ -80,8 +82,39 @@ def param_shardings(params: Any, mesh: jax.sharding.Mesh) -> Any:
         head=None if params.head is None else ns(PS(None, MODEL)))
 
 
+def group_columns(w_DN: jax.Array, parts: tuple[int, ...], n: int, inverse: bool = False):
+    """Columns made of consecutive parts (q | k | v, or gate | up) -> `n` groups, group j
+    holding the j-th n-th of every part in order; `inverse` undoes it."""
+    D = w_DN.shape[0]
+    if inverse:
+        pieces = jnp.split(w_DN.reshape(D, n, -1), np.cumsum([p // n for p in parts])[:-1], -1)
+        return jnp.concatenate([p.reshape(D, -1) for p in pieces], axis=-1)
+    return jnp.concatenate([p.reshape(D, n, -1) for p in jnp.split(
+        w_DN, np.cumsum(parts)[:-1], axis=-1)], axis=-1).reshape(D, -1)
+
+
+def tp_layout(params: Any, cfg: ModelConfig, n: int) -> Any:
+    """Params whose fused Q/K/V and gate/up columns are grouped for `n` model shards
+    (Layer.tp): a contiguous column shard then holds whole heads and matching gate/up halves,
+    so the partitioner needs no per-step regrouping collective. Same function, other order."""
+    qkv_parts = (cfg.n_heads * cfg.head_dim, *(2 * (cfg.n_kv_heads * cfg.head_dim,)))
+    ffn_parts = (cfg.d_ff, cfg.d_ff)
+
+    def regroup(layer):
+        if layer.tp == n:
+            return layer
+        w_qkv, w_gu = layer.w_qkv, layer.w_gate_up
+        if layer.tp != 1:
+            w_qkv = group_columns(w_qkv, qkv_parts, layer.tp, inverse=True)
+            w_gu = group_columns(w_gu, ffn_parts, layer.tp, inverse=True)
+        return dataclasses.replace(layer, w_qkv=group_columns(w_qkv, qkv_parts, n),
+                                   w_gate_up=group_columns(w_gu, ffn_parts, n), tp=n)
+    return dataclasses.replace(params, layers=[regroup(layer) for layer in params.layers])
+
+
 def shard_params(params: Any, cfg: ModelConfig, mesh: jax.sharding.Mesh) -> Any:
     check_mesh(mesh, cfg)
+    params = tp_layout(params, cfg, mesh.shape[MODEL])
     return jax.device_put(params, param_shardings(params, mesh))
 
 
