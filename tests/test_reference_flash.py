@@ -67,8 +67,11 @@ def test_keys_come_from_the_cache_as_last_written(one_layer, track, lookahead):
     record = []
     _run(one_layer, ONE_LAYER_CFG, record, track=track, lookahead=lookahead, gen_length=12)
     written = record[0]["canvas"].copy()
-    stale_seen = False
+    stale_seen, undecoded = False, set(range(len(PROMPT), len(written)))
     for rec in record:
+        if not rec["prefill"]:  # the look-ahead: the next undecoded positions after the window
+            assert rec["lookahead"] == sorted(undecoded - set(rec["window"]))[:lookahead]
+        undecoded -= set(rec["accepted"])
         queried = rec["window"] + rec["lookahead"] + rec["tracked"]
         written[queried] = rec["canvas"][queried]
         expected = hf_logits(one_layer, written[None])[0][rec["window"]]
@@ -120,7 +123,7 @@ def test_importance_is_raw_qk_of_the_window_over_layers_2_on(deep):
 def test_tracked_set_is_last_accepted_plus_most_important(deep, verify):
     """Next step tracks the tokens accepted last (the verify pass's, with verify: the released
     code re-ranks the draft-accepted ones) plus the most important other decoded positions."""
-    track, record = 5, []
+    track, record = 2, []  # small, so the importance ranking decides (5 hides a wrong rule)
     _run(deep, DEEP_CFG, record, track=track, lookahead=2, verify=verify, gamma=0.3)
     from_prompt, decoded = False, set(range(len(PROMPT)))
     for rec, nxt in zip(record, record[1:]):
