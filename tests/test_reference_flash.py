@@ -174,6 +174,10 @@ def test_verify_pass_isolates_the_views(one_layer):
     other = verify_pass(one_layer, kv, x, tracked, candidates, np.array([40, 99, 42]),
                         cfg.mask_id)
     assert np.array_equal(other[:2], got[:2]) and not np.allclose(other[2], got[2])
+    changed = x.copy()
+    changed[tracked] = 77  # fresh K/V now differ from the cache, so a write would show
+    verify_pass(one_layer, kv, changed, tracked, candidates, drafts, cfg.mask_id)
+    assert all(torch.equal(k, k0) and torch.equal(v, v0) for (k, v), (k0, v0) in zip(kv, before))
 
 
 def test_gamma_above_one_reproduces_verify_off(peaked):
@@ -191,10 +195,12 @@ def test_gamma_above_one_reproduces_verify_off(peaked):
 
 @pytest.mark.parametrize("accept", ["cumprod", "agree"])
 def test_verify_follows_its_acceptance_rule(peaked, accept):
-    W, gamma, record = 4, 0.3, []
-    tokens, nfe, steps = _run(peaked, GEN_CFG, record, verify=True, gamma=gamma, accept=accept,
-                              stop_at_eos=False)
+    # window 8 / gamma 0.5: S reaches 4 and some step tells the two rules apart
+    W, gamma, record = 8, 0.5, []
+    tokens, nfe, steps = _run(peaked, GEN_CFG, record, window=W, verify=True, gamma=gamma,
+                              accept=accept, stop_at_eos=False)
     n_decoded, undecoded = len(PROMPT), set(range(len(PROMPT), len(tokens)))
+    rules_differ = False
     for rec in record:
         # the rejected-first ordering still makes the window the left-most undecoded positions
         assert sorted(rec["window"]) == sorted(undecoded)[:W]
@@ -208,14 +214,15 @@ def test_verify_follows_its_acceptance_rule(peaked, accept):
         assert len(rec["verify_tracked"]) == min(2 * W - 2 * S, n_decoded)
         p, argmax = rec["verify_p"], rec["verify_argmax"]
         drafts = rec["draft"][[rec["window"].index(c) for c in rec["candidates"]]]
-        passed = (np.cumprod(p) >= gamma if accept == "cumprod"
-                  else (argmax == drafts) & (p >= gamma))
-        n = int(np.argmin(np.append(passed, False)))  # the first failure ends the prefix
+        by_rule = {"cumprod": np.cumprod(p) >= gamma, "agree": (argmax == drafts) & (p >= gamma)}
+        n_by_rule = {k: int(np.argmin(np.append(v, False))) for k, v in by_rule.items()}
+        rules_differ |= n_by_rule["cumprod"] != n_by_rule["agree"]
+        n = n_by_rule[accept]  # the first failure ends the accepted prefix
         assert rec["verify_accepted"] == rec["candidates"][:n]
         assert (tokens[rec["verify_accepted"]] == drafts[:n]).all()
         n_decoded += n
-    assert sum(len(r["verify_accepted"]) for r in record) > 0
-    assert nfe == 2 * steps and steps < _run(peaked, GEN_CFG, stop_at_eos=False)[2]
+    assert rules_differ and sum(len(r["verify_accepted"]) for r in record) > 0
+    assert nfe == 2 * steps and steps < _run(peaked, GEN_CFG, window=W, stop_at_eos=False)[2]
 
 
 def test_eos_stops_the_row(peaked):
