@@ -15,8 +15,10 @@ and `pending` (undecoded). Semantics, with where each comes from:
   window is last step's rejects (confidence order) then the next positions (position order).
 - Step 1 is a prefill: every position is a query. Later main passes query the window, the next
   `lookahead` entries of `pending` (None: all of them) and the last `track` entries of
-  `decoded` (None: all). Every layer overwrites the cache rows of its query positions before
-  attending to every position's cached K/V (RoPE applied before caching).
+  `decoded`. track=None queries every position outside the window, decoded or not, whatever
+  `lookahead` says (the code's `track_num < 0`), so it alone makes each step a full recompute.
+  Every layer overwrites the cache rows of its query positions before attending to every
+  position's cached K/V (RoPE applied before caching).
   Released-code note: its `mask_num` counts the window, so its look-ahead is
   `window * (mask_num - 1)` masks (48 at the published 16 / 4), and `track = window * track_num`.
 - Importance: raw q.k (before 1/sqrt(d) and softmax) of the window queries against every key,
@@ -29,7 +31,7 @@ and `pending` (undecoded). Semantics, with where each comes from:
   most important others. "Accepted last" is the main pass's acceptance without verify, but
   only the verify pass's acceptance with verify (the code reuses `keep_num`): with verify, this
   step's draft-accepted tokens compete on importance. Kept (released behaviour); hence γ > 1
-  reproduces verify=False only when every decoded position is tracked.
+  reproduces verify=False only when every decoded position is tracked (track >= P + G).
 - Acceptance: float64 softmax of the window logits, argmax drafts; with EOS seen, confidence is
   0 at positions >= predicted length; accept all with confidence >= threshold, at least the most
   confident. EOS (stop_at_eos): the first step that accepts EOS sets predicted length = (largest
@@ -249,7 +251,8 @@ def reference_flash_generate(model, prompt, *, gen_length, window=16, lookahead=
             look, trk = pending[window:], list(decoded)
             logits, kv, importance = _prefill(model, x, win)
         else:
-            look = pending[window:] if lookahead is None else pending[window:window + lookahead]
+            everything = lookahead is None or track is None
+            look = pending[window:] if everything else pending[window:window + lookahead]
             trk = last_decoded(track)
             logits, importance = _main_pass(model, kv, x, win + look + trk, len(win))
         nfe += 1

@@ -49,35 +49,38 @@ def _run(model, cfg, record=None, **kw):
 LOGIT_ATOL = 1e-4
 
 
-def test_full_recompute_when_everything_is_queried(peaked):
+@pytest.mark.parametrize("lookahead", [None, 2])  # track=None overrides the look-ahead
+def test_full_recompute_when_everything_is_queried(peaked, lookahead):
     record = []
-    _run(peaked, GEN_CFG, record, track=None, lookahead=None)
+    _run(peaked, GEN_CFG, record, track=None, lookahead=lookahead)
     assert len(record) > 2
     for rec in record:
         full = hf_logits(peaked, rec["canvas"][None])[0]
         np.testing.assert_allclose(rec["logits"], full[rec["window"]], rtol=0, atol=LOGIT_ATOL)
 
 
-@pytest.mark.parametrize("track,lookahead", [(0, 0), (2, 1), (None, 0)])
+@pytest.mark.parametrize("track,lookahead", [(0, 0), (2, 1), (None, 0), (30, 0)])
 def test_keys_come_from_the_cache_as_last_written(one_layer, track, lookahead):
     """One layer: a position's K/V depend only on its token and position, so a step's window
     logits are those of a full forward of the canvas as it was when each position was last
-    queried (the prefill queries all). Tracking every decoded position leaves nothing stale
-    here (masks outside the look-ahead have not changed)."""
+    queried (the prefill queries all). track=None queries everything; track=30 tracks every
+    decoded position, which leaves nothing stale here (the masks outside the look-ahead have
+    not changed)."""
     record = []
     _run(one_layer, ONE_LAYER_CFG, record, track=track, lookahead=lookahead, gen_length=12)
     written = record[0]["canvas"].copy()
     stale_seen, undecoded = False, set(range(len(PROMPT), len(written)))
     for rec in record:
         if not rec["prefill"]:  # the look-ahead: the next undecoded positions after the window
-            assert rec["lookahead"] == sorted(undecoded - set(rec["window"]))[:lookahead]
+            rest = sorted(undecoded - set(rec["window"]))
+            assert rec["lookahead"] == (rest if track is None else rest[:lookahead])
         undecoded -= set(rec["accepted"])
         queried = rec["window"] + rec["lookahead"] + rec["tracked"]
         written[queried] = rec["canvas"][queried]
         expected = hf_logits(one_layer, written[None])[0][rec["window"]]
         np.testing.assert_allclose(rec["logits"], expected, rtol=0, atol=LOGIT_ATOL)
         stale_seen |= bool((written != rec["canvas"]).any())
-    assert stale_seen == (track is not None)  # so a fresh-canvas expectation would fail
+    assert stale_seen == (track in (0, 2))  # so a fresh-canvas expectation would fail
 
 
 def _rope(x_NHK, positions, theta):
@@ -183,7 +186,7 @@ def test_verify_pass_isolates_the_views(one_layer):
 def test_gamma_above_one_reproduces_verify_off(peaked):
     """Nothing passes verification; with every decoded position tracked (the re-ranking quirk
     aside) the draft passes are the verify=False steps, so the tokens are identical."""
-    kw = dict(track=None, lookahead=3, gen_length=12)
+    kw = dict(track=64, lookahead=3, gen_length=12)  # 64 >= every position: all tracked
     plain, nfe, steps = _run(peaked, GEN_CFG, **kw)
     record = []
     tokens, v_nfe, v_steps = _run(peaked, GEN_CFG, record, verify=True, gamma=1.5, **kw)
