@@ -13,6 +13,8 @@ and `pending` (undecoded). Semantics, with where each comes from:
   positions go back to the front of `pending` in descending confidence, ahead of the untouched
   positions, which stay in position order (generate.py rewrites `full_pos` this way). So the
   window is last step's rejects (confidence order) then the next positions (position order).
+  As a set it is always the `window` smallest undecoded positions (every rejected position lies
+  below every position not yet windowed); the order only breaks exact confidence ties.
 - Step 1 is a prefill: every position is a query. Later main passes query the window, the next
   `lookahead` entries of `pending` (None: all of them) and the last `track` entries of
   `decoded`. track=None queries every position outside the window, decoded or not, whatever
@@ -47,7 +49,14 @@ and `pending` (undecoded). Semantics, with where each comes from:
   written to the cache. Mask-view probabilities of the drafts (float64) are zeroed at
   positions >= the predicted length (as updated by the draft acceptance); "cumprod": accept the
   longest prefix whose cumulative product is >= gamma; "agree": accept while argmax == draft and
-  p >= gamma. NFE counts both passes (the code's `n_steps` counts steps).
+  p >= gamma. NFE counts both passes, also when S = 0 (the code runs the verify forward for
+  the whole batch); the code's `n_steps` counts steps. The mask isolates the views for one
+  layer only: from the second layer on, mask row i sees mask rows j > i, which saw draft i
+  (released design, kept).
+- Padding quirk not kept: the code's rows run to a multiple of 128 with EOS tokens that are
+  keys, can fill the window (its window is always `window` wide, ours stops at the canvas end)
+  and count towards S; before any EOS is decoded they can even be accepted. Here the canvas is
+  exactly [prompt | gen_length] and nothing else is a key.
 Ties in sorts keep the current order (stable); the code's CUDA sorts are unstable, which only
 matters on exactly equal float scores.
 """
