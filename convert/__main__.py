@@ -3,7 +3,9 @@
 Ctrl-C: the handler installed first thing only records the interrupt; the conversion stops at
 its next safe point (between weight groups, never inside an orbax write), removes its
 temporary directory and the command prints one line and exits 130. An interrupt that arrives
-after DST was put in place changes nothing: the conversion is complete, reported as such.
+after DST was put in place changes nothing: the conversion is complete, reported as such. The
+handler stays until the process ends, so an interrupt during interpreter shutdown (jax's
+atexit clean-up) cannot turn a finished run into a traceback.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ class _DeferredInterrupt:
             raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
+    """The command; `keep_handler` (the process entry points) leaves the recording SIGINT
+    handler installed after returning, for the rest of the process's life."""
     interrupt = _DeferredInterrupt()
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
@@ -39,8 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         print("convert: interrupted; nothing was written", file=sys.stderr)
         return 130
     finally:
-        if in_main and previous is not None:
+        if in_main and previous is not None and not keep_handler:
             signal.signal(signal.SIGINT, previous)
+
+
+def cli() -> None:
+    """The `lacache-convert` console script and `python -m convert`."""
+    sys.exit(main(keep_handler=True))
 
 
 def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
@@ -92,4 +101,4 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()
