@@ -59,6 +59,7 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
                     "PyTorch state dict) into a lacache_jax checkpoint directory.")
     parser.add_argument("src", help="HF LLaDA directory")
     parser.add_argument("dst", help="output checkpoint directory (must not exist)")
+    # The keys of convert.llada.DTYPES, not imported here: jax comes with it.
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="stored weight dtype (default: bfloat16)")
     parser.add_argument("--fp8-ffn", action="store_true",
