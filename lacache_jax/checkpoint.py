@@ -114,6 +114,7 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
 
     On any failure (an exception, Ctrl-C) the temporary directory is removed and `dst` is
     untouched. With `force`, an existing `dst` is replaced only after the new one is complete.
+    A Ctrl-C during the final renames is delivered after them, with `dst` complete.
     """
     dst = Path(dst).absolute()
     if dst.exists() and not force:
