@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
 
 import lacache_jax as lj
