@@ -1,22 +1,66 @@
-"""python -m convert SRC DST [--dtype bfloat16|float32] [--fp8-ffn [--fp8-skip 0]] [--force]"""
+"""python -m convert SRC DST [--dtype bfloat16|float32] [--fp8-ffn [--fp8-skip 0]] [--force]
+
+Ctrl-C: the handler installed first thing only records the interrupt; the conversion stops at
+its next safe point (between weight groups, never inside an orbax write), removes its
+temporary directory and the command prints one line and exits 130. An interrupt that arrives
+after DST was put in place changes nothing: the conversion is complete, reported as such. The
+handler stays until the process ends, so an interrupt during interpreter shutdown (jax's
+atexit clean-up) cannot turn a finished run into a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+import warnings
 
-from convert.llada import DTYPES, convert
-from convert.sources import ConvertError
+
+class _DeferredInterrupt:
+    """A SIGINT handler that records the interrupt; `check()` raises it where it is safe."""
+
+    def __init__(self):
+        self.pending = False
+
+    def __call__(self, signum, frame) -> None:
+        self.pending = True
+
+    def check(self) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
+    """The command; `keep_handler` (the process entry points) leaves the recording SIGINT
+    handler installed after returning, for the rest of the process's life."""
+    interrupt = _DeferredInterrupt()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
+    try:
+        return _run(argv, interrupt)
+    except KeyboardInterrupt:
+        print("convert: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    finally:
+        if in_main and previous is not None and not keep_handler:
+            signal.signal(signal.SIGINT, previous)
+
+
+def cli() -> None:
+    """The `lacache-convert` console script and `python -m convert`."""
+    sys.exit(main(keep_handler=True))
+
+
+def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m convert",
         description="Convert a Hugging Face LLaDA checkpoint (config.json + safetensors, or a "
                     "PyTorch state dict) into a lacache_jax checkpoint directory.")
     parser.add_argument("src", help="HF LLaDA directory")
     parser.add_argument("dst", help="output checkpoint directory (must not exist)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+    # The keys of convert.llada.DTYPES, not imported here: jax comes with it.
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="stored weight dtype (default: bfloat16)")
     parser.add_argument("--fp8-ffn", action="store_true",
                         help="also store FP8 FFN weights (128x128 block scales) for "
@@ -27,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="replace an existing DST")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    interrupt.check()
+    from convert.llada import ConvertWarning, convert  # jax, orbax: seconds of imports
+    from convert.sources import ConvertError
+    interrupt.check()
     try:
         skip = None
         if args.fp8_ffn:
@@ -35,19 +83,23 @@ def main(argv: list[str] | None = None) -> int:
             except ValueError:
                 raise ConvertError(
                     f"--fp8-skip must list layer numbers, got {args.fp8_skip!r}") from None
-        cfg = convert(args.src, args.dst, dtype=args.dtype, force=args.force,
-                      progress=not args.quiet, fp8_skip=skip)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", ConvertWarning)
+            warnings.showwarning = _one_line_warning
+            cfg = convert(args.src, args.dst, dtype=args.dtype, force=args.force,
+                          progress=not args.quiet, fp8_skip=skip, safe_point=interrupt.check)
     except ConvertError as e:
         print(f"convert: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("convert: interrupted; nothing was written", file=sys.stderr)
-        return 130
     print(f"wrote {args.dst}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
           f"{cfg.n_params / 1e6:.1f}M parameters, {args.dtype}"
           + (f", FP8 FFN in layers other than {list(skip)}" if skip is not None else ""))
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"convert: warning: {message}", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -1,89 +1,76 @@
-"""LLaDA Hugging Face checkpoints <-> our checkpoints (REFERENCE.md §2).
+"""Hugging Face LLaDA checkpoints -> our checkpoints (REFERENCE.md §2).
 
-HF stores `nn.Linear` weights [out, in]; we store [in, out], so matrices are transposed.
+Owns the conversion itself: validate the source (config.json keys, tensor names, shapes,
+dtypes), then read, transpose, cast and write one weight group at a time. The HF layout (which
+tensor lands where) lives in `lacache_jax.hf_export`, shared with the exporter.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from convert import safetensors_file as stf
 from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
-from lacache_jax.config import ConfigError, ModelConfig
-from lacache_jax.model import Params, qkv_columns
+from lacache_jax import safetensors_file as stf
+from lacache_jax.config import _SUPPORTED_FIXED, _SUPPORTED_NULL, ConfigError, ModelConfig
+from lacache_jax.hf_export import PREFIX, hf_shapes, key_plan
 from lacache_jax.quant import check_fp8_ffn_dims, quantize_ffn_layer
 
-PREFIX = "model.transformer."
-# LLaDA block parameter -> (our Layer field, part of its columns or None, stored transposed)
-_BLOCK = {
-    "attn_norm.weight": ("attn_norm", None, False), "q_proj.weight": ("w_qkv", "q", True),
-    "k_proj.weight": ("w_qkv", "k", True), "v_proj.weight": ("w_qkv", "v", True),
-    "attn_out.weight": ("wo", None, True), "ff_norm.weight": ("ff_norm", None, False),
-    "ff_proj.weight": ("w_gate_up", "gate", True), "up_proj.weight": ("w_gate_up", "up", True),
-    "ff_out.weight": ("w_down", None, True),
-}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 _FLOAT_SOURCES = {np.dtype(n) for n in ("float16", "float32", "float64")} | {
     stf.DTYPES["BF16"]}
 
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where a HF tensor goes: columns [c0, c1) of array `array` in group `group`
-    (cols None: the whole array), transposed from PyTorch's [out, in] when `transposed`."""
-    group: str
-    array: str
-    cols: tuple[int, int] | None
-    transposed: bool
-
-
-def key_plan(cfg: ModelConfig) -> dict[str, Target]:
-    """HF name -> Target, in checkpoint order."""
-    F = cfg.d_ff
-    parts = {**qkv_columns(cfg), "gate": (0, F), "up": (F, 2 * F)}
-    plan = {PREFIX + "wte.weight": Target("embed", "embed", None, False)}
-    for i in range(cfg.n_layers):
-        for suffix, (field, part, transposed) in _BLOCK.items():
-            plan[f"{PREFIX}blocks.{i}.{suffix}"] = Target(
-                f"layer_{i:03d}", field, parts.get(part), transposed)
-    plan[PREFIX + "ln_f.weight"] = Target("final", "norm_f", None, False)
-    if not cfg.tie_embeddings:
-        plan[PREFIX + "ff_out.weight"] = Target("final", "head", None, True)
-    return plan
+# config.json keys we know. Read: what ModelConfig.from_hf reads (config.py's _read_hf) plus the
+# keys it requires at one value (_SUPPORTED_FIXED, _SUPPORTED_NULL). Inert: LLaDA's training
+# settings and Hugging Face bookkeeping, which cannot change the forward pass (alibi_bias_max
+# and attention_layer_norm_with_affine matter only with features that are refused). Any other
+# key is ignored with a warning naming it, so a typo or a new feature is never silently dropped.
+_READ_KEYS = frozenset({
+    "d_model", "n_layers", "n_heads", "n_kv_heads", "multi_query_attention", "mlp_hidden_size",
+    "mlp_ratio", "vocab_size", "embedding_size", "weight_tying", "rope_theta", "rms_norm_eps",
+    "max_sequence_length", "mask_token_id", "eos_token_id", "pad_token_id",
+    *_SUPPORTED_FIXED, *_SUPPORTED_NULL})
+_INERT_KEYS = frozenset({
+    "attention_dropout", "residual_dropout", "embedding_dropout", "init_device", "init_fn",
+    "init_std", "init_cutoff_factor", "precision", "flash_attention", "alibi_bias_max",
+    "attention_layer_norm_with_affine",
+    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "use_cache", "bos_token_id", "_name_or_path"})
 
 
-def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    ours = ckpt.expected_shapes(cfg)
-    shapes = {}
-    for name, t in key_plan(cfg).items():
-        shape = ours[t.group][t.array]
-        if t.cols is not None:
-            shape = (shape[0], t.cols[1] - t.cols[0])
-        shapes[name] = shape[::-1] if t.transposed else shape
-    return shapes
+class ConvertWarning(UserWarning):
+    """Something converted but worth a look (e.g. config.json keys we ignore)."""
+
+
+def unknown_config_keys(hf: dict) -> list[str]:
+    """The keys of a config.json dict that neither configure the model nor are known inert."""
+    return sorted(set(hf) - _READ_KEYS - _INERT_KEYS)
 
 
 # --- HF -> ours ---------------------------------------------------------------------------
 
 def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bool = False,
-            progress: bool = True, fp8_skip: tuple[int, ...] | None = None) -> ModelConfig:
+            progress: bool = True, fp8_skip: tuple[int, ...] | None = None,
+            safe_point: Callable[[], None] = lambda: None) -> ModelConfig:
     """Convert the HF LLaDA directory `src` into our checkpoint `dst` (see checkpoint.py).
 
     Everything that can be checked before reading data is checked first; then weights are
     read, validated, cast and written one group (one layer) at a time, into a temporary
     directory renamed to `dst` on success. `fp8_skip` (a tuple, e.g. (0,)) also writes FP8
     FFN copies (`lj.quantize_ffn`) of every layer not in it, from the stored weights.
+    `safe_point()` is called where stopping leaves nothing behind (before each group and just
+    before `dst` is put in place); an exception it raises removes the temporary directory. The
+    CLI raises a deferred Ctrl-C there. Unknown config.json keys warn (ConvertWarning).
     """
     src, dst = Path(src), Path(dst)
     if dtype not in DTYPES:
@@ -98,6 +85,9 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
         cfg = ModelConfig.from_hf_file(src / "config.json")
     except ConfigError as e:
         raise ConvertError(str(e)) from None
+    if unknown := unknown_config_keys(json.loads((src / "config.json").read_text())):
+        warnings.warn(f"{src / 'config.json'}: ignoring unknown key(s) {', '.join(unknown)}",
+                      ConvertWarning, stacklevel=2)
     fp8_layers = [] if fp8_skip is None else [
         i for i in range(cfg.n_layers) if i not in fp8_skip]
     if fp8_layers:
@@ -123,6 +113,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
                 disable=not progress) as bar:
             (tmp / ckpt.PARAMS_DIR).mkdir()
             for group in ckpt.group_names(cfg):
+                safe_point()
                 arrays = {a: np.empty(shape, out_dtype) for a, shape in shapes[group].items()}
                 for name in by_group[group]:
                     t = plan[name]
@@ -139,6 +130,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
             for f in TOKENIZER_FILES:
                 if (src / f).is_file():
                     shutil.copy2(src / f, tmp / f)
+            safe_point()  # the last one: after it, dst is put in place whatever happens
     except (FileExistsError, FileNotFoundError) as e:
         raise ConvertError(str(e)) from None
     except OSError as e:
@@ -181,40 +173,3 @@ def _read_checked(name: str, entry: Entry, transposed: bool) -> np.ndarray:
         if not np.isfinite(flat[i:i + (1 << 24)].astype(np.float32)).all():
             raise ConvertError(f"{entry.where}: {name!r} holds NaN or Inf (corrupt weights?)")
     return a.T if transposed else a  # cast (and made contiguous) by the assignment
-
-
-# --- ours -> HF ---------------------------------------------------------------------------
-
-def export_hf(dst: str | Path, cfg: ModelConfig, params: Params, *, dtype: Any = jnp.bfloat16,
-              max_shard_bytes: int = 5 * 2**30, force: bool = False) -> None:
-    """Write `params` as a HF LLaDA directory: config.json, safetensors shards and, when there
-    is more than one shard, model.safetensors.index.json (the layout `convert` reads)."""
-    groups = ckpt.params_to_groups(params)
-    out_dtype = np.dtype(dtype)
-    tensors = {}
-    for name, t in key_plan(cfg).items():
-        a = np.asarray(groups[t.group][t.array]).astype(out_dtype)
-        if t.cols is not None:
-            a = a[..., t.cols[0]:t.cols[1]]
-        tensors[name] = a.T if t.transposed else a
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    for name, a in tensors.items():
-        if shards[-1] and size + a.nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = a
-        size += a.nbytes
-    with ckpt.atomic_dir(dst, force) as tmp:
-        (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
-        if len(shards) == 1:
-            stf.write_file(tmp / "model.safetensors", shards[0], {"format": "pt"})
-            return
-        weight_map = {}
-        for k, shard in enumerate(shards, 1):
-            fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-            stf.write_file(tmp / fname, shard, {"format": "pt"})
-            weight_map.update({name: fname for name in shard})
-        index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-                 "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -14,7 +14,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from convert import safetensors_file as stf
+from lacache_jax import safetensors_file as stf
 
 
 class ConvertError(Exception):

@@ -1,30 +1,59 @@
-"""Command line: python -m lacache_jax demo|generate ..."""
+"""Command line: `python -m lacache_jax generate|demo`.
+
+Owns turning a checkpoint directory and prompts (flags or a file) into printed or JSONL answers,
+with errors as one line and exit 1. It never imports the converter (`convert`): the demo runs
+`python -m convert` as a program, and exports through `lacache_jax.hf_export`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
+from typing import Iterator
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 
+class CLIError(ValueError):
+    """Bad command-line input: printed as one line, exit status 1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    text: str
+    where: str  # for messages: "--prompt 2" or "prompts.jsonl:7"
+
+
+# --- demo ---------------------------------------------------------------------------------
 
 def cmd_demo(args) -> int:
     """Build a tiny random LLaDA in the HF layout, convert it with `python -m convert`, load it
     and run a bidirectional forward pass; check it against the weights it came from."""
+    if args.workdir:
+        return _demo(Path(args.workdir), args.seed)
+    with tempfile.TemporaryDirectory(prefix="lacache_demo_") as work:
+        return _demo(Path(work), args.seed)
+
+
+def _demo(work: Path, seed: int) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     import lacache_jax as lj
-    from convert import export_hf
+    from lacache_jax.hf_export import export_hf
 
     cfg = lj.tiny(d_model=128, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=352)
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="lacache_demo_"))
     work.mkdir(parents=True, exist_ok=True)
     hf_dir, ckpt_dir = work / "hf_llada", work / "checkpoint"
-    params = lj.init_params(cfg, jax.random.key(args.seed), jnp.bfloat16)
+    params = lj.init_params(cfg, jax.random.key(seed), jnp.bfloat16)
     export_hf(hf_dir, cfg, params, max_shard_bytes=200_000, force=True)
     shards = sorted(p.name for p in hf_dir.glob("*.safetensors"))
     print(f"1. random LLaDA ({cfg.n_params / 1e6:.2f}M params, {cfg.n_layers} layers, "
@@ -43,7 +72,7 @@ def cmd_demo(args) -> int:
     same = all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), loaded, params)))
     print(f"3. lj.load: config matches: {config == cfg}; weights bit-identical: {same}")
 
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(seed)
     prompt = rng.integers(0, cfg.mask_id - 2, (2, 24)).astype(np.int32)
     canvas = np.concatenate([prompt, np.full((2, 8), cfg.mask_id, np.int32)], axis=1)
     key_mask = np.ones_like(canvas, bool)
@@ -64,13 +93,31 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --- generate -----------------------------------------------------------------------------
+
 def cmd_generate(args) -> int:
     """Load a checkpoint and its tokenizer, generate for the prompts (one ragged batch), print
-    the answers and the speed."""
+    the answers (text or JSONL) and, on stderr, the speed."""
+    import jax
+
     import lacache_jax as lj
+    from lacache_jax.checkpoint import read_meta
     from lacache_jax.tokenizer import Tokenizer
 
-    tok = Tokenizer(args.checkpoint)
+    ckpt = Path(args.checkpoint)
+    if not ckpt.is_dir():
+        raise CLIError(f"--checkpoint {ckpt}: directory does not exist")
+    if args.out is not None and not Path(args.out).absolute().parent.is_dir():
+        raise CLIError(f"--out {args.out}: directory {Path(args.out).absolute().parent} "
+                       "does not exist")
+    prompts = [Prompt(p, f"--prompt {i}") for i, p in enumerate(args.prompt or [], 1)]
+    if args.prompts_file is not None:
+        prompts += read_prompts_file(args.prompts_file)
+    if not prompts:
+        raise CLIError("no prompt: pass --prompt TEXT (repeatable) or --prompts-file PATH")
+
+    config, _, _ = read_meta(ckpt)  # cheap: every check below runs before the weights load
+    tok = Tokenizer(ckpt, reserved_ids={config.eos_id, config.mask_id, config.pad_id})
     eot_id = args.eot_id
     if args.confidence_eos_eot_inf and eot_id is None:
         eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
@@ -85,73 +132,261 @@ def cmd_generate(args) -> int:
         stop_at_eos=not args.no_stop_at_eos, cfg_scale=args.cfg_scale,
         logits_eos_inf=args.logits_eos_inf, confidence_eos_eot_inf=args.confidence_eos_eot_inf,
         eot_id=eot_id)
-    prompts = [tok.encode(tok.chat_prompt(p) if args.chat else p) for p in args.prompt]
-    config, params = lj.load(args.checkpoint, dtype=args.dtype)
+    ids = [_encode(tok, p, args.chat) for p in prompts]
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    if len(ids[longest]) + gen.gen_length > config.max_seq_len:
+        raise CLIError(f"{prompts[longest].where}: {len(ids[longest])} prompt tokens + "
+                       f"--gen-length {gen.gen_length} exceed the model's max_sequence_length "
+                       f"{config.max_seq_len}")
+
+    config, params = lj.load(ckpt, dtype=args.dtype, progress=False if args.quiet else None)
     if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
-        print("[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
-              "stores them]", file=sys.stderr)
+        _note(args, "[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
+                    "stores them]")
         params = lj.quantize_ffn(params)
-    t0 = time.perf_counter()
-    run = lj.compile_generate(params, config, prompts, gen, key=jax.random.key(args.seed))
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(run())
-    run_s = time.perf_counter() - t0
-    for i, answer in enumerate(out.answers(gen.gen_length)):
-        if len(prompts) > 1:
-            print(f"--- {i}: {args.prompt[i]}")
-        print(tok.decode(answer))
+    progress = None if args.quiet or not sys.stderr.isatty() else BlockProgress()
+    out, compile_s, run_s = run_batch(params, config, ids, gen, jax.random.key(args.seed),
+                                      progress)
+    answers = [tok.decode(a) for a in out.answers(gen.gen_length)]
+    if args.output == "jsonl":
+        text = "".join(json.dumps({
+            "prompt": p.text, "text": a, "gen_length": int(out.gen_lengths[i]),
+            "nfe": int(out.nfe[i]), "steps": int(out.steps[i]),
+            "tokens_per_step": float(out.tokens_per_step[i])}, ensure_ascii=False) + "\n"
+            for i, (p, a) in enumerate(zip(prompts, answers)))
+    elif len(prompts) > 1:
+        text = "".join(f"--- {i}: {p.text}\n{a}\n"
+                       for i, (p, a) in enumerate(zip(prompts, answers)))
+    else:
+        text = answers[0] + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        write_atomically(Path(args.out), text)
     n = int(out.gen_lengths.sum())
     rows = f"{len(prompts)} prompts, " if len(prompts) > 1 else ""
-    print(f"\n[{rows}{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the first "
-          f"EOS); NFE {int(out.nfe.max())}; {float(out.tokens_per_step.mean()):.2f} tokens per "
-          f"step; compile {compile_s:.1f} s; {jax.default_backend()}]", file=sys.stderr)
+    _note(args, f"\n[{rows}{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the "
+                f"first EOS); NFE {int(out.nfe.max())}; {float(out.tokens_per_step.mean()):.2f} "
+                f"tokens per step; compile {compile_s:.1f} s; {jax.default_backend()}]"
+                + (f"; wrote {args.out}" if args.out is not None else ""))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lacache_jax")
+def run_batch(params, config, prompts: list[list[int]], gen, key,
+              progress: BlockProgress | None):
+    """Generate for every prompt as one ragged batch: (output, compile s, run s). With
+    `progress`, its bar is shown while the compiled program runs.
+
+    Hook for slot refill: a fixed number of rows, each refilled with the next prompt as it
+    finishes, will replace this one call (a file of thousands of prompts is one batch today).
+    The callers need only per-prompt answers and counters back, in input order.
+    """
+    import jax
+
+    import lacache_jax as lj
+    t0 = time.perf_counter()
+    run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress)
+    compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with progress.showing(gen.num_blocks) if progress is not None else contextlib.nullcontext():
+        out = jax.block_until_ready(run())
+    return out, compile_s, time.perf_counter() - t0
+
+
+class BlockProgress:
+    """`progress(blocks_done, num_blocks)` for `lj.compile_generate`: one host callback per
+    finished block advances a tqdm bar on stderr (opened by `showing`, after compilation, so
+    its clock counts generation only). Without it no callback is compiled in at all."""
+
+    def __init__(self):
+        self._bar = None
+
+    def __call__(self, done: int, num_blocks: int) -> None:
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+
+    @contextlib.contextmanager
+    def showing(self, num_blocks: int) -> Iterator[None]:
+        from tqdm.auto import tqdm
+        # mininterval=0: draw every block; a block takes milliseconds at least, a draw microseconds
+        try:
+            with tqdm(total=num_blocks, unit="block", desc="generating", file=sys.stderr,
+                      leave=False, mininterval=0) as self._bar:
+                yield
+        finally:
+            self._bar = None
+
+
+def read_prompts_file(path: str | os.PathLike) -> list[Prompt]:
+    """One prompt per non-empty line; a `.jsonl` file holds one JSON object per line with a
+    string "prompt" field (other fields are ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CLIError(f"--prompts-file {path}: no such file")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise CLIError(f"--prompts-file {path}: not UTF-8 text ({e})") from None
+    jsonl = path.suffix.lower() in (".jsonl", ".ndjson")
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        line = line.removesuffix("\r")
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        if jsonl:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CLIError(f"{where}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise CLIError(f'{where}: expected a JSON object with a string "prompt" field')
+            line = obj["prompt"]
+        prompts.append(Prompt(line, where))
+    if not prompts:
+        raise CLIError(f"--prompts-file {path}: holds no prompt")
+    return prompts
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a hidden sibling renamed over it: a reader never sees a
+    half-written file, and a failure leaves any old file as it was."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.absolute().parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _encode(tok, prompt: Prompt, chat: bool) -> list[int]:
+    from lacache_jax.tokenizer import TokenizerError
+    try:
+        ids = tok.encode(prompt.text)  # alone first: an error's position is in the user's text
+        return tok.encode(tok.chat_prompt(prompt.text)) if chat else ids
+    except TokenizerError as e:
+        raise CLIError(f"{prompt.where}: {e}") from None
+
+
+def _note(args, message: str) -> None:
+    if not args.quiet:
+        print(message, file=sys.stderr)
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help: appended by argparse, "off" for flags, or written in
+    the help itself where the default is None (its meaning needs words)."""
+
+    def _get_help_string(self, action):
+        if isinstance(action.default, bool):
+            return f"{action.help} (default: {'on' if action.default else 'off'})"
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lacache_jax", formatter_class=_HelpFormatter,
+        description="Fast, exact-where-possible generation with diffusion LLMs (LLaDA).")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="random tiny LLaDA: HF layout -> convert -> load -> forward")
-    p.add_argument("--workdir", help="where to write the demo files (default: a temp dir)")
-    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser(
+        "demo", formatter_class=_HelpFormatter,
+        help="random tiny LLaDA: HF layout -> convert -> load -> forward",
+        description="Pipeline check on a random tiny LLaDA: export in the HF layout, "
+                    "python -m convert, lj.load, lj.forward.")
+    p.add_argument("--workdir", help="keep the demo files there (default: a temporary "
+                                     "directory, removed at the end)")
+    p.add_argument("--seed", type=int, default=0, help="random weights and prompt")
     p.set_defaults(run=cmd_demo)
 
-    p = sub.add_parser("generate", help="generate text from a prompt with a converted checkpoint")
-    p.add_argument("--checkpoint", required=True, help="directory written by python -m convert")
-    p.add_argument("--prompt", required=True, action="append",
-                   help="repeat for several prompts: one ragged batch")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--gen-length", type=int, default=128)
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=None, help="default: gen-length (1 per step)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"])
-    p.add_argument("--threshold", type=float, default=None, help="Fast-dLLM threshold decoding")
-    p.add_argument("--factor", type=float, default=None, help="Fast-dLLM factor decoding")
-    p.add_argument("--cache", default="none", choices=["none", "exact", "prefix", "dual"])
-    p.add_argument("--refresh-interval", type=int, default=None)
-    p.add_argument("--dpad", choices=["gaussian", "uniform"], default=None)
-    p.add_argument("--dpad-window", type=int, default=256)
-    p.add_argument("--dpad-keep", type=int, default=32)
-    p.add_argument("--cfg-scale", type=float, default=0.0)
-    p.add_argument("--no-stop-at-eos", action="store_true")
-    p.add_argument("--fp8-ffn", action="store_true",
-                   help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
-    p.add_argument("--logits-eos-inf", action="store_true", help="never sample EOS")
-    p.add_argument("--confidence-eos-eot-inf", action="store_true",
+    p = sub.add_parser(
+        "generate", formatter_class=_HelpFormatter,
+        help="generate answers to prompts with a converted checkpoint",
+        description="Generate answers to prompts (one ragged batch) with a checkpoint written "
+                    "by python -m convert; answers on stdout (or --out), speed on stderr.")
+    g = p.add_argument_group("input and output")
+    g.add_argument("--checkpoint", required=True,
+                   help="directory written by python -m convert (required)")
+    g.add_argument("--prompt", action="append",
+                   help="a prompt; repeat for several (default: none; at least one of "
+                        "--prompt, --prompts-file)")
+    g.add_argument("--prompts-file", metavar="PATH",
+                   help="one prompt per line, or .jsonl: one {\"prompt\": ...} object per line; "
+                        "after any --prompt, in the same batch (default: none)")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap each prompt in the tokenizer's chat template")
+    g.add_argument("--output", choices=["text", "jsonl"], default="text",
+                   help="text: the answers (under '--- i: prompt' when several); jsonl: one "
+                        "object per prompt: prompt, text, gen_length, nfe, steps, "
+                        "tokens_per_step")
+    g.add_argument("--out", metavar="FILE",
+                   help="write the output to FILE (atomically) instead of stdout "
+                        "(default: stdout)")
+    g.add_argument("--quiet", action="store_true",
+                   help="no progress bar and no speed summary on stderr (the bar shows only "
+                        "when stderr is a terminal)")
+    g = p.add_argument_group("decoding")
+    g.add_argument("--gen-length", type=int, default=128, help="tokens generated per prompt")
+    g.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block")
+    g.add_argument("--steps", type=int, default=None,
+                   help="decoding steps (default: --gen-length, one token per step)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    g.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
+                   help="which masked positions to reveal first")
+    g.add_argument("--threshold", type=float, default=None,
+                   help="Fast-dLLM threshold decoding: reveal every position at least this "
+                        "confident (default: off)")
+    g.add_argument("--factor", type=float, default=None,
+                   help="Fast-dLLM factor decoding (default: off)")
+    g.add_argument("--cache", default="none", choices=["none", "exact", "prefix", "dual"],
+                   help="exact: LaCache (same tokens as none); prefix, dual: Fast-dLLM")
+    g.add_argument("--refresh-interval", type=int, default=None,
+                   help="dual cache: refresh every N steps too (default: once per block)")
+    g.add_argument("--dpad", choices=["gaussian", "uniform"], default=None,
+                   help="DPad suffix dropout (default: off)")
+    g.add_argument("--dpad-window", type=int, default=256, help="DPad window")
+    g.add_argument("--dpad-keep", type=int, default=32, help="DPad uniform: positions kept")
+    g.add_argument("--cfg-scale", type=float, default=0.0,
+                   help="classifier-free guidance scale (0: off)")
+    g.add_argument("--no-stop-at-eos", action="store_true",
+                   help="decode the whole canvas even after a block holds EOS")
+    g.add_argument("--logits-eos-inf", action="store_true", help="never sample EOS")
+    g.add_argument("--confidence-eos-eot-inf", action="store_true",
                    help="reveal EOS / end of turn last")
-    p.add_argument("--eot-id", type=int, default=None,
+    g.add_argument("--eot-id", type=int, default=None,
                    help="end-of-turn id (default: the tokenizer's <|eot_id|>)")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"])
-    p.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="random key (temperature, DPad, random "
+                                                       "remasking)")
+    g = p.add_argument_group("model")
+    g.add_argument("--fp8-ffn", action="store_true",
+                   help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
+    g.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="weight dtype (default: as stored)")
     p.set_defaults(run=cmd_generate)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
-    except ValueError as e:  # ConfigError, CheckpointError, TokenizerError, bad settings
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            return args.run(args)
+    except ValueError as e:  # CLIError, ConfigError, CheckpointError, TokenizerError, settings
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 if __name__ == "__main__":

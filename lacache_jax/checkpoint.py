@@ -11,7 +11,9 @@ Layout of a checkpoint directory:
                         float8_e4m3fn (uint8), {"gate_up_scale", "down_scale"} fp32
 
 One item per group lets the converter write an 8B model holding one layer in memory at a time.
-Every write goes to a hidden sibling directory that is renamed into place only when complete.
+Every write goes to a hidden sibling directory that is renamed into place only when complete;
+Ctrl-C is held while orbax writes an item and while the directory is put in place, so an
+interrupt never leaves a partial item or a hidden directory behind.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -110,6 +114,7 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
 
     On any failure (an exception, Ctrl-C) the temporary directory is removed and `dst` is
     untouched. With `force`, an existing `dst` is replaced only after the new one is complete.
+    A Ctrl-C during the final renames is delivered after them, with `dst` complete.
     """
     dst = Path(dst).absolute()
     if dst.exists() and not force:
@@ -121,16 +126,43 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        if dst.exists():
-            old = dst.parent / f".{dst.name}.old-{tag}"
-            dst.rename(old)
-            tmp.rename(dst)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            tmp.rename(dst)
+        with interrupts_deferred():  # between the renames, dst would be missing
+            if dst.exists():
+                old = dst.parent / f".{dst.name}.old-{tag}"
+                dst.rename(old)
+                tmp.rename(dst)
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            else:
+                tmp.rename(dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C) until the block ends, then hand it to the handler it would have met.
+
+    orbax writes through background threads: a KeyboardInterrupt raised in the middle of a save
+    leaves a partial item and threads failing on a shut-down executor. Nested uses pass the
+    interrupt outwards; a caller's own handler (the converter's, which only records it) gets it
+    unchanged. Python delivers signals to the main thread only: elsewhere this does nothing.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield  # None: a handler not installed from Python, which could not be restored
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[0])  # default_int_handler raises here
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
 
 
 def write_meta(ckpt_dir: Path, cfg: ModelConfig, dtype: Any, fp8_layers=()) -> None:
@@ -142,7 +174,9 @@ def write_meta(ckpt_dir: Path, cfg: ModelConfig, dtype: Any, fp8_layers=()) -> N
 def write_group(ckpt_dir: Path, name: str, arrays: Mapping[str, Any]) -> None:
     """Write one weight group synchronously (host numpy arrays or device arrays)."""
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-    checkpointer.save(Path(ckpt_dir) / PARAMS_DIR / name, args=ocp.args.StandardSave(dict(arrays)))
+    with interrupts_deferred():
+        checkpointer.save(Path(ckpt_dir) / PARAMS_DIR / name,
+                          args=ocp.args.StandardSave(dict(arrays)))
 
 
 def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
@@ -167,11 +201,15 @@ def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str, list[int]]:
     """(config, stored dtype name, layers with stored FP8 FFN copies)."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"{path}: checkpoint directory not found")
+        raise CheckpointError(f"{path}: checkpoint directory does not exist")
     meta_file = path / META_FILE
     try:
         meta = json.loads(meta_file.read_text())
     except FileNotFoundError:
+        if (path / "config.json").is_file():
+            raise CheckpointError(
+                f"{meta_file}: missing; {path} looks like a Hugging Face model directory: "
+                f"convert it first (python -m convert {path} DST)") from None
         raise CheckpointError(f"{meta_file}: missing (not a checkpoint written by "
                               "`python -m convert`?)") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -189,14 +227,15 @@ def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str, list[int]]:
     return cfg, meta["dtype"], fp8_layers
 
 
-def load(path: str | os.PathLike, dtype: Any = None,
-         mesh: jax.sharding.Mesh | None = None) -> tuple[ModelConfig, Params]:
+def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | None = None,
+         progress: bool | None = None) -> tuple[ModelConfig, Params]:
     """Read a checkpoint onto the default device: `(config, params)`.
 
     `dtype` (e.g. jnp.float32) converts the weights while reading; default: as stored. Stored
     FP8 FFN copies (`python -m convert --fp8-ffn`, or `save` of quantised params) are attached
     to their layers as they are. With `mesh` (`lj.make_mesh`), every array is restored
     straight into its tensor-parallel sharding (sharding.py) instead of one device.
+    `progress`: a bar per weight group on stderr (None: only when stderr is a terminal).
     """
     config, stored_dtype, fp8_layers = read_meta(path)
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
@@ -219,7 +258,8 @@ def load(path: str | os.PathLike, dtype: Any = None,
     fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
     dtype_of = lambda name, k: (fp8_dtypes.get(k, jnp.float32) if name.startswith("fp8_")
                                 else dtype)
-    for name in tqdm(shapes, desc="loading", unit="group", leave=False, disable=None):
+    for name in tqdm(shapes, desc="loading", unit="group", leave=False,
+                     disable=None if progress is None else not progress):
         item = Path(path).absolute() / PARAMS_DIR / name
         if not item.is_dir():
             raise CheckpointError(f"{item}: weight group missing (incomplete checkpoint)")

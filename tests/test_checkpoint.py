@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from lacache_jax.checkpoint import CheckpointError, atomic_dir
+from lacache_jax.checkpoint import CheckpointError, atomic_dir, interrupts_deferred
 
 CFG = lj.tiny(n_kv_heads=2)
 
@@ -47,10 +49,14 @@ def test_save_refuses_existing_and_mismatched(tmp_path):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(CheckpointError, match="checkpoint directory not found"):
+    with pytest.raises(CheckpointError, match="checkpoint directory does not exist"):
         lj.load(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="lacache.json: missing"):
+        lj.load(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="looks like a Hugging Face model directory: "
+                                              "convert it first"):
         lj.load(tmp_path / "empty")
     lj.save(tmp_path / "ck", CFG, lj.init_params(CFG, jax.random.key(0), jnp.float32))
     meta = json.loads((tmp_path / "ck" / "lacache.json").read_text())
@@ -77,3 +83,33 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
             (tmp / "partial").write_text("x")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_is_held_until_the_write_is_done(tmp_path, monkeypatch):
+    """A SIGINT during an orbax save (its threads) is delivered once the save is done: the item
+    is complete, then KeyboardInterrupt is raised and atomic_dir removes its temporary
+    directory; a caller's own handler (the converter's records it) receives it instead."""
+    import orbax.checkpoint as ocp
+    params = lj.init_params(CFG, jax.random.key(0), jnp.float32)
+    real_save, written = ocp.Checkpointer.save, []
+
+    def save_interrupted(self, directory, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Python handles it at the next bytecode
+        real_save(self, directory, *args, **kwargs)
+        written.append(sorted(p.name for p in directory.iterdir()))
+
+    monkeypatch.setattr(ocp.Checkpointer, "save", save_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lj.save(tmp_path / "ck", CFG, params)
+    assert len(written) == 1 and "_CHECKPOINT_METADATA" in written[0], written
+    assert list(tmp_path.iterdir()) == []
+
+    got = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            assert got == []
+        assert got == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

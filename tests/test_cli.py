@@ -1,19 +1,25 @@
-"""The command line: demo, and generate with a checkpoint's tokenizer and chat template."""
+"""The command line: demo, and generate with a checkpoint's tokenizer and chat template;
+prompt files, JSONL output, progress, help, and one-line errors for bad input."""
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
 import pytest
 
 import lacache_jax as lj
+import lacache_jax.__main__ as cli
 from convert.__main__ import main as convert_main
 from lacache_jax.__main__ import main
+from lacache_jax.tokenizer import Tokenizer, TokenizerError, TokenizerWarning
 from tests.conftest import random_llada_state, write_hf_llada
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,18 +61,32 @@ def test_chat_template_rendering(checkpoint):
     assert ids[:2] == [312, 313] and tok.decode(ids) == text
 
 
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal: the progress bar draws on it."""
+
+    def isatty(self):
+        return True
+
+
 @pytest.mark.parametrize("chat", [False, True])
-def test_generate_prints_text_and_speed(checkpoint, capsys, chat):
-    extra = ["--chat", "--threshold", "0.9", "--cache", "dual"] if chat else []
+def test_generate_prints_text_and_speed(checkpoint, capsys, monkeypatch, chat):
+    """The answer on stdout, the speed on stderr; on a terminal (chat=False here) a tqdm bar
+    on stderr advances once per finished block (2 blocks, both decoded: no stop at EOS)."""
+    extra = ["--chat", "--threshold", "0.9", "--cache", "dual"] if chat else ["--no-stop-at-eos"]
+    if not chat:
+        monkeypatch.setattr(sys, "stderr", Terminal())
     rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
                "--gen-length", "16", "--block-length", "8", "--dtype", "float32", *extra])
     assert rc == 0
     out, err = capsys.readouterr()
+    if not chat:
+        err = sys.stderr.getvalue()
+        assert "generating:   0%|" in err and "1/2 [" in err and "2/2 [" in err, err
     # The same generation through the library: the CLI prints exactly its decoded answer.
     from lacache_jax.tokenizer import Tokenizer
     tok = Tokenizer(checkpoint)
     config, params = lj.load(checkpoint, dtype="float32")
-    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16,
+    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16, stop_at_eos=chat,
                               threshold=0.9 if chat else None, cache="dual" if chat else "none")
     prompt = tok.encode(tok.chat_prompt("12+30=") if chat else "12+30=")
     ref = lj.generate(params, config, [prompt], gen, key=jax.random.key(0))
@@ -97,19 +117,212 @@ def test_generate_batch_fp8_and_eos_flags(checkpoint, capsys):
 
 
 def test_generate_errors(tmp_path, checkpoint, capsys):
-    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 1
-    assert "tokenizer.json: missing" in capsys.readouterr().err
-    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x",
-                 "--gen-length", "10", "--block-length", "4"]) == 1
-    assert "block_length=4 does not divide gen_length=10" in capsys.readouterr().err
-    (tmp_path / "tokenizer.json").write_text((checkpoint / "tokenizer.json").read_text())
-    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "x"]) == 1
-    assert "lacache.json: missing" in capsys.readouterr().err
+    """Each mistake is one line naming what is wrong, exit 1, before any weight is loaded."""
+    def error(*argv):
+        assert main(["generate", *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        return err
+
+    ck = str(checkpoint)
+    assert "--checkpoint /nonexistent/ck: directory does not exist" in error(
+        "--checkpoint", "/nonexistent/ck", "--prompt", "x")
+    assert "lacache.json: missing (not a checkpoint" in error(
+        "--checkpoint", str(tmp_path), "--prompt", "x")
+    (tmp_path / "config.json").write_text("{}")
+    assert "looks like a Hugging Face model directory: convert it first" in error(
+        "--checkpoint", str(tmp_path), "--prompt", "x")
+    (tmp_path / "config.json").unlink()
+    for f in ("lacache.json", "params"):
+        (tmp_path / f).symlink_to(checkpoint / f)
+    assert "tokenizer.json: missing" in error("--checkpoint", str(tmp_path), "--prompt", "x")
+    assert "block_length=4 does not divide gen_length=10" in error(
+        "--checkpoint", ck, "--prompt", "x", "--gen-length", "10", "--block-length", "4")
+    assert "no prompt: pass --prompt" in error("--checkpoint", ck)
+    assert "--out /nonexistent/o.txt: directory /nonexistent does not exist" in error(
+        "--checkpoint", ck, "--prompt", "x", "--out", "/nonexistent/o.txt")
+    n = CFG.max_seq_len - 32 + 1  # one token too many: named before loading, with the prompt
+    assert (f"--prompt 2: {n} prompt tokens + --gen-length 32 exceed the model's "
+            f"max_sequence_length {CFG.max_seq_len}") in error(
+        "--checkpoint", ck, "--prompt", "x", "--prompt", "1" * n, "--gen-length", "32")
 
 
-def test_demo_runs():
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "lacache_jax", "demo"], capture_output=True,
-                          text=True, env=env)
+def test_unencodable_text_is_refused(checkpoint, capsys):
+    """The char tokenizer maps unknown characters to <|endoftext|>, the model's EOS: 'é' would
+    silently end the prompt, so it is refused, naming the character and its place in the
+    user's text (not in the chat-templated one)."""
+    for chat in ([], ["--chat"]):
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
+                     "--prompt", "1é+2=", *chat]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --prompt 2: cannot encode 'é' at position 1 of "
+                              "'1é+2=': not in the vocabulary"), err
+        assert "EOS, mask or padding" in err
+
+
+def _word_tokenizer(directory: Path, unk: str, specials: list[str],
+                    config: dict | None = None) -> Path:
+    from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+    directory.mkdir()
+    vocab = {t: i for i, t in enumerate([*specials, "a", "b"])}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config or {}))
+    return directory
+
+
+def test_tokenizer_unknown_token_policy(tmp_path):
+    """A real unknown token (not EOS, mask or padding) warns once and keeps the text; one that
+    doubles as EOS (named by tokenizer_config.json or by the caller's ids) is refused; a BPE
+    without any unknown token drops characters silently, which is refused too."""
+    real = Tokenizer(_word_tokenizer(tmp_path / "real", "<unk>", ["<eos>", "<unk>"],
+                                     {"eos_token": "<eos>"}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert real.encode("axb") == [2, 1, 3] and real.encode("ay") == [2, 1]
+    assert [str(w.message) for w in caught] == [
+        "cannot encode 'x' at position 1 of 'axb': encoded as the unknown token '<unk>' "
+        "(warned once)"]
+    assert caught[0].category is TokenizerWarning
+    assert real.encode("a<unk>b") == [2, 1, 3]  # the unknown token written out is text
+
+    eos = _word_tokenizer(tmp_path / "eos", "<eos>", ["<eos>"], {"eos_token": "<eos>"})
+    with pytest.raises(TokenizerError, match="cannot encode 'x' at position 2 of 'abx'"):
+        Tokenizer(eos).encode("abx")
+    by_id = _word_tokenizer(tmp_path / "by_id", "<unk>", ["<pad>", "<unk>"])
+    assert Tokenizer(by_id).encode("ab") == [2, 3]
+    with pytest.raises(TokenizerError, match="one the model uses for EOS, mask or padding"):
+        Tokenizer(by_id, reserved_ids={1}).encode("ax")
+
+    from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+    (tmp_path / "bpe").mkdir()
+    bpe = HFTokenizer(models.BPE({"a": 0, "b": 1, " ": 2}, []))
+    bpe.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
+    bpe.save(str(tmp_path / "bpe" / "tokenizer.json"))
+    tok = Tokenizer(tmp_path / "bpe")
+    assert tok.encode("a b") == [0, 2, 1]
+    with pytest.raises(TokenizerError, match="cannot encode 'z' at position 1 of 'azb': the "
+                                             "tokenizer has no token for it"):
+        tok.encode("azb")
+
+
+def test_chat_template_renders_as_transformers_does(tmp_path):
+    """Hugging Face renders chat templates with trim_blocks/lstrip_blocks, loop controls and
+    its own tojson; a template whose output depends on each (indented tags, newlines after
+    block tags, break, non-ASCII through tojson) renders the same here as in transformers."""
+    from transformers import PreTrainedTokenizerFast
+    template = ("{% for m in messages %}\n"
+                "    {% if m['role'] == 'system' %}{% continue %}{% endif %}\n"
+                "<|{{ m['role'] }}|>{{ m['content'] | trim }}{{ eos_token }}\n"
+                "{{ {'n': loop.index, 'c': m['content']} | tojson }}\n"
+                "{% endfor %}\n"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = _word_tokenizer(tmp_path / "t", "<eos>", ["<eos>"],
+                        {"eos_token": "<eos>", "chat_template": template})
+    ours = Tokenizer(d).chat_prompt("  héllo ")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"), eos_token="<eos>")
+    theirs = hf.apply_chat_template([{"role": "user", "content": "  héllo "}],
+                                    chat_template=template, tokenize=False,
+                                    add_generation_prompt=True)
+    assert ours == theirs
+
+
+def test_prompts_file_jsonl_output_and_out_file(tmp_path, checkpoint, capsys, monkeypatch):
+    """--prompt and --prompts-file (text; JSONL) form one ragged batch in input order; each
+    JSONL row holds the row's answer and counters as the library reports them. --quiet: no
+    progress callback compiled in and nothing on stderr. --out is written whole."""
+    progress_args = []
+    real_run_batch = cli.run_batch
+    monkeypatch.setattr(cli, "run_batch", lambda *a: progress_args.append(a[-1])
+                        or real_run_batch(*a))
+    (tmp_path / "p.txt").write_text("7+5=\n\n1+1=\r\n")
+    base = ["generate", "--checkpoint", str(checkpoint), "--gen-length", "16",
+            "--block-length", "8", "--dtype", "float32", "--quiet"]
+    assert main([*base, "--prompt", "12+30=", "--prompts-file", str(tmp_path / "p.txt"),
+                 "--output", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and progress_args == [None]
+    rows = [json.loads(line) for line in out.splitlines()]
+
+    prompts = ["12+30=", "7+5=", "1+1="]
+    tok = Tokenizer(checkpoint)
+    config, params = lj.load(checkpoint, dtype="float32")
+    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16)
+    ref = lj.generate(params, config, [tok.encode(p) for p in prompts], gen,
+                      key=jax.random.key(0))
+    assert rows == [{"prompt": p, "text": tok.decode(a), "gen_length": int(ref.gen_lengths[i]),
+                     "nfe": int(ref.nfe[i]), "steps": int(ref.steps[i]),
+                     "tokens_per_step": float(ref.tokens_per_step[i])}
+                    for i, (p, a) in enumerate(zip(prompts, ref.answers(16)))]
+
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n"
+                                              for i, p in enumerate(prompts)))
+    (tmp_path / "o.txt").write_text("old")
+    assert main([*base, "--prompts-file", str(tmp_path / "p.jsonl"),
+                 "--out", str(tmp_path / "o.txt")]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert (tmp_path / "o.txt").read_text() == "".join(
+        f"--- {i}: {r['prompt']}\n{r['text']}\n" for i, r in enumerate(rows))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.txt", "p.jsonl", "p.txt"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "--prompts-file {f}: no such file"),
+    ("\n \n", "--prompts-file {f}: holds no prompt"),
+    ('{"prompt": "1+1="}\n{"prompt": 3}\n', '{f}:2: expected a JSON object with a string '
+                                             '"prompt" field'),
+    ('{"prompt": "1+1="}\n\n{"prompt": \n', "{f}:3: not valid JSON"),
+])
+def test_prompts_file_errors(tmp_path, checkpoint, capsys, content, message):
+    f = tmp_path / "p.jsonl"
+    if content is not None:
+        f.write_text(content)
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompts-file", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message.format(f=f)}") and err.count("\n") == 1, err
+
+
+def test_help_states_every_default(capsys):
+    """--help: a one-line description, and every option's default (or that it is required)."""
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        fmt = p._get_formatter()
+        for action in p._actions:
+            if action.dest == "help":
+                continue
+            text = fmt._get_help_string(action) or ""
+            assert "default:" in text or (action.required and "(required)" in text), (
+                name, action.option_strings, text)
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "Generate answers to prompts" in out and "(default: 128)" in out
+
+
+def test_engine_never_imports_the_converter():
+    """The engine stands without `convert` (the demo below checks the imports at run time)."""
+    import re
+    for path in [*(ROOT / "lacache_jax").glob("*.py"), *(ROOT / "kernels").glob("*.py")]:
+        found = re.findall(r"^\s*(?:from|import)\s+convert\b.*$", path.read_text(), re.M)
+        assert not found, f"{path.name}: {found}"
+
+
+def test_demo_runs_and_cleans_up(tmp_path):
+    """Without --workdir the demo's files go to a temporary directory removed at the end. Its
+    process (export, load, forward) never imports the converter: it runs `python -m convert`."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path / "tmp")}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "lacache_jax", "demo"],
+                          capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")]
+    assert "lacache_jax.hf_export" in imported
+    assert not [m for m in imported if m == "convert" or m.startswith("convert.")]
     assert "weights bit-identical: True" in done.stdout and "logits [2, 32, 320]" in done.stdout
+    assert str(tmp_path / "tmp" / "lacache_demo_") in done.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []

@@ -225,3 +225,97 @@ def test_cli_subprocess(tmp_path, hf_dir):
                          cwd=tmp_path)
     assert bad.returncode == 1
     assert "Traceback" not in bad.stderr and "source directory not found" in bad.stderr
+
+
+# --- config.json keys we do not know: converted, with a warning naming them ----------------
+
+# The keys of the published LLaDA-8B-Instruct config.json (values are irrelevant here).
+LLADA_8B_KEYS = (
+    "activation_type alibi alibi_bias_max architectures attention_dropout attention_layer_norm "
+    "attention_layer_norm_with_affine auto_map bias_for_layer_norm block_group_size block_type "
+    "d_model embedding_dropout embedding_size eos_token_id flash_attention include_bias "
+    "include_qkv_bias init_cutoff_factor init_device init_fn init_std input_emb_norm "
+    "layer_norm_type layer_norm_with_affine mask_token_id max_sequence_length mlp_hidden_size "
+    "mlp_ratio model_type multi_query_attention n_heads n_kv_heads n_layers pad_token_id "
+    "precision residual_dropout rms_norm_eps rope rope_full_precision rope_theta scale_logits "
+    "transformers_version use_cache vocab_size weight_tying").split()
+
+
+def test_unknown_config_keys_warn(tmp_path, hf_dir, capsys):
+    from convert.llada import unknown_config_keys
+    assert unknown_config_keys(dict.fromkeys(LLADA_8B_KEYS)) == []
+    assert unknown_config_keys(CFG.to_hf()) == []
+    _set_config(hf_dir, rope_scaling_factor=2.0, layer_norm_eps=1e-6)
+    assert _run(hf_dir, tmp_path / "out") == 0
+    assert capsys.readouterr().err == (
+        f"convert: warning: {hf_dir / 'config.json'}: ignoring unknown key(s) layer_norm_eps, "
+        "rope_scaling_factor\n")
+    assert lj.load(tmp_path / "out")[0] == CFG
+
+
+# --- Ctrl-C: nothing left beside DST, one line, exit 130 -----------------------------------
+
+def _interrupt_when(ready, tmp_path: Path, quiet: bool = True) -> tuple[int, str, str, bool]:
+    """Convert the demo model to tmp_path/dst and send SIGINT once `ready(pid, tmp dir or
+    None)` holds: (exit status, stdout, stderr, whether the moment was seen while running)."""
+    import signal
+    import time
+    cmd = [sys.executable, "-m", "convert", str(ROOT / "demo_model"), str(tmp_path / "dst")]
+    p = subprocess.Popen(cmd + ["--quiet"] * quiet, cwd=tmp_path, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen = False
+    while p.poll() is None:
+        try:
+            tmp = next((d for d in tmp_path.iterdir() if d.name.startswith(".dst.tmp-")), None)
+            seen = ready(p.pid, tmp)
+        except OSError:  # a directory renamed or removed while we looked
+            pass
+        if seen:
+            p.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.002)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err, seen
+
+
+def _importing_numpy(pid, tmp):
+    # numpy loads only with jax, after `main` installed its handler: the imports are running.
+    return "_multiarray_umath" in Path(f"/proc/{pid}/maps").read_text()
+
+
+INTERRUPT_POINTS = {
+    "while importing jax": _importing_numpy,
+    "before the first group": lambda pid, tmp: tmp is not None,
+    "while orbax writes layer_003": lambda pid, tmp: tmp is not None and any(
+        p.name.startswith("layer_003") for p in (tmp / "params").iterdir()),
+}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+def test_ctrl_c_leaves_nothing_behind(tmp_path):
+    """SIGINT at three moments of converting the demo model (during the imports, as the
+    temporary directory appears, while orbax's threads write a layer, with the progress bar
+    on): one line, exit 130, no file beside DST. Then just before DST is put in place, where
+    the conversion may also complete: then it says `wrote`, exits 0 and leaves DST only."""
+    message = "convert: interrupted; nothing was written\n"
+    for i, (moment, ready) in enumerate(INTERRUPT_POINTS.items()):
+        work = tmp_path / str(i)
+        work.mkdir()
+        rc, out, err, seen = _interrupt_when(ready, work, quiet=i != 2)
+        assert seen, f"the conversion ended before the moment {moment!r}"
+        assert (rc, out, list(work.iterdir())) == (130, "", []), (moment, err)
+        assert err == message if i != 2 else err.endswith("\n" + message), (moment, err)
+        assert "Traceback" not in err and err.count("interrupted") == 1
+
+    work = tmp_path / "last"
+    work.mkdir()
+    rc, out, err, _ = _interrupt_when(
+        lambda pid, tmp: (work / "dst").exists() or tmp is not None and (
+            tmp / "lacache.json").exists(), work)
+    if rc == 130:
+        assert (out, err, list(work.iterdir())) == ("", message, [])
+    else:
+        assert rc == 0 and out.startswith(f"wrote {work / 'dst'}: 8 layers") and err == ""
+        assert [p.name for p in work.iterdir()] == ["dst"]
+        assert lj.load(work / "dst")[0].n_layers == 8
