@@ -11,12 +11,14 @@ wall time of the compiled run (compilation excluded). Lossless modes are compare
 token with their baseline, which runs first when `--modes` leaves it out. The JSON goes to
 benchmarks/results/ (or $OUT), stamped, and the plot (accuracy against tokens/s, one point per
 mode) beside it as a PNG when matplotlib is installed (a benchmark-only dependency). A run
-killed by `timeout` still writes the modes it finished.
+killed by `timeout` still writes the modes it finished; `--from-json A.json B.json` merges
+records of several such runs into one table and plot without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -195,15 +197,51 @@ def plot(rows: dict, path: Path, title: str) -> Path | None:
     return path
 
 
+def redraw(files: list[str], draw: bool = True) -> int:
+    """Merge saved records (a later file wins for a mode it repeats) into one table and plot:
+    modes measured over several time-boxed runs end up on one picture."""
+    records = [json.loads(Path(f).read_text()) for f in files]
+    names = {r.get("task", "arith") for r in records}
+    if len(names) != 1:
+        raise ValueError(f"--from-json: records of different tasks {sorted(names)}")
+    merged: dict[str, dict] = {}
+    for record in records:
+        for name, row in record["modes"].items():
+            if "ci95" not in row:  # records before issue 15 kept n in the payload only
+                n = record["n"]
+                row = {**row, "n": n, "ci95": list(wilson(round(row["accuracy"] * n), n))}
+            merged[name] = row
+    unknown = sorted(set(merged) - set(MODES))
+    if unknown:
+        print(f"modes no longer in the table, left out: {', '.join(unknown)}")
+    rows = {name: merged[name] for name in MODES if name in merged}
+    print(table(rows))
+    if draw:
+        first = Path(files[0])
+        png = first.with_suffix(".png") if len(files) == 1 else first.with_name(
+            first.stem + "-merged.png")
+        title = (f"{names.pop()}: {records[0]['n']} held-out problems, {records[0]['device']} "
+                 f"({', '.join(Path(f).stem for f in files)})")
+        if plot(rows, png, title) is not None:
+            print(f"-> {png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--checkpoint")
     ap.add_argument("--task", default="arith", choices=sorted(tasks.TASKS))
     ap.add_argument("--n", type=int, default=500, help="held-out problems")
     ap.add_argument("--seed", type=int, default=0, help="which held-out problems")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated; default: all")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--from-json", nargs="+", metavar="JSON",
+                    help="run nothing: merge these saved records into one table and plot")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return redraw(args.from_json, draw=not args.no_plot)
+    if args.checkpoint is None:
+        ap.error("--checkpoint is required (unless --from-json)")
     if args.n < 1:
         ap.error(f"--n must be positive, got {args.n}")
     try:
@@ -239,15 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         if rows:
             path = write_result("accuracy" if task.name == "arith" else f"accuracy_{task.name}",
                                 {"task": task.name, "n": args.n, "seed": args.seed,
-                                 "checkpoint": args.checkpoint, "modes": rows})
-            print(table(rows))
+                                 "checkpoint": args.checkpoint, "n_params": cfg.n_params,
+                                 "modes": rows})
             print(f"-> {path}")
-            if not args.no_plot:
-                title = (f"{task.name}: {args.n} held-out problems, {cfg.n_params / 1e6:.1f}M "
-                         f"params, {jax.devices()[0].device_kind} ({path.stem})")
-                png = plot(rows, path.with_suffix(".png"), title)
-                if png is not None:
-                    print(f"-> {png}")
+            redraw([str(path)], draw=not args.no_plot)
     return 0
 
 

@@ -197,3 +197,7 @@ def test_accuracy_harness_end_to_end(tmp_path, monkeypatch, capsys):
         lo, hi = r["ci95"]
         assert r["n"] == 3 and lo <= r["accuracy"] <= hi and r["nfe"] > 0
         assert r["tokens_per_step"] == 1.0  # the fixed schedule: one token per step
+    capsys.readouterr()
+    assert accuracy.main(["--from-json", str(path), str(path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "| fixed |" in out and "| exact |" in out and "| identical to fixed |" in out

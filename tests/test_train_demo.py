@@ -100,6 +100,7 @@ def test_wilson_interval_solves_the_score_equation():
 
 def test_mode_table_baselines_and_missing_plot(tmp_path, monkeypatch, capsys):
     import sys
+    from pathlib import Path
 
     import pytest
 
@@ -114,6 +115,13 @@ def test_mode_table_baselines_and_missing_plot(tmp_path, monkeypatch, capsys):
             assert gen.steps == gen.gen_length == tasks.get(task).gen_len
             assert gen.dpad == (tasks.get(task).dpad if settings.get("dpad") else None)
         assert baseline is None or accuracy.MODES[baseline][1] is None
+    # A record of the demo from before issue 15 (no intervals stored) redraws as a table.
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    old = results / "accuracy-20261129-142949.json"
+    assert accuracy.main(["--from-json", str(old), "--no-plot"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| mode | accuracy (95% CI)") and len(lines) == 2 + 12
+    assert "| fixed | 100.0% (99.2-100.0) |" in lines[2]  # Wilson at 500/500: 1 - z^2/(n+z^2)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rows = {"fixed": {"accuracy": 0.5, "ci95": [0.2, 0.8], "tokens_per_s": 10.0}}
     assert accuracy.plot(rows, tmp_path / "p.png", "t") is None
