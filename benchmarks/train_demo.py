@@ -141,7 +141,7 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
     return params, losses, steps
 
 
-def main():
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="HF-layout directory to write")
     ap.add_argument("--task", default="arith", choices=sorted(tasks.TASKS))
@@ -151,7 +151,12 @@ def main():
     ap.add_argument("--lr", type=float, default=None, help="default: the task's")
     ap.add_argument("--layers", type=int, default=None, help="default: the task's")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--eval", type=int, default=0, metavar="N",
+                    help="then score N held-out problems (fixed schedule and threshold 0.9) "
+                         "with the exported bf16 weights, to see at once where the model landed")
+    args = ap.parse_args(argv)
+    if args.eval < 0:
+        ap.error(f"--eval must be >= 0, got {args.eval}")
     t = tasks.get(args.task)
     cfg = tasks.model_config(t, **({} if args.layers is None else {"n_layers": args.layers}))
     batch = t.batch if args.batch is None else args.batch
@@ -168,7 +173,27 @@ def main():
     export_hf(args.out, cfg, params, dtype=jnp.bfloat16, force=True)
     t.write_tokenizer(args.out)
     print(f"wrote {args.out}")
+    if args.eval:
+        quick_eval(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params), cfg, t, args.out,
+                   args.eval)
+    return 0
+
+
+def quick_eval(params, cfg: lj.ModelConfig, task: tasks.Task, tokenizer_dir, n: int) -> dict:
+    """Accuracy and tokens per step of the fixed schedule and threshold 0.9 on `n` held-out
+    problems (benchmarks/accuracy.py measures every mode)."""
+    from benchmarks import accuracy
+    tok = Tokenizer(tokenizer_dir)
+    problems = task.sample("test", n, seed=0)
+    out = {}
+    for name in ("fixed", "threshold"):
+        r = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES[name][0], task=task)
+        lo, hi = r["ci95"]
+        print(f"{task.name} held-out {name}: accuracy {r['accuracy']:.3f} ({lo:.3f}-{hi:.3f}), "
+              f"{r['tokens_per_step']:.2f} tokens/step, NFE {r['nfe']:.1f}", flush=True)
+        out[name] = r
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
