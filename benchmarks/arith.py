@@ -80,14 +80,20 @@ def check(a: int, b: int, generated: str) -> bool:
     return value.isdigit() and int(value) == a + b
 
 
-def write_tokenizer(directory: str | Path) -> None:
+def write_tokenizer(directory: str | Path, chars: str = CHARS) -> None:
     """A character-level `tokenizer.json` (the `tokenizers` package) with LLaDA-like special
-    tokens, plus `tokenizer_config.json` with a chat template built from the prompt markers."""
+    tokens, plus `tokenizer_config.json` with a chat template built from the prompt markers.
+
+    Other tasks pass their own `chars`; the specials keep ids 0-3 and the template stays the
+    same, so every task's checkpoint speaks the same chat format."""
     from lacache_jax.tokenizer import save_char_tokenizer
 
+    if len(set(chars)) != len(chars):
+        raise ValueError(f"chars must be distinct characters, got {chars!r}")
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     save_char_tokenizer(directory / "tokenizer.json",
-                        {tok: i for i, tok in enumerate((*SPECIALS, *CHARS))}, list(SPECIALS))
+                        {tok: i for i, tok in enumerate((*SPECIALS, *chars))}, list(SPECIALS))
     template = ("{% for m in messages %}" + USER + "{{ m['content'] }}{% endfor %}"
                 "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}")
     (directory / "tokenizer_config.json").write_text(json.dumps(

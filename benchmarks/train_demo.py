@@ -1,7 +1,12 @@
-"""Train the small demo LLaDA on the arithmetic task with LLaDA's SFT objective, and export it
-in the Hugging Face LLaDA layout (what `python -m convert` reads).
+"""Train a small LLaDA on one of the synthetic tasks (`benchmarks/tasks.py`) with LLaDA's SFT
+objective, and export it in the Hugging Face LLaDA layout (what `python -m convert` reads),
+tokenizer files included.
 
     python -m benchmarks.train_demo --out demo_model [--steps 3000 | --minutes 6] [--batch 512]
+    python -m benchmarks.train_demo --task chain --out chain_model --minutes 8
+
+The task (default `arith`, the shipped demo) fixes the model size, the canvas and the default
+batch, learning rate and steps; the flags override them.
 
 `--minutes` times the compiled step first and sets the step count to fit the budget, so the
 learning-rate schedule still runs to its end. Batches are drawn fresh every step (with
@@ -11,7 +16,8 @@ Objective (SFT form): the prompt is never masked; each answer token (answers rig
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
 sample; cross-entropy on masked tokens, weighted 1/p and divided by the answer length.
 Prompts are left-padded with masked keys and positions counted from the first real token,
-exactly as `lj.generate` runs them.
+exactly as `lj.generate` runs them. Tasks whose answers have free choices (`chain`: the
+order of independent statements) draw them afresh for every sample.
 """
 
 from __future__ import annotations
@@ -28,42 +34,41 @@ import optax
 from tqdm.auto import tqdm
 
 import lacache_jax as lj
-from benchmarks import arith
+from benchmarks import tasks
 from lacache_jax.model import forward_hidden, lm_head
 from lacache_jax.tokenizer import Tokenizer
 
-PROMPT_LEN = 16   # longest prompt: 2 markers + 5 + '+' + 5 + '=' = 14 tokens
-GEN_LEN = 64      # longest answer: 5 columns of 11 chars ('9+9+1=19c1;') + '#' + 6 digits = 62
+PROMPT_LEN = tasks.ARITH.prompt_len  # the demo's canvas: 16 + 64
+GEN_LEN = tasks.ARITH.gen_len
 EPS = 1e-3
 
 
 def demo_config(**overrides) -> lj.ModelConfig:
-    ids = arith.special_ids()
-    base = dict(d_model=256, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=768, vocab_size=32,
-                rope_theta=10000.0, norm_eps=1e-5, max_seq_len=PROMPT_LEN + GEN_LEN,
-                mask_id=ids[arith.MASK], eos_id=ids[arith.EOS], pad_id=ids[arith.EOS])
-    return lj.ModelConfig(**{**base, **overrides})
+    return tasks.model_config("arith", **overrides)
 
 
-def encode_batch(problems, encode, eos_id: int):
-    """Left-padded prompts + EOS-padded answers: tokens, prompt padding, answer mask."""
-    B, T = len(problems), PROMPT_LEN + GEN_LEN
+def encode_batch(problems, encode, eos_id: int, task: str | tasks.Task = "arith",
+                 rng: random.Random | None = None):
+    """Left-padded prompts + EOS-padded answers (`rng` draws the task's free choices):
+    tokens [B, prompt_len + gen_len] and each row's prompt padding [B]."""
+    t = tasks.get(task)
+    B, T = len(problems), t.prompt_len + t.gen_len
     tokens = np.full((B, T), eos_id, np.int32)
     pad = np.zeros(B, np.int32)
-    for i, (a, b) in enumerate(problems):
-        p, ans = encode(arith.prompt_text(a, b)), encode(arith.answer_text(a, b))
-        if len(p) > PROMPT_LEN or len(ans) >= GEN_LEN:
-            raise ValueError(f"problem {a}+{b} does not fit the canvas")
-        pad[i] = PROMPT_LEN - len(p)
-        tokens[i, pad[i]:PROMPT_LEN] = p
-        tokens[i, PROMPT_LEN:PROMPT_LEN + len(ans)] = ans
+    for i, problem in enumerate(problems):
+        p, ans = encode(t.prompt(problem)), encode(t.answer(problem, rng))
+        if len(p) > t.prompt_len or len(ans) >= t.gen_len:
+            raise ValueError(f"problem {t.prompt(problem)!r} does not fit the {t.name} canvas")
+        pad[i] = t.prompt_len - len(p)
+        tokens[i, pad[i]:t.prompt_len] = p
+        tokens[i, t.prompt_len:t.prompt_len + len(ans)] = ans
     return tokens, pad
 
 
-def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key):
+def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int = PROMPT_LEN):
     B, T = tokens_BT.shape
     col = jnp.arange(T)
-    answer = jnp.broadcast_to(col >= PROMPT_LEN, (B, T))
+    answer = jnp.broadcast_to(col >= prompt_len, (B, T))
     t = jax.random.uniform(jax.random.fold_in(key, 0), (B, 1))
     p_mask = (1 - EPS) * t + EPS
     masked = answer & (jax.random.uniform(jax.random.fold_in(key, 1), (B, T)) < p_mask)
@@ -72,14 +77,15 @@ def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key):
     positions = jnp.maximum(col[None, :] - pad_B[:, None], 0)
     logits = lm_head(params, cfg, forward_hidden(params, cfg, noisy, key_mask, positions))
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens_BT)
-    per_token = jnp.where(masked, ce / p_mask, 0.0) / GEN_LEN  # answer length: the whole gen
+    # Answer length: the whole gen, EOS padding included (what LLaDA's SFT divides by).
+    per_token = jnp.where(masked, ce / p_mask, 0.0) / (T - prompt_len)
     return per_token.sum() / B
 
 
-def make_train_step(cfg: lj.ModelConfig, optimizer):
+def make_train_step(cfg: lj.ModelConfig, optimizer, prompt_len: int = PROMPT_LEN):
     @jax.jit
     def step(params, opt_state, tokens, pad, key, lr):
-        loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key)
+        loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key, prompt_len)
         opt_state.hyperparams["learning_rate"] = lr
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -95,21 +101,26 @@ def lr_at(i: int, steps: int, peak: float) -> float:
 
 
 def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: int = 0,
-          progress: bool = True, minutes: float | None = None):
-    """Returns (params in fp32, losses every 50 steps, steps run). With `minutes`, `steps`
-    is chosen to fit that much training time."""
+          progress: bool = True, minutes: float | None = None,
+          task: str | tasks.Task = "arith", log_every: int = 50):
+    """Returns (params in fp32, losses every `log_every` steps and at the last, steps run).
+    With `minutes`, `steps` is chosen to fit that much training time."""
     if (steps is None) == (minutes is None):
         raise ValueError("give exactly one of steps and minutes")
+    t = tasks.get(task)
+    if cfg.max_seq_len < t.prompt_len + t.gen_len:
+        raise ValueError(f"cfg.max_seq_len={cfg.max_seq_len} is shorter than the {t.name} "
+                         f"canvas ({t.prompt_len} + {t.gen_len})")
     with tempfile.TemporaryDirectory() as d:
-        arith.write_tokenizer(d)
+        t.write_tokenizer(d)
         encode = Tokenizer(d).encode
     rng = random.Random(seed)
-    next_batch = lambda: encode_batch(arith.draw("train", batch, rng), encode, cfg.eos_id)
+    next_batch = lambda: encode_batch(t.draw("train", batch, rng), encode, cfg.eos_id, t, rng)
     params = lj.init_params(cfg, jax.random.key(seed), jnp.float32)
     optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
                                                       weight_decay=0.01)
     opt_state = optimizer.init(params)
-    step = make_train_step(cfg, optimizer)
+    step = make_train_step(cfg, optimizer, t.prompt_len)
     keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
     if minutes is not None:  # time throwaway steps on copies (the first one compiles)
         p, o = params, opt_state
@@ -125,32 +136,64 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
     for i in tqdm(range(steps), desc="training", disable=not progress):
         params, opt_state, loss = step(params, opt_state, *next_batch(), keys(i),
                                        lr_at(i, steps, lr))
-        if i % 50 == 0 or i == steps - 1:
+        if i % log_every == 0 or i == steps - 1:
             losses.append(float(loss))
     return params, losses, steps
 
 
-def main():
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, help="HF-layout directory to write")
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--task", default="arith", choices=sorted(tasks.TASKS))
+    ap.add_argument("--steps", type=int, default=None, help="default: the task's")
     ap.add_argument("--minutes", type=float, default=None, help="training time budget")
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--layers", type=int, default=None)
-    args = ap.parse_args()
-    cfg = demo_config() if args.layers is None else demo_config(n_layers=args.layers)
+    ap.add_argument("--batch", type=int, default=None, help="default: the task's")
+    ap.add_argument("--lr", type=float, default=None, help="default: the task's")
+    ap.add_argument("--layers", type=int, default=None, help="default: the task's")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval", type=int, default=0, metavar="N",
+                    help="then score N held-out problems (fixed schedule and threshold 0.9) "
+                         "with the exported bf16 weights, to see at once where the model landed")
+    args = ap.parse_args(argv)
+    if args.eval < 0:
+        ap.error(f"--eval must be >= 0, got {args.eval}")
+    t = tasks.get(args.task)
+    cfg = tasks.model_config(t, **({} if args.layers is None else {"n_layers": args.layers}))
+    batch = t.batch if args.batch is None else args.batch
+    lr = t.lr if args.lr is None else args.lr
     t0 = time.perf_counter()
     if args.steps is None and args.minutes is None:
-        args.steps = 3000
-    params, losses, steps = train(cfg, args.steps, args.batch, args.lr, minutes=args.minutes)
-    print(f"trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {args.batch} in "
+        args.steps = t.steps
+    params, losses, steps = train(cfg, args.steps, batch, lr, seed=args.seed,
+                                  minutes=args.minutes, task=t)
+    print(f"{t.name}: trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {batch} in "
           f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    print("loss every 50 steps: " + " ".join(f"{x:.3f}" for x in losses))
     from convert import export_hf
     export_hf(args.out, cfg, params, dtype=jnp.bfloat16, force=True)
-    arith.write_tokenizer(args.out)
+    t.write_tokenizer(args.out)
     print(f"wrote {args.out}")
+    if args.eval:
+        quick_eval(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params), cfg, t, args.out,
+                   args.eval)
+    return 0
+
+
+def quick_eval(params, cfg: lj.ModelConfig, task: tasks.Task, tokenizer_dir, n: int) -> dict:
+    """Accuracy and tokens per step of the fixed schedule and threshold 0.9 on `n` held-out
+    problems (benchmarks/accuracy.py measures every mode)."""
+    from benchmarks import accuracy
+    tok = Tokenizer(tokenizer_dir)
+    problems = task.sample("test", n, seed=0)
+    out = {}
+    for name in ("fixed", "threshold"):
+        r = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES[name][0], task=task)
+        lo, hi = r["ci95"]
+        print(f"{task.name} held-out {name}: accuracy {r['accuracy']:.3f} ({lo:.3f}-{hi:.3f}), "
+              f"{r['tokens_per_step']:.2f} tokens/step, NFE {r['nfe']:.1f}", flush=True)
+        out[name] = r
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

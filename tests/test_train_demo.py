@@ -66,3 +66,64 @@ def test_accuracy_harness_plumbing(tmp_path):
     assert (exact["tokens"] == base["tokens"]).all()
     for r in (base, exact, par):
         assert 0.0 <= r["accuracy"] <= 1.0 and r["nfe"] > 0 and r["tokens_per_step"] >= 1.0
+
+
+def test_wilson_interval_solves_the_score_equation():
+    """The Wilson bounds are the p at which the score statistic equals z:
+    (p_hat - p)^2 = z^2 p (1 - p) / n. Checked by bisection, independently of the closed form."""
+    import statistics
+
+    import pytest
+
+    from benchmarks import accuracy
+    z = accuracy.Z95
+    assert z == pytest.approx(statistics.NormalDist().inv_cdf(0.975), abs=1e-12)
+    for correct, n in [(0, 10), (3, 10), (10, 10), (1, 1), (480, 500), (250, 500)]:
+        lo, hi = accuracy.wilson(correct, n)
+        ph = correct / n
+        f = lambda p: (ph - p) ** 2 - z * z * p * (1 - p) / n
+
+        def root(a, b):  # f changes sign on [a, b]
+            for _ in range(200):
+                m = (a + b) / 2
+                a, b = (m, b) if (f(m) > 0) == (f(a) > 0) else (a, m)
+            return (a + b) / 2
+        # Bisection converges to 1e-15 here; the closed form's rounding is of that order too.
+        assert lo == (0.0 if correct == 0 else pytest.approx(root(0.0, ph), abs=1e-12))
+        assert hi == (1.0 if correct == n else pytest.approx(root(ph, 1.0), abs=1e-12))
+        assert 0.0 <= lo <= ph <= hi <= 1.0
+    with pytest.raises(ValueError, match="n must"):
+        accuracy.wilson(0, 0)
+    with pytest.raises(ValueError, match="correct"):
+        accuracy.wilson(11, 10)
+
+
+def test_mode_table_baselines_and_missing_plot(tmp_path, monkeypatch, capsys):
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from benchmarks import accuracy, tasks
+    assert accuracy.with_baselines(["threshold+exact", "exact", "dual"]) == [
+        "threshold", "threshold+exact", "fixed", "exact", "dual"]
+    with pytest.raises(ValueError, match="--modes"):
+        accuracy.with_baselines(["fixed", "warp"])
+    for name, (settings, baseline) in accuracy.MODES.items():  # every entry is a valid config
+        for task in tasks.TASKS:
+            gen = accuracy.generation_config(task, settings)
+            assert gen.steps == gen.gen_length == tasks.get(task).gen_len
+            assert gen.dpad == (tasks.get(task).dpad if settings.get("dpad") else None)
+        assert baseline is None or accuracy.MODES[baseline][1] is None
+    # A record of the demo from before issue 15 (no intervals stored) redraws as a table.
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    old = results / "accuracy-20261129-142949.json"
+    assert accuracy.main(["--from-json", str(old), "--no-plot"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| mode | accuracy (95% CI)") and len(lines) == 2 + 12
+    assert "| fixed | 100.0% (99.2-100.0) |" in lines[2]  # Wilson at 500/500: 1 - z^2/(n+z^2)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rows = {"fixed": {"accuracy": 0.5, "ci95": [0.2, 0.8], "tokens_per_s": 10.0}}
+    assert accuracy.plot(rows, tmp_path / "p.png", "t") is None
+    assert "matplotlib is not installed" in capsys.readouterr().out
+    assert not (tmp_path / "p.png").exists()

@@ -1,0 +1,238 @@
+"""The chain task: multi-step arithmetic solved through a chain of intermediate results, the
+harder trained yardstick that tells the decoding modes apart (issue 15). Exactly checkable.
+
+A problem is a short program with the structure of a GSM8K word problem and none of its words:
+two to four given numbers, then six to sixteen derived quantities, each one operation (+, -, *)
+on earlier quantities or a small literal; the question is the last quantity. The answer works
+out every derived quantity, restating its operation with the operand values, then gives the
+asked value after `#` (a shortened example):
+
+    prompt  <|user|>a=47;b=8;c=b*3;d=a+c;e=d-19;f=e*c;f?<|assistant|>
+    answer  c=8*3=24;d=47+24=71;e=71-19=52;f=52*24=1248;#1248
+
+Why this task (the demo's column addition cannot separate the modes: a trained model works out
+its whole scratchpad in one forward pass, so threshold 0.9 reveals a full 32-token block per
+step and nearly every mode scores 100%):
+
+- Depth. Most results need results that stand earlier in the answer itself, so a model that
+  does one operation per forward pass confidently cannot reveal a block in one step: tokens
+  per step is bounded by how much of the chain is settled, as in a GSM8K solution. A statement
+  is 13 tokens on average, of which 3 are result digits (23% of the answer); if one takes 2-4
+  steps at threshold 0.9 (the choice of statement, the copies, a hard digit or two), threshold
+  decoding reveals 3-7 tokens per step.
+- Easy stretches beside hard digits. Names, '=', operators, literals and the restated operand
+  values (copies of the prompt and of earlier results) are predictable once their statement is
+  chosen, and the EOS padding once the answer ends: these are what parallel decoding can reveal
+  several at a time. Results are mental arithmetic on up to four digits, products of two
+  two-digit numbers included, which a model of ~10M parameters trained for minutes gets wrong
+  now and then. Errors compound over 6-16 statements (11 on average): with a per-statement
+  accuracy between 0.986 and 0.998 a problem is right 85-98% of the time, the regime of an 8B
+  model on GSM8K.
+- Genuine choice. Training answers work the quantities out in a random order that respects the
+  dependencies (each statement picked uniformly among those whose operands are known: 2.0 on
+  average, a single candidate for one statement in three), as different written solutions
+  do. Where the next statement is such a choice no token reaches confidence 0.9, so threshold
+  decoding slows down there; a low threshold can reveal tokens of two different orders in one
+  step, the accuracy cost of aggressive parallel decoding that the demo never shows.
+- Length. Answers are 64-255 tokens (problems outside are redrawn), so they fill two to eight
+  32-token blocks of a 256-token canvas: DPad, the prefix and dual caches and early stopping
+  all act on several blocks.
+
+The tokenizer is the demo's (`arith.write_tokenizer`: same specials at the same ids, same chat
+template) over this task's characters. The held-out split is fixed by a hash of the program,
+so no test problem is ever drawn for training, whatever the seed; `check` reads the number
+after the last `#` only, as GSM8K is scored. If a trained model lands above 98% at the fixed
+schedule, raise `MAX_VALUE` (larger mental products); below 85%, lower it or train longer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+from typing import NamedTuple
+
+from benchmarks import arith
+
+USER, ASSISTANT, MASK, EOS = arith.USER, arith.ASSISTANT, arith.MASK, arith.EOS
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+OPS = "+-*"
+CHARS = "0123456789" + OPS + "=;#?" + LETTERS
+GIVENS = (2, 4)        # given numbers per problem (inclusive range)
+STEPS = (6, 16)        # derived quantities per problem
+MAX_VALUE = 9999       # every quantity lies in [1, MAX_VALUE]
+LITERAL_P = 0.3        # chance that an operation's right operand is a literal 2..99
+ANSWER_LEN = (64, 255)  # one token per character; 255 leaves an EOS in a 256-token canvas
+GEN_LEN = 256
+# Longest prompt: 2 markers, 4 givens 'a=999;', 16 operations 'x=y*99;', the question 'q?'.
+PROMPT_LEN = 2 + GIVENS[1] * 6 + STEPS[1] * 7 + 2
+
+
+class Problem(NamedTuple):
+    """Givens (named a, b, ...) and derived quantities (named after them, in prompt order),
+    each (left name, op, right name or literal)."""
+    givens: tuple[int, ...]
+    ops: tuple[tuple[str, str, str], ...]
+
+    @property
+    def names(self) -> str:
+        return LETTERS[:len(self.givens) + len(self.ops)]
+
+
+def values(p: Problem) -> dict[str, int]:
+    """Every quantity's value by name."""
+    v = dict(zip(LETTERS, p.givens))
+    for name, (left, op, right) in zip(p.names[len(p.givens):], p.ops):
+        v[name] = _apply(v[left], op, _operand(v, right))
+    return v
+
+
+def _operand(v: dict[str, int], token: str) -> int:
+    return int(token) if token.isdigit() else v[token]
+
+
+def _apply(x: int, op: str, y: int) -> int:
+    return x + y if op == "+" else x - y if op == "-" else x * y
+
+
+def program_text(p: Problem) -> str:
+    """The user message: the program and its question."""
+    g = len(p.givens)
+    given = [f"{n}={x}" for n, x in zip(p.names, p.givens)]
+    derived = [f"{n}={left}{op}{right}" for n, (left, op, right) in zip(p.names[g:], p.ops)]
+    return ";".join(given + derived) + f";{p.names[-1]}?"
+
+
+def prompt_text(p: Problem) -> str:
+    return f"{USER}{program_text(p)}{ASSISTANT}"
+
+
+def solve_order(p: Problem, rng: random.Random | None = None) -> list[int]:
+    """Indices into `p.ops` in the order the answer works them out: prompt order without `rng`,
+    else at each statement a uniform pick among those whose operands are all known."""
+    g = len(p.givens)
+    if rng is None:
+        return list(range(len(p.ops)))
+    index = {name: i for i, name in enumerate(p.names[g:])}
+    dependents: list[list[int]] = [[] for _ in p.ops]
+    unknown = [0] * len(p.ops)  # operands not worked out yet
+    for i, (left, _, right) in enumerate(p.ops):
+        for d in {index[t] for t in (left, right) if t in index}:
+            dependents[d].append(i)
+            unknown[i] += 1
+    ready = [i for i, n in enumerate(unknown) if n == 0]
+    order = []
+    while ready:
+        i = ready.pop(rng.randrange(len(ready)))
+        order.append(i)
+        for j in dependents[i]:
+            unknown[j] -= 1
+            if unknown[j] == 0:
+                ready.append(j)
+    return order
+
+
+def answer_text(p: Problem, rng: random.Random | None = None) -> str:
+    """The worked answer; `rng` draws the order of the statements (see `solve_order`)."""
+    v, g = values(p), len(p.givens)
+    steps = []
+    for i in solve_order(p, rng):
+        left, op, right = p.ops[i]
+        name = p.names[g + i]
+        steps.append(f"{name}={v[left]}{op}{_operand(v, right)}={v[name]};")
+    return "".join(steps) + f"#{v[p.names[-1]]}"
+
+
+def answer_length(p: Problem) -> int:
+    """Characters (= tokens) of the answer; the same for every order."""
+    return len(answer_text(p))
+
+
+def generate(rng: random.Random) -> Problem:
+    """One problem from the task's distribution (before the split)."""
+    while True:
+        p = _attempt(rng)
+        if p is not None and ANSWER_LEN[0] <= answer_length(p) <= ANSWER_LEN[1]:
+            return p
+
+
+def _attempt(rng: random.Random) -> Problem | None:
+    g, k = rng.randint(*GIVENS), rng.randint(*STEPS)
+    givens = []
+    for _ in range(g):
+        d = rng.randint(1, 3)
+        givens.append(rng.randint(max(2, 10 ** (d - 1)), 10 ** d - 1))
+    vals, ops = list(givens), []
+    for i in range(g, g + k):
+        for _ in range(50):
+            op = rng.choice(OPS)
+            # Half the time the latest quantity: chains as deep as a word problem's.
+            li = i - 1 if rng.random() < 0.5 else rng.randrange(i)
+            if rng.random() < LITERAL_P:
+                ri, y = None, rng.randint(2, 10 ** rng.randint(1, 2) - 1)
+            else:
+                ri = rng.randrange(i)
+                y = vals[ri]
+            if op == "-" and vals[li] < y:
+                if ri is None:
+                    continue
+                li, ri, y = ri, li, vals[li]
+            if op == "*" and min(vals[li], y) < 2:
+                continue
+            result = _apply(vals[li], op, y)
+            if 1 <= result <= MAX_VALUE:
+                ops.append((LETTERS[li], op, str(y) if ri is None else LETTERS[ri]))
+                vals.append(result)
+                break
+        else:
+            return None
+    return Problem(tuple(givens), tuple(ops))
+
+
+def is_test(p: Problem) -> bool:
+    """One problem in ten, fixed by a hash of the program: the held-out split."""
+    return hashlib.sha256(program_text(p).encode()).digest()[0] < 26
+
+
+def sample(split: str, n: int, seed: int) -> list[Problem]:
+    """`n` distinct problems of `split` ("train" or "test")."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"chain-{split}-{seed}")
+    out: dict[Problem, None] = {}
+    while len(out) < n:
+        p = generate(rng)
+        if is_test(p) == (split == "test"):
+            out[p] = None
+    return list(out)
+
+
+def draw(split: str, n: int, rng: random.Random) -> list[Problem]:
+    """`n` problems of `split` drawn with replacement (training batches), same distribution as
+    `sample`."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    out = []
+    while len(out) < n:
+        p = generate(rng)
+        if is_test(p) == (split == "test"):
+            out.append(p)
+    return out
+
+
+def check(p: Problem, generated: str) -> bool:
+    """Exact match of the final number (text after the last '#', up to EOS)."""
+    tail = generated.split(EOS)[0]
+    if "#" not in tail:
+        return False
+    value = tail.rsplit("#", 1)[1].strip()
+    return value.isdigit() and int(value) == values(p)[p.names[-1]]
+
+
+def write_tokenizer(directory: str | Path) -> None:
+    """The demo's tokenizer files (same specials and chat template) over this task's chars."""
+    arith.write_tokenizer(directory, CHARS)
+
+
+def special_ids() -> dict[str, int]:
+    return arith.special_ids()
