@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
 from lacache_jax import safetensors_file as stf
-from lacache_jax.config import _SUPPORTED_FIXED, _SUPPORTED_NULL, ConfigError, ModelConfig
+from lacache_jax.config import HF_KEYS_READ, ConfigError, ModelConfig
 from lacache_jax.hf_export import PREFIX, hf_shapes, key_plan
 from lacache_jax.quant import check_fp8_ffn_dims, quantize_ffn_layer
 
@@ -30,16 +30,10 @@ DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 _FLOAT_SOURCES = {np.dtype(n) for n in ("float16", "float32", "float64")} | {
     stf.DTYPES["BF16"]}
 
-# config.json keys we know. Read: what ModelConfig.from_hf reads (config.py's _read_hf) plus the
-# keys it requires at one value (_SUPPORTED_FIXED, _SUPPORTED_NULL). Inert: LLaDA's training
-# settings and Hugging Face bookkeeping, which cannot change the forward pass (alibi_bias_max
-# and attention_layer_norm_with_affine matter only with features that are refused). Any other
-# key is ignored with a warning naming it, so a typo or a new feature is never silently dropped.
-_READ_KEYS = frozenset({
-    "d_model", "n_layers", "n_heads", "n_kv_heads", "multi_query_attention", "mlp_hidden_size",
-    "mlp_ratio", "vocab_size", "embedding_size", "weight_tying", "rope_theta", "rms_norm_eps",
-    "max_sequence_length", "mask_token_id", "eos_token_id", "pad_token_id",
-    *_SUPPORTED_FIXED, *_SUPPORTED_NULL})
+# config.json keys we know: read (config.HF_KEYS_READ), or inert: LLaDA's training settings
+# and Hugging Face bookkeeping, which cannot change the forward pass (alibi_bias_max and
+# attention_layer_norm_with_affine matter only with features that are refused). Any other key
+# is ignored with a warning naming it, so a typo or a new feature is never silently dropped.
 _INERT_KEYS = frozenset({
     "attention_dropout", "residual_dropout", "embedding_dropout", "init_device", "init_fn",
     "init_std", "init_cutoff_factor", "precision", "flash_attention", "alibi_bias_max",
@@ -54,7 +48,7 @@ class ConvertWarning(UserWarning):
 
 def unknown_config_keys(hf: dict) -> list[str]:
     """The keys of a config.json dict that neither configure the model nor are known inert."""
-    return sorted(set(hf) - _READ_KEYS - _INERT_KEYS)
+    return sorted(set(hf) - HF_KEYS_READ - _INERT_KEYS)
 
 
 # --- HF -> ours ---------------------------------------------------------------------------

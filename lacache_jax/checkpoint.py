@@ -89,6 +89,10 @@ def group_to_fp8(g: Mapping[str, Any]) -> FP8FFN:
 def params_to_groups(params: Params) -> dict[str, dict[str, Any]]:
     """The stored arrays by group; fields marked `derived` (the FP8 copies) are left out here
     and written by `save` as groups of their own."""
+    if grouped := sorted({layer.tp for layer in params.layers} - {1}):
+        raise ValueError(f"params are in the tensor-parallel column layout (Layer.tp="
+                         f"{grouped[0]}): store the checkpoint layout, sharding.tp_layout("
+                         "params, config, 1)")
     groups = {"embed": {"embed": params.embed}}
     for i, layer in enumerate(params.layers):
         groups[f"layer_{i:03d}"] = {f.name: getattr(layer, f.name)

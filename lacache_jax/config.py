@@ -196,6 +196,14 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+# Every config.json key `_read_hf` reads or requires (convert warns about the others).
+HF_KEYS_READ = frozenset({
+    "d_model", "n_layers", "n_heads", "n_kv_heads", "multi_query_attention", "mlp_hidden_size",
+    "mlp_ratio", "vocab_size", "embedding_size", "weight_tying", "rope_theta", "rms_norm_eps",
+    "max_sequence_length", "mask_token_id", "eos_token_id", "pad_token_id", *_SUPPORTED_FIXED,
+    *_SUPPORTED_NULL})
+
+
 # --- presets ---------------------------------------------------------------------------
 
 LLADA_EOT_ID = 126348  # <|eot_id|>: not in config.json; LLaDA's sampler hard-codes it
