@@ -75,7 +75,8 @@ def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
 @functools.cache
 def available() -> bool:
     """Build (or find cached), load and register the handler; False (with one warning) where
-    that cannot be done. Call only with a GPU backend initialised."""
+    that cannot be done."""
+    jax.devices()  # the backend first: its cuBLASLt is then mapped and found by find_cuda
     try:
         path = build()
         lib = ctypes.CDLL(str(path))

@@ -110,6 +110,33 @@ def test_zero_groups_and_clipping():
     assert float(jnp.abs(q.astype(jnp.float32)).max()) == 448.0
 
 
+def test_quant_tiles_change_no_bit(monkeypatch):
+    """Larger quantisation tiles (several rows x 128-column groups per program, as chosen from
+    M 1024) give the 16 x 128 tiles' bits: the same per-group arithmetic, only the program
+    split changes. Their Triton IR passes the verifier; a group count not dividing is refused."""
+    from kernels.fused_quant import QuantTiles
+    x = (jax.random.normal(jax.random.key(5), (40, 512)) * 3).astype(jnp.bfloat16)
+    w = (1 + 0.1 * jax.random.normal(jax.random.key(6), (512,))).astype(jnp.bfloat16)
+    gu = jnp.concatenate([x, x[:, ::-1]], axis=1)
+    small = QuantTiles()
+    for fn, args in ((functools.partial(rmsnorm_quant_pallas, eps=1e-5), (x, w)),
+                     (swiglu_quant_pallas, (gu,))):
+        q0, s0 = fn(*args, tiles=small, interpret=True)
+        for tiles in (QuantTiles(32, 2),):
+            q, s = fn(*args, tiles=tiles, interpret=True, poison=True)
+            np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                          np.asarray(q0.astype(jnp.float32)))
+            np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+    big = QuantTiles.get_default(4096, 512 // 128)
+    assert big.rows * big.groups > small.rows * small.groups
+    assert QuantTiles.get_default(32, 4) == small
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=big), x, w,
+                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda gu: swiglu_quant_pallas(gu, tiles=big), gu, monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match="groups must divide the 4 groups"):
+        swiglu_quant_pallas(gu, tiles=QuantTiles(16, 3), interpret=True)
+
+
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
     for bn in (128, 256):
