@@ -146,9 +146,9 @@ def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, tiles: QuantTile
 
 def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
     t = tiles or QuantTiles.get_default(M, G)
-    if G % t.groups or t.rows % ROWS:
-        raise ValueError(f"tiles {t}: groups must divide the {G} groups of 128 and rows be a "
-                         f"multiple of {ROWS}")
+    if G % t.groups or t.groups & (t.groups - 1) or t.rows % ROWS or t.rows & (t.rows - 1):
+        raise ValueError(f"tiles {t}: groups must be a power of two dividing the {G} groups "
+                         f"of 128 and rows a power of two >= {ROWS} (Triton's block shapes)")
     return t
 
 

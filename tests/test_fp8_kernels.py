@@ -133,7 +133,7 @@ def test_quant_tiles_change_no_bit(monkeypatch):
     assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=big), x, w,
                         monkeypatch=monkeypatch)
     assert_valid_triton(lambda gu: swiglu_quant_pallas(gu, tiles=big), gu, monkeypatch=monkeypatch)
-    with pytest.raises(ValueError, match="groups must divide the 4 groups"):
+    with pytest.raises(ValueError, match="groups must be a power of two dividing the 4 groups"):
         swiglu_quant_pallas(gu, tiles=QuantTiles(16, 3), interpret=True)
 
 
