@@ -13,6 +13,10 @@ differentiation rule.
 
 cuBLASLt reads the activation scales M-major ([K / 128, M]) and the weight scales with the K
 blocks padded to a multiple of 4 ([N / 128, round_up(K / 128, 4)]): the wrapper passes them so.
+Which operand cuBLASLt takes as A (`SWAP`: the weights, writing [M, N] directly, or the
+activations, writing [N, M], transposed afterwards) and whether it writes f32
+(`F32_OUT`) are probed once by `available()` on a tiny problem, so a cuBLASLt that refuses one
+arrangement still serves the other.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels import fp8_matmul as fm
 
@@ -41,6 +46,8 @@ HANDLER = "LacacheFp8GemmCublasLt"
 MIN_CUBLASLT = 120900  # block-scaled FP8 (VEC128 / BLK128x128) arrived in cuBLAS 12.9
 HEADERS = ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "nv/target")
 LIBRARIES = ("libcublasLt.so", "libcudart.so")
+SWAP = False     # set by available()'s probe: A = activations, output transposed afterwards
+F32_OUT = True   # set by available()'s probe: cuBLASLt writes f32 in this arrangement
 
 
 class Unavailable(RuntimeError):
@@ -50,26 +57,34 @@ class Unavailable(RuntimeError):
 def supports(M: int, N: int, K: int, out_dtype) -> bool:
     """Shapes the handler takes (beyond the contract's N, K multiples of 128): M a multiple of
     8 (16-byte rows of the M-major scales and of the output), bf16 or f32 output."""
+    dtypes = (jnp.bfloat16, jnp.float32) if F32_OUT else (jnp.bfloat16,)
     return (M > 0 and M % 8 == 0 and N % GROUP == 0 and K % GROUP == 0
-            and jnp.dtype(out_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)))
+            and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype",))
 def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
     x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
     Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`."""
+    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
     if not supports(M, N, K, out_dtype):
-        raise ValueError(f"the cuBLASLt FP8 GEMM needs M a multiple of 8 and a bf16 or f32 "
-                         f"out_dtype; got M {M}, out_dtype {jnp.dtype(out_dtype).name}")
+        raise ValueError(f"the cuBLASLt FP8 GEMM needs M a multiple of 8 and a bf16"
+                         f"{' or f32' if F32_OUT else ''} out_dtype; got M {M}, out_dtype "
+                         f"{jnp.dtype(out_dtype).name}")
     G = K // GROUP
     pad = -G % 4
     ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((M, N), out_dtype))
-    return call(xq, x_scale.T, wq, ws)
+    shape = (N, M) if swap else (M, N)
+    out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
+        xq, x_scale.T, wq, ws, swap=np.int32(swap))
+    return out.T if swap else out
 
 
 @functools.cache
@@ -87,11 +102,37 @@ def available() -> bool:
                               f"{MIN_CUBLASLT})")
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, HANDLER)),
                                     platform="CUDA")
+        probe()
     except (Unavailable, OSError) as e:
         warnings.warn(f"lacache_jax: no cuBLASLt FP8 GEMM ({e}); using the Pallas kernels",
                       stacklevel=2)
         return False
     return True
+
+
+def probe() -> None:
+    """Which arrangement cuBLASLt runs (weights as A first) and whether it writes f32, on one
+    8 x 128 x 128 problem each; sets `SWAP` and `F32_OUT`."""
+    global SWAP, F32_OUT
+    xq = jnp.ones((8, GROUP), jnp.float8_e4m3fn)
+    wq = jnp.ones((GROUP, GROUP), jnp.float8_e4m3fn)
+    xs, ws = jnp.ones((8, 1), jnp.float32), jnp.ones((1, 1), jnp.float32)
+    errors = []
+    for swap in (False, True):
+        try:
+            out = _cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap)
+            if float(out[0, 0]) != GROUP:
+                raise Unavailable(f"swap={swap} computed {float(out[0, 0])}, not {GROUP}")
+        except (jax.errors.JaxRuntimeError, Unavailable) as e:
+            errors.append(f"swap={swap}: {str(e).splitlines()[0][:200]}")
+            continue
+        SWAP = swap
+        try:
+            F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap)[0, 0]) == GROUP
+        except jax.errors.JaxRuntimeError:
+            F32_OUT = False
+        return
+    raise Unavailable("; ".join(errors))
 
 
 def cache_dir() -> Path:

@@ -90,8 +90,8 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     from kernels import fp8_matmul_mgpu as mg
     from kernels import fp8_matmul_triton as tr
     (M, K), N = xq.shape, wq.shape[0]
-    if (cc[0] == 9 and M >= CUBLASLT_MIN_M and lt.supports(M, N, K, out_dtype)
-            and lt.available()):
+    if (cc[0] == 9 and M >= CUBLASLT_MIN_M and lt.available()
+            and lt.supports(M, N, K, out_dtype)):
         return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)
     if cc[0] == 9 and M >= MGPU_MIN_M:
         return mg.fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype,

@@ -12,6 +12,9 @@
 //   B = x, read as a K x M column-major matrix (ldb K), not transposed: the activations, one
 //       fp32 scale per 1 x 128 group along K (VEC128_32F): [K / 128][M], M contiguous.
 // The caller passes the scales in exactly these layouts (x_scale transposed, w_scale padded).
+// With the attribute swap = 1 the roles trade places (A = x with the 1 x 128 scales, B = w with
+// the block scales, as NVIDIA's LtBlk128x128Fp8Matmul sample has them) and D = M x N
+// column-major, i.e. the output buffer is [N, M] row-major and the caller transposes it.
 //
 // State per device (made on first use, kept for the process): a cuBLASLt handle, a workspace
 // and, per (M, N, K, output type, alignment), the operation/layout descriptors and the
@@ -81,8 +84,8 @@ struct Plan {
   }
 };
 
-// (M, N, K, output type, alignment of all operands in bytes)
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, uint32_t>;
+// (M, N, K, output type, alignment of all operands in bytes, swap)
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t>;
 
 struct DeviceState {
   std::mutex mu;  // guards plans and the scale pointers written into a plan's descriptor
@@ -126,20 +129,28 @@ cublasStatus_t SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t
   return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
 }
 
+// The scale pointers are set before the heuristic runs (cuBLASLt checks them there too);
+// each call sets its own again.
 ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
-                    cudaDataType_t out_type, uint32_t alignment, Plan* plan) {
+                    cudaDataType_t out_type, uint32_t alignment, int32_t swap,
+                    const void* a_scale, const void* b_scale, Plan* plan) {
+  const int64_t a_cols = swap ? M : N, b_cols = swap ? N : M;
+  const int32_t a_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                              : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  const int32_t b_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                              : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
   LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                   int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F}));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                   int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F}));
-  // Fast accumulation skips the fp32 promotion of each group: keep it off (the default).
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{0}));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, K, N, K));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, K, M, K));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, N, M, N));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+  // Fast accumulation (which skips the fp32 promotion of each group) stays at its default,
+  // off: block-scaled modes promote every 128 of K.
+  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, K, a_cols, K));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, K, b_cols, K));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, a_cols, b_cols, a_cols));
 
   cublasLtMatmulPreference_t pref = nullptr;
   LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -184,7 +195,7 @@ uint32_t Alignment(std::initializer_list<const void*> pointers) {
 
 ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                    ffi::Buffer<ffi::F32> x_scale, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> w_scale,
-                   ffi::Result<ffi::AnyBuffer> out) {
+                   ffi::Result<ffi::AnyBuffer> out, int32_t swap) {
   // (The FFI header has no typed buffers of FP8 in every jax version: checked here.)
   if (x.element_type() != ffi::DataType::F8E4M3FN ||
       w.element_type() != ffi::DataType::F8E4M3FN) {
@@ -199,10 +210,12 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   const int64_t M = xd[0], K = xd[1], N = wd[0], G = K / kGroup;
   const int64_t G4 = (G + 3) / 4 * 4;
   if (wd[1] != K || K % kGroup || N % kGroup || M % 8 || M == 0 || xsd[0] != G ||
-      xsd[1] != M || wsd[0] != N / kGroup || wsd[1] != G4 || od[0] != M || od[1] != N) {
+      xsd[1] != M || wsd[0] != N / kGroup || wsd[1] != G4 || od[0] != (swap ? N : M) ||
+      od[1] != (swap ? M : N)) {
     return ffi::Error::InvalidArgument(
         "lacache fp8 cuBLASLt GEMM: need x [M, K], x_scale [K/128, M], w [N, K], "
-        "w_scale [N/128, round_up(K/128, 4)], out [M, N] with K, N multiples of 128 and M of 8");
+        "w_scale [N/128, round_up(K/128, 4)], out [M, N] ([N, M] with swap) with K, N "
+        "multiples of 128 and M of 8");
   }
   cudaDataType_t out_type;
   switch (out->element_type()) {
@@ -215,28 +228,32 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   DeviceState* state = nullptr;
   if (ffi::Error err = GetState(device, &state); !err.success()) return err;
 
-  const void* xs_ptr = x_scale.typed_data();
-  const void* ws_ptr = w_scale.typed_data();
+  const void* a_ptr = swap ? x.untyped_data() : w.untyped_data();
+  const void* b_ptr = swap ? w.untyped_data() : x.untyped_data();
+  const void* a_scale = swap ? x_scale.typed_data() : w_scale.typed_data();
+  const void* b_scale = swap ? w_scale.typed_data() : x_scale.typed_data();
   void* o_ptr = out->untyped_data();
-  const uint32_t alignment = Alignment({x.untyped_data(), w.untyped_data(), o_ptr});
+  const uint32_t alignment = Alignment({a_ptr, b_ptr, o_ptr});
+  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap};
   std::lock_guard<std::mutex> lock(state->mu);
-  auto& plan = state->plans[PlanKey{M, N, K, static_cast<int>(out_type), alignment}];
+  auto& plan = state->plans[key];
   if (!plan) {
     auto made = std::make_unique<Plan>();
-    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, made.get());
+    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, a_scale,
+                                  b_scale, made.get());
         !err.success()) {
-      state->plans.erase(PlanKey{M, N, K, static_cast<int>(out_type), alignment});
+      state->plans.erase(key);
       return err;
     }
     plan = std::move(made);
   }
   // The scale addresses change per call; cublasLtMatmul reads them when it enqueues.
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ws_ptr));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, xs_ptr));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
   const float alpha = 1.0f, beta = 0.0f;
-  LT_CHECK(cublasLtMatmul(state->handle, plan->desc, &alpha, w.untyped_data(), plan->a,
-                          x.untyped_data(), plan->b, &beta, o_ptr, plan->d, o_ptr, plan->d,
-                          &plan->algo, state->workspace, kWorkspaceBytes, stream));
+  LT_CHECK(cublasLtMatmul(state->handle, plan->desc, &alpha, a_ptr, plan->a, b_ptr, plan->b,
+                          &beta, o_ptr, plan->d, o_ptr, plan->d, &plan->algo, state->workspace,
+                          kWorkspaceBytes, stream));
   return ffi::Error::Success();
 }
 
@@ -250,7 +267,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x_scale [K/128, M]
                                   .Arg<ffi::AnyBuffer>()         // w [N, K] fp8
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_scale [N/128, K4]
-                                  .Ret<ffi::AnyBuffer>());       // out [M, N]
+                                  .Ret<ffi::AnyBuffer>()         // out [M, N] / [N, M]
+                                  .Attr<int32_t>("swap"));
 
 // cuBLASLt's run-time version (e.g. 130100 for 13.1.0): block scaling needs >= 120900.
 extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
