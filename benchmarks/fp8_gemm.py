@@ -2,7 +2,7 @@
 shapes (gate/up K 4096 N 24576; down K 12288 N 4096), in one run (issue 23's goal: >= 1150
 TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
 
-    python -m benchmarks.fp8_gemm [--ms 32,256,768,1024,4096,16384] [--shapes gate_up,down]
+    python -m benchmarks.fp8_gemm [--ms 1024,4096,768,256,32,16384] [--shapes gate_up,down]
         [--check-only]
 
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
@@ -50,8 +50,9 @@ def check(rows: list) -> bool:
     element off by more than 2^-5 of the largest output (rounding leaves every element within
     ~2^-9 of it; a stale or unwritten tile is off by the outputs' own size)."""
     ok = True
-    for (M, K), seed in zip([(32, 4096), (256, 12288), (1024, 4096), (200, 12288)], range(10)):
-        for draw in range(2):  # a second draw: a stale output of the first cannot pass
+    for M, K, draws in ((1024, 4096, 2), (200, 12288, 1), (32, 4096, 1)):
+        seed = M
+        for draw in range(draws):  # a second draw: a stale output of the first cannot pass
             xq, xs, wq, ws = operands(M, K, 1024, 100 * seed + draw)
             with jax.default_matmul_precision("highest"):
                 ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
@@ -131,7 +132,7 @@ def table(rows: list) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ms", default="32,256,768,1024,4096,16384")
+    ap.add_argument("--ms", default="1024,4096,768,256,32,16384")  # the goal's M first
     ap.add_argument("--shapes", default="gate_up,down")
     ap.add_argument("--check-only", action="store_true")
     args = ap.parse_args()

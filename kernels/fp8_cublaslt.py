@@ -112,26 +112,29 @@ def available() -> bool:
 
 def probe() -> None:
     """Which arrangement cuBLASLt runs (weights as A first) and whether it writes f32, on one
-    8 x 128 x 128 problem each; sets `SWAP` and `F32_OUT`."""
+    8 x 128 x 128 problem each; sets `SWAP` and `F32_OUT`. Evaluated now even when the first
+    use is inside a jit trace (the dispatch inside generate's loop)."""
     global SWAP, F32_OUT
-    xq = jnp.ones((8, GROUP), jnp.float8_e4m3fn)
-    wq = jnp.ones((GROUP, GROUP), jnp.float8_e4m3fn)
-    xs, ws = jnp.ones((8, 1), jnp.float32), jnp.ones((1, 1), jnp.float32)
     errors = []
-    for swap in (False, True):
-        try:
-            out = _cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap)
-            if float(out[0, 0]) != GROUP:
-                raise Unavailable(f"swap={swap} computed {float(out[0, 0])}, not {GROUP}")
-        except (jax.errors.JaxRuntimeError, Unavailable) as e:
-            errors.append(f"swap={swap}: {str(e).splitlines()[0][:200]}")
-            continue
-        SWAP = swap
-        try:
-            F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap)[0, 0]) == GROUP
-        except jax.errors.JaxRuntimeError:
-            F32_OUT = False
-        return
+    with jax.ensure_compile_time_eval():
+        xq = jnp.ones((8, GROUP), jnp.float8_e4m3fn)
+        wq = jnp.ones((GROUP, GROUP), jnp.float8_e4m3fn)
+        xs, ws = jnp.ones((8, 1), jnp.float32), jnp.ones((1, 1), jnp.float32)
+        for swap in (False, True):
+            try:
+                got = float(_cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap)[0, 0])
+            except Exception as e:  # noqa: BLE001 (any failure: try the other arrangement)
+                errors.append(f"swap={swap}: {str(e).splitlines()[0][:200]}")
+                continue
+            if got != GROUP:
+                errors.append(f"swap={swap} computed {got}, not {GROUP}")
+                continue
+            SWAP = swap
+            try:
+                F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap)[0, 0]) == GROUP
+            except Exception:  # noqa: BLE001 (no f32 output: bf16 only)
+                F32_OUT = False
+            return
     raise Unavailable("; ".join(errors))
 
 

@@ -65,15 +65,20 @@ def sm_count() -> int:
 # From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
 # split-K is faster (0.043 vs 0.048 ms for gate/up), from M 256 the Mosaic GPU one (2x).
 MGPU_MIN_M = 128
-# cuBLASLt's block-scaled GEMM from this many rows (benchmarks/results/fp8-notes-20261201.md).
-CUBLASLT_MIN_M = 1
+# From `benchmarks/fp8_gemm.py` on the H200, 2026-12-01 (benchmarks/results/
+# fp8-notes-20261201.md), LLaDA-8B's gate/up GEMM, ms: at M 32 the Triton kernel 0.045,
+# cuBLASLt's block-scaled GEMM 0.070 (no split-K at this M), Mosaic GPU 0.073; at M 256
+# cuBLASLt 0.066, Mosaic 0.103, Triton 0.171; at M 768 cuBLASLt 0.145 (1069 TFLOP/s), Mosaic
+# 0.239. Where they cross between 32 and 256 was not measured: from Mosaic's threshold.
+CUBLASLT_MIN_M = 128
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch, by GPU and shape:
 
     - Hopper, M >= `CUBLASLT_MIN_M`, M a multiple of 8, the handler built
-      (`fp8_cublaslt.available()`): cuBLASLt's block-scaled GEMM.
+      (`fp8_cublaslt.available()`): cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU
+      kernel's rate from M 256, ~0.95x cuBLASLt's per-tensor FP8 rate at M 768).
     - Hopper otherwise from `MGPU_MIN_M` rows: the Mosaic GPU kernel, its pipeline by shape
       (`MgpuConfig.get_default`).
     - else on GPU: the Triton kernel (`TritonTiles.get_default`).

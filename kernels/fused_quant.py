@@ -35,10 +35,11 @@ class QuantTiles:
 
     @classmethod
     def get_default(cls, M: int, G: int) -> QuantTiles:
-        """16 x 128 below `BIG_M` rows, so even M = 32 spreads over many SMs; from `BIG_M`
-        larger tiles (`BIG_TILES`, fewer and longer programs, measured on the H200:
-        benchmarks/results/fp8-notes-20261201.md), their group count cut to divide G."""
-        if M < BIG_M:
+        """16 x 128 (so even M = 32 spreads over many SMs), or from `BIG_M` rows `BIG_TILES`
+        (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset
+        until measured on the GPU (`python -m benchmarks.fp8_ffn --quant-tiles ...`: the
+        2026-12-01 device run did not get that far)."""
+        if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES
         while G % groups:
@@ -47,7 +48,7 @@ class QuantTiles:
 
 
 BIG_M = 1024
-BIG_TILES = (32, 4)
+BIG_TILES: tuple[int, int] | None = None  # (rows, groups) from BIG_M rows, once measured
 
 
 def group_scale(amax: jax.Array) -> jax.Array:

@@ -122,6 +122,7 @@ def test_cublaslt_fp8_gemm_on_gpu():
     random draw cannot match a stale first output); used by the dispatch on Hopper."""
     from kernels import fp8_cublaslt as lt
     from kernels import fp8_matmul as fm
+    from kernels.fp8_matmul import fp8_matmul_ref
     from lacache_jax.quant import quantize_act, quantize_weight
     assert lt.available(), "the cuBLASLt handler did not build or load (see the warning)"
     for draw, (M, K, N) in enumerate([(32, 4096, 1024), (200, 12288, 1024), (1024, 4096, 384),
