@@ -1,9 +1,12 @@
 """FP8 FFN on LLaDA-8B's shapes (D 4096, F 12288): layer time bf16 vs FP8, GEMM rates next to
-XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling), the M = 32 FFN against its FP8
-weight-read floor, and the accuracy ablation (group / token / tensor activation scales).
+XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling), the FFN's parts (fused RMSNorm /
+SwiGLU quantisation against their bandwidth floors, both GEMMs), the M = 32 FFN against its
+FP8 weight-read floor, and the accuracy ablation (group / token / tensor activation scales).
 
     python -m benchmarks.fp8_ffn [--ms 32,256,1024,4096,16384] [--ablation-layers 32]
+        [--quant-tiles 16x1,32x4,64x2] [--quant-ms 1024,4096]
 
+--quant-tiles: the two quantisation kernels at each rows x groups tile, at --quant-ms rows.
 Times are per call with dependent calls chained in one jitted program (`time_chained`).
 """
 
@@ -19,7 +22,8 @@ import numpy as np
 import lacache_jax as lj
 from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
 from kernels.fp8_matmul import fp8_matmul
-from kernels.fused_quant import rmsnorm_quant, swiglu_quant
+from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas, swiglu_quant,
+                                 swiglu_quant_pallas)
 from lacache_jax.model import mlp
 
 
@@ -42,9 +46,9 @@ def layer_times(cfg, ceil, ms, rows):
         t8 = time_chained(lambda x: mlp(x, fp8_layer, cfg), x, n=n)["median_ms"]
         y16, y8 = (mlp(x, lay, cfg).astype(jnp.float32) for lay in (bf16_layer, fp8_layer))
         fp8_err = float(jnp.linalg.norm(y8 - y16) / jnp.linalg.norm(y16))
-        hq, hs = rmsnorm_quant(x[0], fp8_layer.ff_norm, cfg.norm_eps)
-        gemm = time_chained(lambda hq, hs: fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale),
-                            hq, hs, n=n)["median_ms"]
+        hq, _ = rmsnorm_quant(x[0], fp8_layer.ff_norm, cfg.norm_eps)
+        parts, quant_x_floor = ffn_parts(cfg, fp8_layer, x[0], ceil, n)
+        gemm = parts["gate_up_gemm"]
         try:
             xla8 = time_chained(lambda hq: jax.lax.dot_general(
                 hq, w.gate_up, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16),
@@ -63,19 +67,57 @@ def layer_times(cfg, ceil, ms, rows):
                    ffn_fp8_floor_ms=fp8_bytes / ceil["copy_tb_per_s"] / 1e9)
         row["ffn_fp8_x_floor"] = t8 / row["ffn_fp8_floor_ms"]
         row["ffn_fp8_tb_per_s"] = fp8_bytes / t8 / 1e9
-        if M <= 32:  # where the weight-streaming time goes
-            aq, as_ = swiglu_quant(jnp.ones((M, 2 * F), jnp.bfloat16))
-            row["parts_ms"] = {
-                "rmsnorm_quant": time_chained(lambda x: rmsnorm_quant(
-                    x, fp8_layer.ff_norm, cfg.norm_eps), x[0])["median_ms"],
-                "gate_up_gemm": gemm,
-                "swiglu_quant": time_chained(swiglu_quant, jnp.ones((M, 2 * F),
-                                                                    jnp.bfloat16))["median_ms"],
-                "down_gemm": time_chained(lambda aq, as_: fp8_matmul(
-                    aq, as_, w.down, w.down_scale), aq, as_)["median_ms"]}
+        row["parts_ms"], row["quant_x_floor"] = parts, quant_x_floor
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},
               flush=True)
+
+
+def quant_bytes(M: int, width: int, out_width: int) -> int:
+    """Fewest bytes a fused quantisation moves: bf16 input read once, fp8 out + fp32 scales."""
+    return 2 * M * width + M * out_width + 4 * M * (out_width // 128)
+
+
+def ffn_parts(cfg, fp8_layer, x, ceil, n: int) -> tuple[dict, dict]:
+    """ms of each part of the FP8 FFN through the dispatch; the quantisations over their
+    bandwidth floor at the run's copy bandwidth."""
+    w = fp8_layer.ffn8
+    M, D, F = x.shape[0], cfg.d_model, cfg.d_ff
+    hq, hs = rmsnorm_quant(x, fp8_layer.ff_norm, cfg.norm_eps)
+    gu = jax.random.normal(jax.random.key(7), (M, 2 * F), jnp.bfloat16)
+    aq, as_ = swiglu_quant(gu)
+    parts = {
+        "rmsnorm_quant": time_chained(lambda x: rmsnorm_quant(
+            x, fp8_layer.ff_norm, cfg.norm_eps), x, n=n)["median_ms"],
+        "gate_up_gemm": time_chained(lambda hq, hs: fp8_matmul(
+            hq, hs, w.gate_up, w.gate_up_scale), hq, hs, n=n)["median_ms"],
+        "swiglu_quant": time_chained(swiglu_quant, gu, n=n)["median_ms"],
+        "down_gemm": time_chained(lambda aq, as_: fp8_matmul(
+            aq, as_, w.down, w.down_scale), aq, as_, n=n)["median_ms"]}
+    floors = {"rmsnorm_quant": quant_bytes(M, D, D), "swiglu_quant": quant_bytes(M, 2 * F, F)}
+    return parts, {k: parts[k] / (b / ceil["copy_tb_per_s"] / 1e9) for k, b in floors.items()}
+
+
+def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list) -> None:
+    """Both fused quantisation kernels per tile at each M, against their bandwidth floor."""
+    D, F = cfg.d_model, cfg.d_ff
+    norm = jnp.ones((D,), jnp.bfloat16)
+    for M in ms:
+        x = jax.random.normal(jax.random.key(M), (M, D), jnp.bfloat16)
+        gu = jax.random.normal(jax.random.key(M + 1), (M, 2 * F), jnp.bfloat16)
+        for t in tiles:
+            row = dict(M=M, rows=t.rows, groups=t.groups)
+            for name, fn, arg, nbytes in (
+                    ("rmsnorm_quant", lambda x, t=t: rmsnorm_quant_pallas(
+                        x, norm, cfg.norm_eps, tiles=t), x, quant_bytes(M, D, D)),
+                    ("swiglu_quant", lambda g, t=t: swiglu_quant_pallas(g, tiles=t), gu,
+                     quant_bytes(M, 2 * F, F))):
+                ms_ = time_chained(fn, arg)["median_ms"]
+                row[f"{name}_ms"] = ms_
+                row[f"{name}_x_floor"] = ms_ / (nbytes / ceil["copy_tb_per_s"] / 1e9)
+            rows.append(row)
+            print("quant tiles", {k: round(v, 4) if isinstance(v, float) else v
+                                  for k, v in row.items()}, flush=True)
 
 
 def ablation(cfg, n_layers: int):
@@ -98,18 +140,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="32,256,1024,4096,16384")
     ap.add_argument("--ablation-layers", type=int, default=32)
+    ap.add_argument("--quant-tiles", default="", help="e.g. 16x1,32x4,64x2")
+    ap.add_argument("--quant-ms", default="1024,4096")
     args = ap.parse_args()
     cfg = lj.llada_8b()
     ceil = measure_ceilings()
-    rows, abl = [], {}
+    rows, abl, qrows = [], {}, []
     exit_on_sigterm()
     try:  # the ablation first: it is cheap, and a time-boxed run keeps what finished
         if args.ablation_layers:
             abl.update(ablation(cfg, args.ablation_layers))
         layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows)
+        if args.quant_tiles:
+            tiles = [QuantTiles(*map(int, t.split("x"))) for t in args.quant_tiles.split(",")]
+            quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows)
     finally:
         path = write_result("fp8_ffn", {"ceilings": ceil, "D": cfg.d_model, "F": cfg.d_ff,
-                                        "rows": rows, "ablation": abl})
+                                        "rows": rows, "ablation": abl, "quant_tiles": qrows})
         print(f"-> {path}")
 
 

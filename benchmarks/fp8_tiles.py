@@ -11,33 +11,38 @@ the kernels' defaults and `fp8_matmul`'s dispatch should pick.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import itertools
 
 import jax
 import jax.numpy as jnp
 
 from benchmarks.common import exit_on_sigterm, time_chained, write_result
-from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, row_tile, sm_count
+from kernels.fp8_matmul import sm_count
+from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas, row_tile
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
-def configs(M: int, N: int, pallas: bool, persistent: bool = False):
+def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
     first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
     shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
     splits (where the output tiles are fewer than 2 per SM)."""
-    if pallas:
-        return [dict(block_m=bm, num_warps=nw, num_stages=ns) for bm, nw, ns in
-                itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
+    if pallas:  # split-K as the default tiles choose it for this M
+        base = TritonTiles.get_default(M, N, K)
+        return [dataclasses.replace(base, block_m=bm, num_warps=nw, num_stages=ns)
+                for bm, nw, ns in itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
     if persistent:  # warp-specialised, one CTA per tile vs one per SM looping over tiles
-        return [dict(stages=st, groups_per_step=gs, ctas=c) for st, gs, c in
+        return [MgpuConfig(stages=st, groups_per_step=gs, ctas=c) for st, gs, c in
                 itertools.product((2, 4), (1, 2), (None, sm_count())) if st * gs <= 4]
     tiles = -(-M // 128) * (N // 128)
     splits = (1,) if tiles >= 2 * 132 else (1, 2, 4) if tiles >= 132 // 2 else (1, 4, 8)
-    return [dict(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)
+    return [MgpuConfig(warp_specialized=w, stages=st, groups_per_step=gs, splits=sp)
             for w, st, gs, sp in itertools.product(
                 (True, False) if M > 64 else (False,), (2, 4), (1, 2), splits)]
 
@@ -60,16 +65,20 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool) 
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9})
         print(rows[-1], flush=True)
     for kernel in kernels:
-        fn = {"pallas": fp8_matmul_pallas, "mgpu": fp8_matmul_mgpu}[kernel]
-        for cfg in configs(M, N, kernel == "pallas", persistent):
+        for cfg in configs(M, N, K, kernel == "pallas", persistent):
+            if kernel == "pallas":
+                fn = functools.partial(fp8_matmul_pallas, tiles=cfg)
+            else:
+                fn = functools.partial(fp8_matmul_mgpu, config=cfg)
+            settings = dataclasses.asdict(cfg)
             try:
-                t = time_chained(lambda a, s: fn(a, s, wq, ws, **cfg), xq, xs,
-                                 n=n)["median_ms"]
+                t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)["median_ms"]
             except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
-                rows.append({**base, "kernel": kernel, **cfg, "error": str(e)[:300]})
+                rows.append({**base, "kernel": kernel, **settings, "error": str(e)[:300]})
                 print(rows[-1], flush=True)
                 continue
-            rows.append({**base, "kernel": kernel, **cfg, "ms": t, "tflops": flops / t / 1e9})
+            rows.append({**base, "kernel": kernel, **settings, "ms": t,
+                         "tflops": flops / t / 1e9})
             print(rows[-1], flush=True)
 
 

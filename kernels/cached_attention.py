@@ -19,8 +19,9 @@ accumulates U keys first (phase A), then C keys (phase B), in base-2 online soft
 `s`, `e` are runtime values (no recompilation per block), any alignment: key tiles straddling a
 block edge are split exactly by masks. `key_mask` [B, L] masks padded (or dropped) keys.
 Shapes: q [B, L, H, K], k/v [B, L, G, K] (GQA: H % G == 0), state m/l [B, H, L], acc
-[B, L, H, K], all state in fp32. `cached_attention_ref` is the dense pure-jnp reference with the
-same signature; `cached_attention` dispatches (Pallas on GPU, the reference elsewhere).
+[B, L, H, K], all state in fp32. `cached_attention_ref` is the dense pure-jnp reference (the
+kernel's signature less its tile arguments); `cached_attention` dispatches (Pallas on GPU, the
+reference elsewhere).
 """
 
 from __future__ import annotations
@@ -63,12 +64,10 @@ def _check(q, k, v, key_mask, mode, state):
 # --- reference ----------------------------------------------------------------------------
 
 def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, *,
-                         mode: str = "fill", block_q: int = 64, block_k: int = 64,
-                         block_len: int | None = None, splits: int | None = None,
-                         interpret: bool = False):
+                         mode: str = "fill"):
     """Dense reference: (o, state) in fill mode, o in reuse mode. Rows outside [s, e) take
     the cached state in reuse mode (tile granularity changes which rows recompute, not the
-    result)."""
+    result, so it takes no tile sizes)."""
     _check(q, k, v, key_mask, mode, state)
     B, L, H, K = q.shape
     rep = H // k.shape[2]
@@ -300,7 +299,8 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
 def cached_attention(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                      mode: str = "fill", block_q: int = 64, block_k: int = 64,
                      block_len: int | None = None):
-    """Dispatch: the Pallas kernel on GPU, the dense reference elsewhere."""
+    """Dispatch: the Pallas kernel on GPU (with the tile sizes and `block_len`, which change
+    only how the kernel splits the work), the dense reference elsewhere."""
     if jax.default_backend() == "gpu":
         return cached_attention_pallas(q, k, v, key_mask, s, e, state, mode=mode,
                                        block_q=block_q, block_k=block_k, block_len=block_len)

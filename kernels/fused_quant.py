@@ -8,11 +8,13 @@ that produces the activation (REFERENCE.md §7), so the bf16 activation is never
 `scale = amax / 448` per group (1 for an all-zero group), values clipped to +-448 and rounded
 to nearest even. Each has a pure-jnp reference (`*_ref`) and a dispatcher (Pallas with the Triton
 lowering on GPU, the reference elsewhere). Shapes: x [M, D], outputs q [M, D] fp8 and scales
-[M, D / 128] fp32; M is padded to the row tile inside the wrappers.
+[M, D / 128] fp32; M is padded to the row tile inside the wrappers. A program quantises a
+`QuantTiles` tile (rows x groups of 128 columns), chosen by M (`QuantTiles.get_default`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -22,7 +24,31 @@ from jax.experimental import pallas as pl
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
 GROUP = 128
-ROWS = 16  # row tile: the smallest Triton dot/tile height, and enough rows per program
+ROWS = 16  # the smallest row tile (Triton's smallest tile height)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantTiles:
+    """Rows x 128-column groups per program (hashable: a static jit argument)."""
+    rows: int = ROWS
+    groups: int = 1  # divides the output's group count D / 128
+
+    @classmethod
+    def get_default(cls, M: int, G: int) -> QuantTiles:
+        """16 x 128 (so even M = 32 spreads over many SMs), or from `BIG_M` rows `BIG_TILES`
+        (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset
+        until measured on the GPU (`python -m benchmarks.fp8_ffn --quant-tiles ...`: the
+        2026-12-01 device run did not get that far)."""
+        if BIG_TILES is None or M < BIG_M:
+            return cls()
+        rows, groups = BIG_TILES
+        while G % groups:
+            groups //= 2
+        return cls(rows, groups)
+
+
+BIG_M = 1024
+BIG_TILES: tuple[int, int] | None = None  # (rows, groups) from BIG_M rows, once measured
 
 
 def group_scale(amax: jax.Array) -> jax.Array:
@@ -74,17 +100,20 @@ def _quantize_tile(a):
 
 
 def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref):
-    x = x_ref[...]
-    h = (x.astype(jnp.float32) * rstd_ref[...]).astype(x.dtype) * w_ref[...][None, :]
-    q_ref[...], s_ref[...] = _quantize_tile(h.astype(jnp.float32))
+    rstd = rstd_ref[...]
+    for g in range(s_ref.shape[1]):  # the tile's 128-column groups, one scale each
+        cols = pl.ds(g * GROUP, GROUP)
+        x = x_ref[:, cols]
+        h = (x.astype(jnp.float32) * rstd).astype(x.dtype) * w_ref[cols][None, :]
+        q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(h.astype(jnp.float32))
 
 
 def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref):
-    gate = gate_ref[...].astype(jnp.float32)
-    a = gate * jax.nn.sigmoid(gate) * up_ref[...].astype(jnp.float32)
-    q, scale = _quantize_tile(a)
-    q_ref[...] = q
-    s_ref[...] = scale
+    for g in range(s_ref.shape[1]):
+        cols = pl.ds(g * GROUP, GROUP)
+        gate = gate_ref[:, cols].astype(jnp.float32)
+        a = gate * jax.nn.sigmoid(gate) * up_ref[:, cols].astype(jnp.float32)
+        q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(a)
 
 
 def _pad_rows(x, rows):
@@ -93,14 +122,15 @@ def _pad_rows(x, rows):
     return (x if Mp == M else jnp.pad(x, [(0, Mp - M), (0, 0)])), M, Mp
 
 
-def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, name: str, interpret: bool,
-                     poison: bool):
-    """One program per 16 x 128 output tile: fp8 [Mp, G * 128] and scales [Mp, G]. With
-    `poison` (tests) the outputs are NaN-filled inputs aliased to them, never read."""
+def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, tiles: QuantTiles, name: str,
+                     interpret: bool, poison: bool):
+    """One program per `tiles` tile: fp8 [Mp, G * 128] and scales [Mp, G]. With `poison`
+    (tests) the outputs are NaN-filled inputs aliased to them, never read."""
+    R, C = tiles.rows, tiles.groups
     out_shape = [jax.ShapeDtypeStruct((Mp, G * GROUP), FP8),
                  jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
-    out_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-                 pl.BlockSpec((ROWS, 1), lambda i, g: (i, g))]
+    out_specs = [pl.BlockSpec((R, C * GROUP), lambda i, g: (i, g)),
+                 pl.BlockSpec((R, C), lambda i, g: (i, g))]
     poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
     n_in = len(inputs)
 
@@ -108,45 +138,58 @@ def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, name: str, inter
         kernel(*refs[:n_in], *refs[n_in + len(poisoned):])
 
     return pl.pallas_call(
-        body, grid=(Mp // ROWS, G), in_specs=in_specs + out_specs[:len(poisoned)],
+        body, grid=(Mp // R, G // C), in_specs=in_specs + out_specs[:len(poisoned)],
         out_specs=out_specs, out_shape=out_shape, interpret=interpret, name=name,
         compiler_params=_triton(),
         input_output_aliases={n_in + j: j for j in range(len(poisoned))},
     )(*inputs, *poisoned)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "interpret", "poison"))
-def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, interpret: bool = False,
-                         poison: bool = False):
+def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
+    t = tiles or QuantTiles.get_default(M, G)
+    if G % t.groups or t.groups & (t.groups - 1) or t.rows % ROWS or t.rows & (t.rows - 1):
+        raise ValueError(f"tiles {t}: groups must be a power of two dividing the {G} groups "
+                         f"of 128 and rows a power of two >= {ROWS} (Triton's block shapes)")
+    return t
+
+
+@functools.partial(jax.jit, static_argnames=("eps", "tiles", "interpret", "poison"))
+def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = None,
+                         interpret: bool = False, poison: bool = False):
     """RMSNorm fused with 1 x 128 quantisation: the normed activation is never written.
     The row statistics come first from the bf16 path's own expression (`rms_rstd`, one read
-    of x by XLA); the kernel then normalises, rounds, weights and quantises one 16 x 128 tile
-    per program, so even M = 32 spreads over many SMs. `poison` (tests) pre-fills outputs."""
-    D = x_MD.shape[1]
+    of x by XLA); the kernel then normalises, rounds, weights and quantises one `tiles` tile
+    per program. `poison` (tests) pre-fills outputs."""
+    M, D = x_MD.shape
     if D % GROUP:
         raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
-    x, M, Mp = _pad_rows(x_MD, ROWS)
-    rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), ROWS)
-    in_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-                pl.BlockSpec((ROWS, 1), lambda i, g: (i, 0)),
-                pl.BlockSpec((GROUP,), lambda i, g: (g,))]
+    t = _tiles(tiles, M, D // GROUP)
+    x, M, Mp = _pad_rows(x_MD, t.rows)
+    rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), t.rows)
+    cols = t.groups * GROUP
+    in_specs = [pl.BlockSpec((t.rows, cols), lambda i, g: (i, g)),
+                pl.BlockSpec((t.rows, 1), lambda i, g: (i, 0)),
+                pl.BlockSpec((cols,), lambda i, g: (g,))]
     q, s = _quantising_call(_rmsnorm_quant_kernel, (x, rstd, w_D), in_specs, Mp, D // GROUP,
-                            "rmsnorm_quant", interpret, poison)
+                            t, "rmsnorm_quant", interpret, poison)
     return q[:M], s[:M]
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "poison"))
-def swiglu_quant_pallas(gate_up_M2F, *, interpret: bool = False, poison: bool = False):
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret", "poison"))
+def swiglu_quant_pallas(gate_up_M2F, *, tiles: QuantTiles | None = None,
+                        interpret: bool = False, poison: bool = False):
     """Fused silu(gate) * up + 1 x 128 quantisation of [M, 2F] = [gate | up]."""
-    F = gate_up_M2F.shape[1] // 2
-    if F % GROUP or gate_up_M2F.shape[1] % 2:
-        raise ValueError(f"gate|up width must be 2 x a multiple of {GROUP}, "
-                         f"got {gate_up_M2F.shape[1]}")
-    x, M, Mp = _pad_rows(gate_up_M2F, ROWS)
+    M, F2 = gate_up_M2F.shape
+    F = F2 // 2
+    if F % GROUP or F2 % 2:
+        raise ValueError(f"gate|up width must be 2 x a multiple of {GROUP}, got {F2}")
     G = F // GROUP
-    in_specs = [pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g)),
-                pl.BlockSpec((ROWS, GROUP), lambda i, g: (i, g + G))]
-    q, s = _quantising_call(_swiglu_quant_kernel, (x, x), in_specs, Mp, G, "swiglu_quant",
+    t = _tiles(tiles, M, G)
+    x, M, Mp = _pad_rows(gate_up_M2F, t.rows)
+    cols, up = t.groups * GROUP, G // t.groups  # up's first block, in tiles
+    in_specs = [pl.BlockSpec((t.rows, cols), lambda i, g: (i, g)),
+                pl.BlockSpec((t.rows, cols), lambda i, g: (i, g + up))]
+    q, s = _quantising_call(_swiglu_quant_kernel, (x, x), in_specs, Mp, G, t, "swiglu_quant",
                             interpret, poison)
     return q[:M], s[:M]
 

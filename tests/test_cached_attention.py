@@ -176,3 +176,22 @@ def test_lowers_to_valid_triton_ir(mode, monkeypatch):
         q, k, v, key_mask, s, e, st if mode.startswith("reuse") else None, **kw)
     assert_valid_triton(fn, q, k, v, 90, 122, state, monkeypatch=monkeypatch,
                         n_kernels=2 if mode == "reuse_split" else 1)
+
+
+def test_dispatch_passes_tile_sizes_only_to_the_kernel(monkeypatch):
+    """The reference takes only what defines the result; `cached_attention` (as generate calls
+    it) hands tile sizes and `block_len` to the Pallas kernel alone."""
+    import inspect
+
+    from kernels import cached_attention as ca
+    assert set(inspect.signature(cached_attention_ref).parameters) == {
+        "q", "k", "v", "key_mask", "s", "e", "state", "mode"}
+    q, k, v, key_mask = inputs(0, 1, 32, 2, 2, 16, [0])
+    calls = []
+    monkeypatch.setattr(ca, "cached_attention_pallas", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    ca.cached_attention(q, k, v, key_mask, 0, 8, mode="fill", block_len=8)
+    assert calls == [dict(mode="fill", block_q=64, block_k=64, block_len=8)]
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    o, _ = ca.cached_attention(q, k, v, key_mask, 0, 8, mode="fill", block_len=8)
+    assert rel_err(o, dense_attention(q, k, v, key_mask)) <= 1e-5  # as in the fixed cases

@@ -1,8 +1,11 @@
 """FP8 GEMM and fused quantisation kernels (Pallas, interpret mode on CPU) against their
-pure-jnp references and the dequantised fp32 math; Triton IR checked by MLIR's verifier."""
+pure-jnp references and the dequantised fp32 math; Triton IR checked by MLIR's verifier; the
+Mosaic GPU kernel and the cuBLASLt custom call lowered for CUDA; the dispatch and the cuBLASLt
+handler's build-on-first-use (numerics of both on the GPU: tests/test_gpu.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -10,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.fp8_matmul import (fp8_matmul_mgpu, fp8_matmul_pallas, fp8_matmul_ref,
-                                k_splits, row_tile)
+from kernels.fp8_matmul import fp8_matmul_ref
+from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas, k_splits, row_tile
 from kernels.fused_quant import (quantize_groups, rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                  rms_normed, swiglu_quant_pallas, swiglu_quant_ref)
 from lacache_jax.quant import dequantize_act, dequantize_weight, quantize_weight
@@ -46,17 +50,20 @@ def test_gemm_bf16_output_row_tiles_and_k_splits():
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=1)
     ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
     for bm, bn, splits in ((16, 128, 1), (64, 256, 2), (32, 256, 4)):
-        out = fp8_matmul_pallas(xq, xs, wq, ws, block_m=bm, block_n=bn, splits=splits,
+        out = fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(bm, bn, splits),
                                 interpret=True, poison=True)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out.astype(jnp.float32), ref) <= 2.0 ** -8  # one bf16 rounding
     with pytest.raises(ValueError, match="splits 3 must divide"):
-        fp8_matmul_pallas(xq, xs, wq, ws, splits=3, interpret=True)
+        fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(splits=3), interpret=True)
     with pytest.raises(ValueError, match="block_n 384"):
-        fp8_matmul_pallas(xq, xs, wq, ws, block_n=384, interpret=True)
+        fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(block_n=384), interpret=True)
     assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 64, 64]
     # Decode shapes split K until ~2 programs per SM; big M never splits.
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
+    # The default tiles put these together: LLaDA-8B's gate/up GEMM at decode and full-canvas M.
+    assert TritonTiles.get_default(32, 24576, 4096) == TritonTiles(32, 128, 2, 8, 3)
+    assert TritonTiles.get_default(768, 24576, 4096) == TritonTiles(64, 128, 1, 4, 3)
 
 
 def test_gemm_rejects_bad_shapes():
@@ -103,10 +110,39 @@ def test_zero_groups_and_clipping():
     assert float(jnp.abs(q.astype(jnp.float32)).max()) == 448.0
 
 
+def test_quant_tiles_change_no_bit(monkeypatch):
+    """Larger quantisation tiles (several rows x 128-column groups per program, as chosen from
+    M 1024) give the 16 x 128 tiles' bits: the same per-group arithmetic, only the program
+    split changes. Their Triton IR passes the verifier; a group count not dividing is refused."""
+    from kernels.fused_quant import QuantTiles
+    x = (jax.random.normal(jax.random.key(5), (40, 512)) * 3).astype(jnp.bfloat16)
+    w = (1 + 0.1 * jax.random.normal(jax.random.key(6), (512,))).astype(jnp.bfloat16)
+    gu = jnp.concatenate([x, x[:, ::-1]], axis=1)
+    small = QuantTiles()
+    for fn, args in ((functools.partial(rmsnorm_quant_pallas, eps=1e-5), (x, w)),
+                     (swiglu_quant_pallas, (gu,))):
+        q0, s0 = fn(*args, tiles=small, interpret=True)
+        for tiles in (QuantTiles(32, 2),):
+            q, s = fn(*args, tiles=tiles, interpret=True, poison=True)
+            np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                          np.asarray(q0.astype(jnp.float32)))
+            np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+    from kernels import fused_quant as fq
+    monkeypatch.setattr(fq, "BIG_TILES", (32, 8))  # a measured choice would drop in here
+    big = QuantTiles.get_default(4096, 512 // 128)
+    assert big == QuantTiles(32, 4) and QuantTiles.get_default(32, 4) == small
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=big), x, w,
+                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda gu: swiglu_quant_pallas(gu, tiles=big), gu, monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match="groups must be a power of two dividing the 4 groups"):
+        swiglu_quant_pallas(gu, tiles=QuantTiles(16, 3), interpret=True)
+
+
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
     for bn in (128, 256):
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, block_n=bn), xq, xs, wq, ws,
+        tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws,
                             monkeypatch=monkeypatch)
     x = jnp.ones((20, 512), jnp.bfloat16)
     assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5), x, x[0],
@@ -119,7 +155,7 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     interpret mode) against the same function on the references (the CPU dispatch)."""
     import functools
 
-    from kernels import fp8_matmul as fm
+    from kernels import fp8_matmul_triton as tr
     from kernels import fused_quant as fq
     from lacache_jax import quant
     k = jax.random.split(jax.random.key(3), 4)
@@ -130,7 +166,7 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     norm = (1 + 0.1 * jax.random.normal(k[3], (D,))).astype(jnp.bfloat16)
     ref = quant.ffn_fp8(x, norm, 1e-5, w)
     monkeypatch.setattr(quant, "fp8_matmul",
-                        functools.partial(fm.fp8_matmul_pallas, interpret=True))
+                        functools.partial(tr.fp8_matmul_pallas, interpret=True))
     monkeypatch.setattr(quant, "rmsnorm_quant",
                         functools.partial(fq.rmsnorm_quant_pallas, interpret=True))
     monkeypatch.setattr(quant, "swiglu_quant",
@@ -157,51 +193,134 @@ def test_mgpu_gemm_lowers_for_hopper():
     for kw in (dict(), dict(block_n=256, stages=3), dict(warp_specialized=False),
                dict(groups_per_step=2), dict(splits=2), dict(splits=4, warp_specialized=False),
                dict(ctas=132), dict(ctas=3)):
-        fn = functools.partial(fp8_matmul_mgpu, **kw)
+        fn = functools.partial(fp8_matmul_mgpu, config=MgpuConfig(**kw))
         text = jax.jit(fn).trace(xq, xs, wq, ws).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
     with pytest.raises(ValueError, match="exceeds available shared memory"):
-        jax.jit(functools.partial(fp8_matmul_mgpu, block_n=256, stages=4)).trace(
-            xq, xs, wq, ws).lower(lowering_platforms=("cuda",))
+        jax.jit(functools.partial(fp8_matmul_mgpu, config=MgpuConfig(block_n=256, stages=4))
+                ).trace(xq, xs, wq, ws).lower(lowering_platforms=("cuda",))
     with pytest.raises(ValueError, match="block_n 96"):
-        fp8_matmul_mgpu(xq, xs, wq, ws, block_n=96)
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(block_n=96))
     with pytest.raises(ValueError, match="splits 2 x groups_per_step 4"):
-        fp8_matmul_mgpu(xq, xs, wq, ws, splits=2, groups_per_step=4)
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(splits=2, groups_per_step=4))
     with pytest.raises(ValueError, match="persistent CTAs"):
-        fp8_matmul_mgpu(xq, xs, wq, ws, ctas=132, splits=2)
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(ctas=132, splits=2))
     _, _, (xq, xs), (wq, ws) = operands(32, 1024, 256)  # the decode sweep's deepest K split
-    fn = functools.partial(fp8_matmul_mgpu, splits=8, warp_specialized=False)
+    fn = functools.partial(fp8_matmul_mgpu, config=MgpuConfig(splits=8, warp_specialized=False))
     assert "mosaic_gpu" in jax.jit(fn).trace(xq, xs, wq, ws).lower(
         lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("cc,M,kernel", [
-    ("9.0", 32, "pallas"), ("9.0", 128, "mgpu"), ("8.9", 256, "pallas"),
-    ("10.0", 256, "pallas"), ("8.0", 32, None)])
-def test_dispatch_on_gpus(monkeypatch, cc, M, kernel):
-    """Which kernel `fp8_matmul` picks per GPU and M; no FP8 tensor cores: a clear error."""
+@pytest.mark.parametrize("cc,M,built,kernel", [
+    ("9.0", 32, True, "pallas"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
+    ("9.0", 133, True, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "pallas"),
+    ("8.9", 256, True, "pallas"), ("10.0", 256, True, "pallas"), ("8.0", 32, True, None)])
+def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
+    """Which kernel `fp8_matmul` picks per GPU, M and whether the cuBLASLt handler could be
+    built; no FP8 tensor cores: a clear error."""
+    import kernels.fp8_cublaslt as lt
     import kernels.fp8_matmul as fm
+    import kernels.fp8_matmul_mgpu as mg
+    import kernels.fp8_matmul_triton as tr
     _, _, (xq, xs), (wq, ws) = operands(M, 256, 128)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
-    monkeypatch.setattr(fm, "fp8_matmul_pallas", lambda *a: "pallas")
+    monkeypatch.setattr(lt, "available", lambda: built)
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", lambda *a: "cublaslt")
+    monkeypatch.setattr(tr, "fp8_matmul_pallas", lambda *a: "pallas")
     mgpu_settings = []
-    monkeypatch.setattr(fm, "fp8_matmul_mgpu", lambda *a, **kw: mgpu_settings.append(kw) or "mgpu")
+    monkeypatch.setattr(mg, "fp8_matmul_mgpu",
+                        lambda *a, **kw: mgpu_settings.append(kw) or "mgpu")
     if kernel is None:
         with pytest.raises(ValueError, match="FP8 tensor cores .* this GPU's is 8.0"):
             fm.fp8_matmul(xq, xs, wq, ws)
-    else:
-        assert fm.fp8_matmul(xq, xs, wq, ws) == kernel
-        # one output tile (< 132 SMs) and 2 K groups: the deep-step pipeline
-        assert mgpu_settings == ([dict(stages=2, groups_per_step=2)] if kernel == "mgpu" else [])
+        return
+    assert fm.fp8_matmul(xq, xs, wq, ws) == kernel
+    # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline
+    # (M 133: no multiple of 8, so not cuBLASLt's).
+    assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
+                             if kernel == "mgpu" else [])
+    # The dispatch's thresholds are what these cases assume.
+    assert 32 < fm.CUBLASLT_MIN_M <= 136 and 32 < fm.MGPU_MIN_M <= 133
 
 
-def test_mgpu_config():
+def test_mgpu_default_config():
     """The Mosaic GPU pipeline per shape, as fp8_tiles measured on the H200 (132 SMs)."""
-    from kernels.fp8_matmul import mgpu_config
-    deep = dict(stages=2, groups_per_step=2)
-    assert mgpu_config(256, 4096, 12288) == deep  # LLaDA-8B's down GEMM: 64 tiles
-    assert mgpu_config(256, 2 * 12288, 4096) == {}  # gate/up: 384 tiles
-    assert mgpu_config(4096, 4096, 12288) == dict(deep, ctas=132)  # 1024 tiles: persistent
-    assert mgpu_config(256, 4096, 3 * 128) == {}  # an odd number of K groups
-    assert mgpu_config(256, 4096, 12288, sms=16) == dict(deep, ctas=16)  # 4 tiles per SM
+    deep = MgpuConfig(stages=2, groups_per_step=2)
+    assert MgpuConfig.get_default(256, 4096, 12288) == deep  # LLaDA-8B's down GEMM: 64 tiles
+    assert MgpuConfig.get_default(256, 2 * 12288, 4096) == MgpuConfig()  # gate/up: 384 tiles
+    assert MgpuConfig.get_default(4096, 4096, 12288) == dataclasses.replace(deep, ctas=132)
+    assert MgpuConfig.get_default(256, 4096, 3 * 128) == MgpuConfig()  # odd K group count
+    assert MgpuConfig.get_default(256, 4096, 12288, sms=16) == dataclasses.replace(deep, ctas=16)
+    # The old import path still reaches the split-out lowerings.
+    from kernels import fp8_matmul as fm
+    assert fm.MgpuConfig is MgpuConfig and fm.fp8_matmul_pallas is fp8_matmul_pallas
+
+
+def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads():
+    """The FFI call as lowered for CUDA (it cannot run here): one custom call to our target
+    with x [M, K], its scales M-major [K/128, M], w [N, K] and the weight scales' K blocks
+    padded to a multiple of 4 (here 3 -> 4), output [M, N]; shapes it cannot take refused."""
+    from kernels import fp8_cublaslt as lt
+    _, _, (xq, xs), (wq, ws) = operands(40, 384, 256)
+    text = jax.jit(lt.fp8_matmul_cublaslt, static_argnames="out_dtype").trace(
+        xq, xs, wq, ws, out_dtype=jnp.float32).lower(lowering_platforms=("cuda",)).as_text()
+    call = [line for line in text.splitlines() if lt.TARGET in line]
+    assert len(call) == 1
+    assert ("(tensor<40x384xf8E4M3FN>, tensor<3x40xf32>, tensor<256x384xf8E4M3FN>, "
+            "tensor<2x4xf32>) -> tensor<40x256xf32>") in call[0]
+    assert lt.supports(40, 256, 384, jnp.bfloat16) and not lt.supports(33, 256, 384, jnp.float32)
+    assert not lt.supports(40, 256, 384, jnp.float16)
+    with pytest.raises(ValueError, match="M a multiple of 8"):
+        lt.fp8_matmul_cublaslt(xq[:33], xs[:33], wq, ws)
+
+
+def test_cublaslt_missing_cuda_falls_back_with_one_warning(monkeypatch, tmp_path):
+    """No CUDA headers (this CPU machine): `available()` is False after one warning naming
+    what is missing, and the dispatch stays on the Pallas kernel."""
+    import kernels.fp8_cublaslt as lt
+    import kernels.fp8_matmul as fm
+    import kernels.fp8_matmul_triton as tr
+    monkeypatch.setattr(lt, "cuda_roots", lambda: [tmp_path])
+    monkeypatch.setenv("LACACHE_JAX_CACHE", str(tmp_path / "cache"))
+    lt.available.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="no cublasLt.h under .*Pallas kernels"):
+            assert lt.available() is False
+        assert lt.available() is False  # cached: no second build attempt, no second warning
+        _, _, (xq, xs), (wq, ws) = operands(64, 256, 128)
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability":
+                                                                      "9.0"})])
+        monkeypatch.setattr(tr, "fp8_matmul_pallas", lambda *a: "pallas")
+        assert fm.fp8_matmul(xq, xs, wq, ws) == "pallas"
+    finally:
+        lt.available.cache_clear()
+    assert not (tmp_path / "cache").exists()
+
+
+def test_cublaslt_finds_headers_and_libraries(monkeypatch, tmp_path):
+    """A pip-style CUDA tree (nvidia/cu13 with include/, include/cccl/ and lib/): every header
+    the handler needs is found, the versioned libraries are linked, the cache key moves with
+    the CUDA version; a library the process already mapped is preferred."""
+    import kernels.fp8_cublaslt as lt
+    root = tmp_path / "nvidia" / "cu13"
+    for header in ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "cccl/nv/target"):
+        (root / "include" / header).parent.mkdir(parents=True, exist_ok=True)
+        (root / "include" / header).write_text("")
+    (root / "include" / "cublas_api.h").write_text("#define CUBLAS_VER_MAJOR 13\n"
+                                                   "#define CUBLAS_VER_MINOR 1\n")
+    (root / "lib").mkdir()
+    for lib in ("libcublasLt.so.13", "libcudart.so.13", "libcudart.so.13.0.1"):
+        (root / "lib" / lib).write_text("")
+    monkeypatch.setattr(lt.sys, "path", [str(tmp_path)])
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(lt, "loaded_libraries", lambda: [])
+    includes, libs = lt.find_cuda()
+    assert includes[:2] == [root / "include", root / "include" / "cccl"]
+    assert libs == [root / "lib" / "libcublasLt.so.13", root / "lib" / "libcudart.so.13"]
+    assert lt.cuda_versions(includes) == "13.1"
+    jax_lt = tmp_path / "elsewhere" / "libcublasLt.so.13.2.0"
+    monkeypatch.setattr(lt, "loaded_libraries", lambda: [jax_lt])
+    assert lt.find_cuda()[1][0] == jax_lt

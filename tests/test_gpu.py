@@ -1,7 +1,10 @@
 """Accelerator-only checks (`pytest -m gpu` on the device machine): the cuDNN attention path
-that CPU runs never take, against XLA attention in fp32."""
+that CPU runs never take, against XLA attention in fp32; the Pallas kernels compiled for the
+GPU; the cuBLASLt FP8 GEMM (built on first use) against the exact per-group product."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +76,9 @@ def test_facache_kernel_on_gpu(dtype):
 def test_fp8_kernels_on_gpu_at_llada_widths():
     """The Triton-compiled FP8 GEMM and fused quantisation kernels at LLaDA-8B's widths
     (D 4096, F 12288; N cut to 1024 to keep the reference cheap), odd M."""
-    from kernels.fp8_matmul import fp8_matmul_mgpu, fp8_matmul_pallas, fp8_matmul_ref
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+    from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from kernels.fused_quant import (rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                      swiglu_quant_pallas, swiglu_quant_ref)
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
@@ -84,7 +89,8 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
         for bn in (128, 256):
-            out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, block_n=bn, poison=True)
+            tiles = dataclasses.replace(TritonTiles.get_default(M, 1024, K), block_n=bn)
+            out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True, tiles=tiles)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
         for kw in (dict(), dict(warp_specialized=False, stages=2),
                    dict(groups_per_step=2, stages=2),  # 4 stages x 2 groups overflow smem
@@ -92,7 +98,7 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
                    dict(splits=2, groups_per_step=2, warp_specialized=False, stages=2),
                    dict(splits=8, warp_specialized=False),
                    dict(ctas=132), dict(ctas=3, groups_per_step=2, stages=2)):  # 3: uneven
-            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, **kw)
+            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, config=MgpuConfig(**kw))
             # Hopper's FP8 wgmma sums a group's 128 products with about 14 significant bits,
             # not fp32's 24 (DeepSeek-V3 report, section 3.3.2; the reason to promote every
             # group): about 2^-13 relative per group, bounded here by 2^-12 and measured.
@@ -107,3 +113,35 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     q, s = swiglu_quant_pallas(gu, poison=True)
     qr, sr = swiglu_quant_ref(gu)
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 1e-3  # as on CPU
+
+
+def test_cublaslt_fp8_gemm_on_gpu():
+    """cuBLASLt's block-scaled FP8 GEMM through our FFI handler (built here on first use) at
+    LLaDA-8B's widths: as precise as the Mosaic GPU kernel against the exact per-group
+    product (f32 out), one bf16 rounding more with bf16 out; every element written (a second
+    random draw cannot match a stale first output); used by the dispatch on Hopper."""
+    from kernels import fp8_cublaslt as lt
+    from kernels import fp8_matmul as fm
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from lacache_jax.quant import quantize_act, quantize_weight
+    assert lt.available(), "the cuBLASLt handler did not build or load (see the warning)"
+    for draw, (M, K, N) in enumerate([(32, 4096, 1024), (200, 12288, 1024), (1024, 4096, 384),
+                                      (1024, 4096, 384)]):
+        kx, kw = jax.random.split(jax.random.key(draw))
+        xq, xs = quantize_act(jax.random.normal(kx, (M, K)))
+        wq, ws = quantize_weight(jax.random.normal(kw, (K, N)) * K ** -0.5)
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        out16 = lt.fp8_matmul_cublaslt(xq, xs, wq, ws)
+        assert out16.dtype == jnp.bfloat16
+        assert rel_err(out16.astype(jnp.float32), ref) <= 2.0 ** -8  # + one bf16 rounding
+        assert lt.F32_OUT, f"this cuBLASLt writes no f32 here (swap {lt.SWAP})"
+        out = lt.fp8_matmul_cublaslt(xq, xs, wq, ws, jnp.float32)
+        print("cublaslt", M, K, N, "swap", lt.SWAP, rel_err(out, ref))
+        # As the Mosaic GPU kernel above: Hopper's FP8 MMA keeps ~14 bits of a group's sum.
+        assert rel_err(out, ref) <= 2.0 ** -12
+        # No element off by more than 2^-5 of the largest (an unwritten tile is off by ~1x).
+        assert float(jnp.abs(out - ref).max()) <= 2.0 ** -5 * float(jnp.abs(ref).max())
+        if fm.compute_capability()[0] == 9 and M >= fm.CUBLASLT_MIN_M:
+            np.testing.assert_array_equal(np.asarray(fm.fp8_matmul(xq, xs, wq, ws)),
+                                          np.asarray(out16))

@@ -1,0 +1,60 @@
+"""End to end, the FP8 FFN's share (issue 23): `benchmarks/generate.py`'s measurement
+(`run_one`: compile, one warm-up, `--iters` timed generations; random LLaDA-8B bf16 weights,
+one token per step) over a chosen list of configurations, all in one process with one set of
+weights, so a short device call covers the goal's comparisons in the same run.
+
+    python -m benchmarks.fp8_e2e [--runs "1:512:none:fixed,1:512:exact:fixed,..."]
+        [--fp8 both] [--gen 256] [--iters 1]
+
+Each run is B:prompt:cache:decoding, timed without and with the FP8 FFN (`--fp8 both`).
+Default: batch 1 at prompt 512 and 1024, none and exact (goal: exact + FP8 >= 1.3x none), and
+threshold + dual at batch 1 and 8, prompt 512 (goal: with FP8 >= 1.2x without).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import lacache_jax as lj
+from benchmarks.common import exit_on_sigterm, llada_8b_setup
+from benchmarks.generate import report, run_one
+
+DEFAULT_RUNS = ("1:512:none:fixed,1:512:exact:fixed,1:1024:none:fixed,1:1024:exact:fixed,"
+                "1:512:dual:threshold,8:512:dual:threshold")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", default=DEFAULT_RUNS)
+    ap.add_argument("--fp8", default="both", choices=["off", "on", "both"])
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None)
+    args = ap.parse_args()
+    cfg, ceil, params = llada_8b_setup(args.layers)
+    if args.fp8 != "off":
+        params = lj.quantize_ffn(params)
+    fp8s = {"off": [False], "on": [True], "both": [False, True]}[args.fp8]
+    rows = []
+    exit_on_sigterm()
+    try:
+        for run in args.runs.split(","):
+            B, P, mode, decoding = run.split(":")
+            for fp8 in fp8s:
+                gen = lj.GenerationConfig(
+                    gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
+                    threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
+                    fp8_ffn=fp8)
+                r, _ = run_one(params, cfg, ceil, gen, int(B), int(P), args.iters)
+                r.update(B=int(B), prompt=int(P), cache=mode, decoding=decoding, fp8_ffn=fp8)
+                rows.append(r)
+                print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} "
+                      f"{r['ms_per_step']:7.2f} ms/step  {r['tokens_per_s']:8.1f} tok/s  "
+                      f"compile {r['compile_s']:.0f} s", flush=True)
+    finally:
+        report(args, cfg, ceil, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The per-group FP8 GEMM side by side with cuBLASLt's per-tensor FP8 GEMM on LLaDA-8B's FFN
+shapes (gate/up K 4096 N 24576; down K 12288 N 4096), in one run (issue 23's goal: >= 1150
+TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
+
+    python -m benchmarks.fp8_gemm [--ms 1024,4096,768,256,32,16384] [--shapes gate_up,down]
+        [--check-only]
+
+Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
+per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
+and without it (`Precision.HIGHEST`: `xla_fp8_precise`); ours through cuBLASLt's block scaling
+(`cublaslt`), the Mosaic GPU kernel (`mgpu`, its default pipeline for the shape), the Triton
+kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
+(`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
+The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
+(N cut to 1024 to keep the fp32 reference small), relative L2 and max-abs error, so an
+unwritten or stale tile shows even where the norm would hide it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common import exit_on_sigterm, time_chained, write_result
+from kernels import fp8_cublaslt as lt
+from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
+from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+from kernels.fp8_matmul_triton import fp8_matmul_pallas
+from lacache_jax.quant import quantize_act, quantize_weight
+
+SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
+XLA_FP8_ONLY_FROM = 16384  # the slow Pallas kernels are not timed at this M and above
+
+
+def operands(M: int, K: int, N: int, seed: int):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
+    wq, ws = quantize_weight(jax.random.normal(kw, (K, N), jnp.bfloat16) * K ** -0.5)
+    return xq, xs, wq, ws
+
+
+def check(rows: list) -> bool:
+    """cuBLASLt against the reference; True when every case is within its bound: f32 out
+    2^-12 relative L2 (Hopper's FP8 MMA keeps ~14 bits of each group's sum: the Mosaic
+    kernel's bound, tests/test_gpu.py), bf16 out 2^-8 (one bf16 rounding on top), and no
+    element off by more than 2^-5 of the largest output (rounding leaves every element within
+    ~2^-9 of it; a stale or unwritten tile is off by the outputs' own size)."""
+    ok = True
+    for M, K, draws in ((1024, 4096, 2), (200, 12288, 1), (32, 4096, 1)):
+        seed = M
+        for draw in range(draws):  # a second draw: a stale output of the first cannot pass
+            xq, xs, wq, ws = operands(M, K, 1024, 100 * seed + draw)
+            with jax.default_matmul_precision("highest"):
+                ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+            for dtype, bound in ((jnp.float32, 2.0 ** -12), (jnp.bfloat16, 2.0 ** -8)):
+                if not lt.supports(M, 1024, K, dtype):
+                    continue
+                out = np.asarray(lt.fp8_matmul_cublaslt(xq, xs, wq, ws, dtype), np.float64)
+                err = np.abs(out - ref)
+                rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                good = bool(np.isfinite(out).all() and rel <= bound
+                            and err.max() <= 2.0 ** -5 * np.abs(ref).max())
+                ok &= good
+                rows.append(dict(M=M, K=K, N=1024, draw=draw, out=jnp.dtype(dtype).name,
+                                 rel_err=rel, max_abs_err=float(err.max()),
+                                 max_abs_ref=float(np.abs(ref).max()), ok=good))
+                print("check", rows[-1], flush=True)
+    return ok
+
+
+def kernels_for(M: int, K: int, N: int) -> dict:
+    big = M >= XLA_FP8_ONLY_FROM
+    dot = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.bfloat16)
+    out = {
+        "xla_fp8_fast": lambda xq, xs, wq, ws: dot(xq, wq),
+        "xla_fp8_precise": lambda xq, xs, wq, ws: dot(xq, wq, precision="highest"),
+        "cublaslt": lt.fp8_matmul_cublaslt,
+    }
+    if not big:
+        cfg = MgpuConfig.get_default(M, N, K, sm_count())
+        out["mgpu"] = functools.partial(fp8_matmul_mgpu, config=cfg)
+        out["dispatch"] = fp8_matmul
+    if M <= 256:
+        out["triton"] = fp8_matmul_pallas
+    return out
+
+
+def sweep(shape: str, M: int, rows: list) -> None:
+    K, N = SHAPES[shape]
+    xq, xs, wq, ws = operands(M, K, N, M)
+    flops = 2.0 * M * K * N
+    n = 20 if M <= 4096 else 5
+    base = dict(shape=shape, M=M, K=K, N=N)
+    w16 = jax.random.normal(jax.random.key(1), (N, K), jnp.bfloat16)
+    x16 = xq.astype(jnp.bfloat16)
+    t = time_chained(lambda a: jax.lax.dot_general(a, w16, (((1,), (1,)), ((), ()))), x16, n=n)
+    rows.append({**base, "kernel": "xla_bf16", "ms": t["median_ms"],
+                 "tflops": flops / t["median_ms"] / 1e9})
+    print(rows[-1], flush=True)
+    for name, fn in kernels_for(M, K, N).items():
+        try:
+            t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)
+        except Exception as e:  # noqa: BLE001 (record what failed, go on)
+            rows.append({**base, "kernel": name, "error": str(e)[:300]})
+        else:
+            rows.append({**base, "kernel": name, "ms": t["median_ms"],
+                         "tflops": flops / t["median_ms"] / 1e9})
+        print(rows[-1], flush=True)
+
+
+def table(rows: list) -> None:
+    names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "mgpu", "triton", "dispatch",
+             "xla_bf16"]
+    print("| shape | M | " + " | ".join(names) + " | cublaslt / xla_fp8_fast | "
+          "cublaslt / xla_fp8_precise |")
+    print("|" + "---|" * (len(names) + 4))
+    by = {}
+    for r in rows:
+        if "ms" in r and "kernel" in r:
+            by.setdefault((r["shape"], r["M"]), {})[r["kernel"]] = r
+    for (shape, M), ks in by.items():
+        cells = [f"{ks[k]['ms']:.4f} ({ks[k]['tflops']:.0f})" if k in ks else "" for k in names]
+        ratios = [f"{ks['cublaslt']['tflops'] / ks[k]['tflops']:.2f}"
+                  if "cublaslt" in ks and k in ks else "" for k in names[:2]]
+        print(f"| {shape} | {M} | " + " | ".join(cells + ratios) + " |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1024,4096,768,256,32,16384")  # the goal's M first
+    ap.add_argument("--shapes", default="gate_up,down")
+    ap.add_argument("--check-only", action="store_true")
+    args = ap.parse_args()
+    exit_on_sigterm()
+    checks, rows = [], []
+    built = lt.available()
+    print("cublaslt arrangement: swap", lt.SWAP, "f32 out", lt.F32_OUT, flush=True)
+    try:
+        ok = built and check(checks)
+        print("cublaslt built:", built, "checks pass:", ok, flush=True)
+        if not args.check_only and ok:
+            for shape in args.shapes.split(","):
+                for M in map(int, args.ms.split(",")):
+                    sweep(shape, M, rows)
+    finally:
+        table(rows)
+        print("->", write_result("fp8_gemm", {"checks": checks, "rows": rows}))
+    raise SystemExit(0 if built and all(c["ok"] for c in checks) else 1)
+
+
+if __name__ == "__main__":
+    main()

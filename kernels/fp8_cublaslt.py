@@ -1,0 +1,244 @@
+"""The per-group FP8 GEMM (contract: `kernels/fp8_matmul.py::fp8_matmul_ref`) through cuBLASLt's
+block scaling on Hopper (cuBLAS >= 12.9: 128 x 128 weight blocks and 1 x 128 activation groups,
+each group's product promoted to fp32), called inside jit as an XLA FFI custom call.
+
+The handler (`csrc/fp8_cublaslt.cc`) is built on first use on a GPU machine, DeepGEMM-style:
+g++ (or $CXX) against `jax.ffi.include_dir()`, the CUDA headers and the cuBLASLt / CUDA
+runtime libraries found there (the ones this process already loaded, else the pip `nvidia-*`
+packages, $CUDA_HOME, /usr/local/cuda), and cached in ~/.cache/lacache_jax (or
+$LACACHE_JAX_CACHE) under a hash of the source, the compiler, the CUDA versions and jax's.
+`available()` says whether that worked (once per process; one warning when not, and
+`kernels/fp8_matmul.py::fp8_matmul` then stays on the Pallas kernels). Forward only: there is no
+differentiation rule.
+
+cuBLASLt reads the activation scales M-major ([K / 128, M]) and the weight scales with the K
+blocks padded to a multiple of 4 ([N / 128, round_up(K / 128, 4)]): the wrapper passes them so.
+Which operand cuBLASLt takes as A (`SWAP`: the weights, writing [M, N] directly, or the
+activations, writing [N, M], transposed afterwards) and whether it writes f32
+(`F32_OUT`) are probed once by `available()` on a tiny problem, so a cuBLASLt that refuses one
+arrangement still serves the other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels import fp8_matmul as fm
+
+GROUP = 128
+SOURCE = Path(__file__).parent / "csrc" / "fp8_cublaslt.cc"
+TARGET = "lacache_fp8_gemm_cublaslt"
+HANDLER = "LacacheFp8GemmCublasLt"
+MIN_CUBLASLT = 120900  # block-scaled FP8 (VEC128 / BLK128x128) arrived in cuBLAS 12.9
+HEADERS = ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "nv/target")
+LIBRARIES = ("libcublasLt.so", "libcudart.so")
+SWAP = False     # set by available()'s probe: A = activations, output transposed afterwards
+F32_OUT = True   # set by available()'s probe: cuBLASLt writes f32 in this arrangement
+
+
+class Unavailable(RuntimeError):
+    """No compiler, header or library for the handler, or a cuBLASLt without block scaling."""
+
+
+def supports(M: int, N: int, K: int, out_dtype) -> bool:
+    """Shapes the handler takes (beyond the contract's N, K multiples of 128): M a multiple of
+    8 (16-byte rows of the M-major scales and of the output), bf16 or f32 output."""
+    dtypes = (jnp.bfloat16, jnp.float32) if F32_OUT else (jnp.bfloat16,)
+    return (M > 0 and M % 8 == 0 and N % GROUP == 0 and K % GROUP == 0
+            and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
+
+
+def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
+    """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
+    x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
+    Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`."""
+    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
+    fm._check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    if not supports(M, N, K, out_dtype):
+        raise ValueError(f"the cuBLASLt FP8 GEMM needs M a multiple of 8 and a bf16"
+                         f"{' or f32' if F32_OUT else ''} out_dtype; got M {M}, out_dtype "
+                         f"{jnp.dtype(out_dtype).name}")
+    G = K // GROUP
+    pad = -G % 4
+    ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
+    shape = (N, M) if swap else (M, N)
+    out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
+        xq, x_scale.T, wq, ws, swap=np.int32(swap))
+    return out.T if swap else out
+
+
+@functools.cache
+def available() -> bool:
+    """Build (or find cached), load and register the handler; False (with one warning) where
+    that cannot be done."""
+    jax.devices()  # the backend first: its cuBLASLt is then mapped and found by find_cuda
+    try:
+        path = build()
+        lib = ctypes.CDLL(str(path))
+        lib.lacache_cublaslt_version.restype = ctypes.c_size_t
+        version = lib.lacache_cublaslt_version()
+        if version < MIN_CUBLASLT:
+            raise Unavailable(f"cuBLASLt {version} has no block-scaled FP8 (needs >= "
+                              f"{MIN_CUBLASLT})")
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, HANDLER)),
+                                    platform="CUDA")
+        probe()
+    except (Unavailable, OSError) as e:
+        warnings.warn(f"lacache_jax: no cuBLASLt FP8 GEMM ({e}); using the Pallas kernels",
+                      stacklevel=2)
+        return False
+    return True
+
+
+def probe() -> None:
+    """Which arrangement cuBLASLt runs (weights as A first) and whether it writes f32, on one
+    8 x 128 x 128 problem each; sets `SWAP` and `F32_OUT`. Evaluated now even when the first
+    use is inside a jit trace (the dispatch inside generate's loop)."""
+    global SWAP, F32_OUT
+    errors = []
+    with jax.ensure_compile_time_eval():
+        xq = jnp.ones((8, GROUP), jnp.float8_e4m3fn)
+        wq = jnp.ones((GROUP, GROUP), jnp.float8_e4m3fn)
+        xs, ws = jnp.ones((8, 1), jnp.float32), jnp.ones((1, 1), jnp.float32)
+        for swap in (False, True):
+            try:
+                got = float(_cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap)[0, 0])
+            except Exception as e:  # noqa: BLE001 (any failure: try the other arrangement)
+                errors.append(f"swap={swap}: {str(e).splitlines()[0][:200]}")
+                continue
+            if got != GROUP:
+                errors.append(f"swap={swap} computed {got}, not {GROUP}")
+                continue
+            SWAP = swap
+            try:
+                F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap)[0, 0]) == GROUP
+            except Exception:  # noqa: BLE001 (no f32 output: bf16 only)
+                F32_OUT = False
+            return
+    raise Unavailable("; ".join(errors))
+
+
+def cache_dir() -> Path:
+    if os.environ.get("LACACHE_JAX_CACHE"):
+        return Path(os.environ["LACACHE_JAX_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lacache_jax"
+
+
+def build() -> Path:
+    """The handler's shared library: cached, else compiled now (a few seconds)."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise Unavailable("no C++ compiler (g++, c++ or $CXX)")
+    includes, libs = find_cuda()
+    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-isystem", jax.ffi.include_dir()]
+    for d in includes:
+        cmd += ["-isystem", str(d)]
+    cmd += [str(SOURCE), *map(str, libs)]
+    cmd += [f"-Wl,-rpath,{d}" for d in sorted({str(p.parent) for p in libs})]
+    key = hashlib.sha256(SOURCE.read_bytes())
+    for part in (*cmd, compiler_version(cxx), cuda_versions(includes), jax.__version__):
+        key.update(part.encode() + b"\0")
+    out = cache_dir() / f"fp8_cublaslt-{key.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # then one atomic rename
+        tmp_out = Path(tmp) / out.name
+        try:
+            r = subprocess.run(cmd + ["-o", str(tmp_out)], capture_output=True, text=True,
+                               timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise Unavailable(f"{cxx} failed to run: {e}") from e
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["?"])[-1]
+            raise Unavailable(f"building {SOURCE.name} failed: {last}")
+        os.replace(tmp_out, out)
+    return out
+
+
+def cuda_roots() -> list[Path]:
+    """Where CUDA headers and libraries may be: the pip `nvidia-*` packages (what jax's CUDA
+    plugin loads), $CUDA_HOME / $CUDA_PATH, /usr/local/cuda."""
+    roots = []
+    for entry in sys.path:
+        nvidia = Path(entry or ".") / "nvidia"
+        if nvidia.is_dir():  # newest first: cu13 before cu12
+            roots += sorted((p for p in nvidia.iterdir() if p.is_dir()), reverse=True)
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            roots.append(Path(os.environ[var]))
+    roots.append(Path("/usr/local/cuda"))
+    roots = [r for r in dict.fromkeys(roots) if r.is_dir()]
+    mapped = [str(p) for p in loaded_libraries()]  # roots of libraries already loaded first
+    return sorted(roots, key=lambda r: not any(m.startswith(f"{r}/") for m in mapped))
+
+
+def find_cuda() -> tuple[list[Path], list[Path]]:
+    """(include dirs, [libcublasLt, libcudart]); the libraries this process already mapped
+    (jax's) come first, so the handler binds to the same cuBLASLt."""
+    roots = cuda_roots()
+    includes = [r / sub for r in roots for sub in (
+        "include", "include/cccl", "targets/x86_64-linux/include",
+        "targets/x86_64-linux/include/cccl") if (r / sub).is_dir()]
+    for header in HEADERS:
+        if not any((d / header).exists() for d in includes):
+            raise Unavailable(f"no {header} under {', '.join(map(str, roots)) or 'any CUDA root'}")
+    mapped = loaded_libraries()
+    libs = []
+    for name in LIBRARIES:
+        found = [p for p in mapped if p.name.startswith(name + ".")] or [
+            p for r in roots for sub in ("lib", "lib64", "targets/x86_64-linux/lib")
+            for p in sorted((r / sub).glob(name + ".*")) if re.fullmatch(
+                re.escape(name) + r"\.\d+", p.name)]
+        if not found:
+            raise Unavailable(f"no {name}.* under {', '.join(map(str, roots))}")
+        libs.append(found[0])
+    return includes, libs
+
+
+def loaded_libraries() -> list[Path]:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return [Path(p) for p in dict.fromkeys(re.findall(r"(/\S+\.so[.\d]*)\s*$", maps, re.M))]
+
+
+def compiler_version(cxx: str) -> str:
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                              timeout=60).stdout.split("\n")[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def cuda_versions(includes: list[Path]) -> str:
+    """CUBLAS_VERSION and CUDART_VERSION of the first headers found (part of the cache key)."""
+    out = []
+    for header, macro in (("cublas_api.h", "CUBLAS_VER_(?:MAJOR|MINOR|PATCH)"),
+                          ("cuda_runtime_api.h", "CUDART_VERSION")):
+        for d in includes:
+            if (d / header).exists():
+                out += re.findall(rf"#define\s+{macro}\s+(\d+)", (d / header).read_text())
+                break
+    return ".".join(out)

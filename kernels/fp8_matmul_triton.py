@@ -1,0 +1,116 @@
+"""The per-group FP8 GEMM (contract: `kernels/fp8_matmul.py::fp8_matmul_ref`) lowered through
+Pallas' Triton backend, with its tile settings (`TritonTiles`).
+
+A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128), M padded to the
+row tile; at decode shapes K is also split over programs (`splits`) and the fp32 partials are
+summed afterwards. Each 128-wide K group is one FP8 dot, scaled and added to an fp32
+accumulator: the result equals the dequantised fp32 matmul up to fp32 summation order. Fastest
+below 128 rows (RESULTS.md); runs on every GPU with FP8 tensor cores (Ada, Hopper).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import fp8_matmul as fm
+
+GROUP = 128
+
+
+def k_splits(m_tiles: int, n_tiles: int, n_groups: int, programs: int = 264) -> int:
+    """Split K when the output tiles alone are too few to fill the GPU (decode shapes): the
+    smallest divisor of the group count giving >= `programs` (2 per SM on an H200)."""
+    for s in range(1, n_groups + 1):
+        if n_groups % s == 0 and (m_tiles * n_tiles * s >= programs or s == n_groups):
+            return s
+    return 1
+
+
+def row_tile(M: int) -> int:
+    """Rows per program: the smallest power of two >= M in [16, 64]. (16 is Triton's smallest
+    dot tile; on the H200 64 x 128 tiles beat 128 x 128 and 64 x 256 at M 4096 and 16384:
+    `benchmarks/fp8_tiles.py`, RESULTS.md.)"""
+    return min(64, max(16, 1 << (M - 1).bit_length()))
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonTiles:
+    """Tile settings of `fp8_matmul_pallas` (hashable: a static jit argument)."""
+    block_m: int = 64      # rows per program (M is padded to a multiple)
+    block_n: int = GROUP   # columns per program: a multiple of 128 dividing N
+    splits: int = 1        # programs over K (fp32 partials summed afterwards); divides K / 128
+    num_warps: int = 4
+    num_stages: int = 3
+
+    @classmethod
+    def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
+        """As measured by `benchmarks/fp8_tiles.py` on the H200: the row tile by M
+        (`row_tile`), 128 columns, K split until ~2 programs per SM (`k_splits`), 8 warps for
+        the thin decode tiles and 4 from 64 rows."""
+        bm = row_tile(M)
+        splits = k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)
+        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=8 if bm <= 32 else 4)
+
+
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
+    o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
+    first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
+    n_sub = w_ref.shape[0] // GROUP  # 128-wide column blocks, one weight scale each
+
+    def group(g, accs):
+        g = first + g
+        cols = pl.ds(g * GROUP, GROUP)
+        x = x_ref[:, cols]  # loaded once, shared by the column blocks
+        xs = xs_ref[:, pl.ds(g, 1)]
+        return tuple(
+            acc + jnp.dot(x, w_ref[pl.ds(c * GROUP, GROUP), cols].T,
+                          preferred_element_type=jnp.float32) * (xs * ws_ref[c, pl.ds(g, 1)])
+            for c, acc in enumerate(accs))
+    zeros = jnp.zeros((x_ref.shape[0], GROUP), jnp.float32)
+    accs = jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+    for c, acc in enumerate(accs):
+        o_ref[:, pl.ds(c * GROUP, GROUP)] = acc.astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
+def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
+                      tiles: TritonTiles | None = None, interpret: bool = False,
+                      poison: bool = False):
+    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`:
+    xq [M, K] fp8, x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32
+    -> [M, N] `out_dtype`. `tiles` default: `TritonTiles.get_default(M, N, K)`. `poison`
+    (tests) makes the output a NaN-filled buffer first, so an unwritten tile shows."""
+    fm._check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    t = tiles or TritonTiles.get_default(M, N, K)
+    bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
+    if bn % GROUP or N % bn:
+        raise ValueError(f"block_n {bn} must be a multiple of {GROUP} dividing N {N}")
+    if G % S:
+        raise ValueError(f"splits {S} must divide the {G} K groups")
+    Mp = pl.cdiv(M, bm) * bm
+    if Mp != M:
+        xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
+        x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
+    in_specs = [pl.BlockSpec((bm, K), lambda i, j, k: (i, 0)),
+                pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
+                pl.BlockSpec((bn, K), lambda i, j, k: (j, 0)),
+                pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0))]
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
+    from jax.experimental.pallas import triton as plgpu
+    out = pl.pallas_call(
+        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned)),
+        grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
+        out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
+        input_output_aliases={4: 0} if poison else {},
+        compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
+    )(xq, x_scale, wq, w_scale, *poisoned)
+    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
