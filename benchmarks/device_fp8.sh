@@ -18,18 +18,18 @@ all|1)
     which g++ c++ nvcc; ls -d /usr/local/cuda* 2>&1 | head -3
     python3 -c "import nvidia, os; print([os.path.join(p, d) for p in nvidia.__path__ for d in os.listdir(p)])"
   } > "$OUT/env.txt" 2>&1; cut -c1-300 "$OUT/env.txt"
-  timeout 200 python3 -m benchmarks.fp8_gemm --ms 1024,4096,768,256,32 2>&1 \
+  timeout ${GEMM_S:-200} python3 -m benchmarks.fp8_gemm --ms ${GEMM_MS:-1024,4096,768,256,32} 2>&1 \
     | tee "$OUT/fp8_gemm.log" | grep -v "^{" | quiet | tail -16
   grep -q "checks pass: True" "$OUT/fp8_gemm.log" || { echo "cuBLASLt check failed: stop"; exit 1; }
-  timeout 100 python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_fp8_kernels.py \
+  timeout ${TEST_S:-100} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_fp8_kernels.py \
     -k "fp8 or cublaslt" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" \
     | grep -i "^cublaslt\|passed\|failed\|error" | cut -c1-300 | tail -8
-  timeout 120 python3 -m benchmarks.fp8_ffn --ms 768,1024,4096 --ablation-layers 0 \
+  timeout ${FFN_S:-120} python3 -m benchmarks.fp8_ffn --ms 768,1024,4096 --ablation-layers 0 \
     --quant-tiles 16x1,32x4,64x2 --quant-ms 1024,4096 2>&1 | tee "$OUT/fp8_ffn.log" \
     | quiet | grep -v "^quant tiles" | tail -4 | cut -c1-330
   [ "${1:-all}" = all ] || exit 0 ;&
 2)
-  timeout 150 python3 -m benchmarks.fp8_e2e --runs "1:512:none:fixed,1:512:exact:fixed,\
+  timeout ${E2E_S:-150} python3 -m benchmarks.fp8_e2e --runs "1:512:none:fixed,1:512:exact:fixed,\
 1:512:dual:threshold,8:512:dual:threshold,1:1024:none:fixed,1:1024:exact:fixed" 2>&1 \
     | tee "$OUT/fp8_e2e.log" | quiet | grep "^|" | tail -14 ;;
 esac
