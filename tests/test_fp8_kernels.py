@@ -182,7 +182,12 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     err_ref = rel_err(ref.astype(jnp.float32), exact)
     err_out = rel_err(out.astype(jnp.float32), exact)
     assert err_ref <= 2 * FP8_REL and err_out <= 2 * FP8_REL
-    assert rel_err(out.astype(jnp.float32), ref.astype(jnp.float32)) <= max(err_ref, err_out)
+    # Where they differ: the reference's RMSNorm keeps XLA's excess precision across its bf16
+    # roundings, the kernel rounds, and 2.5% of the normed activations' FP8 codes move by one
+    # e4m3 step (2^-3 relative); SwiGLU and the GEMMs agree to fp32 rounding. That moves the
+    # output by 0.029 (measured); 0.035 leaves 20% for another draw of the same size. A path
+    # that is merely within FP8 error of the exact FFN (0.041 each) does not pass.
+    assert rel_err(out.astype(jnp.float32), ref.astype(jnp.float32)) <= 0.035
 
 
 def test_mgpu_gemm_lowers_for_hopper():
