@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec as PS
 
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-exported)
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
@@ -128,9 +128,9 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
     the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
     Under a mesh the kernels run per row shard, FP8 weights replicated (sharding.py)."""
     D = x_BLD.shape[-1]
-    rows = P(DATA, None, None)
+    rows = PS(DATA, None, None)
     fn = shard_kernel(lambda x, n, w: _ffn_fp8_rows(x.reshape(-1, D), n, eps, w).reshape(x.shape),
-                      (rows, P(), P()), rows)
+                      (rows, PS(), PS()), rows)
     return fn(x_BLD, norm_D, w)
 
 
