@@ -76,9 +76,20 @@ def rms_rstd(x: jax.Array, eps: float) -> jax.Array:
     return jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
 
 
+def rounded(x: jax.Array) -> jax.Array:
+    """`x` rounded to its own (half) dtype even inside a fusion: XLA keeps fused half-precision
+    intermediates in fp32 by default (`xla_allow_excess_precision`), which skips roundings
+    that LLaDA's PyTorch code performs."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        info = jnp.finfo(x.dtype)
+        return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return x
+
+
 def rms_normed(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """LLaDA's RMSNorm: fp32 statistics, rounded to x's dtype before the weight multiply."""
-    return (x.astype(jnp.float32) * rms_rstd(x, eps)).astype(x.dtype) * w
+    """LLaDA's RMSNorm: fp32 statistics, rounded to x's dtype before the weight multiply,
+    whose product is rounded too (as PyTorch's half-precision ops do)."""
+    return rounded(rounded((x.astype(jnp.float32) * rms_rstd(x, eps)).astype(x.dtype)) * w)
 
 
 def rmsnorm_quant_ref(x_MD, w_D, eps: float):
@@ -99,12 +110,16 @@ def _quantize_tile(a):
     return jnp.clip(a / scale, -FP8_MAX, FP8_MAX).astype(FP8), scale
 
 
-def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref):
+def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref, *, interpret: bool):
+    # Triton rounds at every half-precision cast and product; XLA, which runs the kernel in
+    # interpret mode, may not (`rounded`), and the Triton lowering has no reduce_precision.
+    round_ = rounded if interpret else (lambda a: a)
     rstd = rstd_ref[...]
     for g in range(s_ref.shape[1]):  # the tile's 128-column groups, one scale each
         cols = pl.ds(g * GROUP, GROUP)
         x = x_ref[:, cols]
-        h = (x.astype(jnp.float32) * rstd).astype(x.dtype) * w_ref[cols][None, :]
+        h = round_(round_((x.astype(jnp.float32) * rstd).astype(x.dtype))
+                   * w_ref[cols][None, :])
         q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(h.astype(jnp.float32))
 
 
@@ -170,7 +185,8 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = No
     in_specs = [pl.BlockSpec((t.rows, cols), lambda i, g: (i, g)),
                 pl.BlockSpec((t.rows, 1), lambda i, g: (i, 0)),
                 pl.BlockSpec((cols,), lambda i, g: (g,))]
-    q, s = _quantising_call(_rmsnorm_quant_kernel, (x, rstd, w_D), in_specs, Mp, D // GROUP,
+    kernel = functools.partial(_rmsnorm_quant_kernel, interpret=interpret)
+    q, s = _quantising_call(kernel, (x, rstd, w_D), in_specs, Mp, D // GROUP,
                             t, "rmsnorm_quant", interpret, poison)
     return q[:M], s[:M]
 
