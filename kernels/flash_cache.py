@@ -15,6 +15,7 @@ elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -189,18 +190,37 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     return (q[:M].reshape(B, R, n_heads, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K))
 
 
+_FORCED: list[str] = []
+
+
+@contextlib.contextmanager
+def implementation(name: str):
+    """Force `flash_cache`'s choice while tracing ("pallas" or "ref"): for benchmarks that
+    compare the fused kernel with the unfused XLA path inside the whole decoder."""
+    if name not in ("pallas", "ref"):
+        raise ValueError(f"implementation must be 'pallas' or 'ref', got {name!r}")
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
     """Dispatch: the Pallas kernel on GPU (per data shard under a mesh), the reference
     elsewhere and whenever tensor parallelism splits the heads (tp > 1)."""
-    if jax.default_backend() != "gpu" or tp != 1:
+    use = _FORCED[-1] if _FORCED else (
+        "pallas" if jax.default_backend() == "gpu" and tp == 1 else "ref")
+    if use == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                                n_heads=n_heads, tp=tp)
     from jax.sharding import PartitionSpec as PS
 
     from lacache_jax.sharding import DATA, shard_kernel
     rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)
-    fn = shard_kernel(functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp),
-                      (rows, PS(), rows, rows, PS(DATA, None), heads, heads),
+    kernel = functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp,
+                               interpret=jax.default_backend() != "gpu")
+    fn = shard_kernel(kernel, (rows, PS(), rows, rows, PS(DATA, None), heads, heads),
                       (heads, heads, heads))
     return fn(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK)
