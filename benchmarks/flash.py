@@ -31,7 +31,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               measure_ceilings, time_fn, write_result)
+                               measure_ceilings, write_result)
 from kernels import flash_cache as fc
 from lacache_jax import flash
 from lacache_jax.generate import row_keys

@@ -83,10 +83,13 @@ class Budget:
         return cls(W, A, T if full else min(flash.track, T), full)
 
     def rows(self, T: int) -> int:
+        """R, the query rows of a later step (a row's queries never exceed its columns)."""
         return T if self.full else min(T, self.W + self.A + self.Tr)
 
 
 def init_state(ctx: Ctx, x_BT: jax.Array, keep_cache: bool) -> FlashState:
+    """Before the prefill: the real prompt tokens decoded in position order, an empty cache
+    (none with `keep_cache=False`: every step then recomputes every column)."""
     cv, cfg = ctx.canvas, ctx.cfg
     B, T = x_BT.shape
     col = jnp.arange(T, dtype=jnp.int32)[None, :]
