@@ -258,6 +258,49 @@ class DPadConfig:
                 raise ValueError(f"dpad.{name} must be a positive number, got {v!r}")
 
 
+ACCEPT_RULES = ("cumprod", "agree")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashConfig:
+    """Flash-dLLM decoding (REFERENCE.md §8): a sliding window with selective cache refresh.
+
+    Each step decodes from the `window` left-most undecoded positions and re-queries only a
+    bounded set of positions through every layer: the window, the next `lookahead` undecoded
+    positions after it, and `track` decoded positions (those accepted last, then the most
+    attended older ones: lacache_jax/flash.py); every other position's keys and values come
+    from the cache as last written. `GenerationConfig.threshold` is the acceptance epsilon.
+
+    `lookahead` defaults to 48, not the paper's 64: the released code's `mask_num` counts the
+    window itself, so its look-ahead is window * (mask_num - 1) = 16 * 3 = 48 masks at the
+    published setting (tests/reference_flash.py). `track=None` re-queries every position
+    outside the window, masks and decoded (a full recompute, whatever `lookahead` says);
+    `lookahead=None` queries every undecoded position. `verify`, `gamma` and `accept` are
+    Flash-Verify's (part 2, not implemented yet: `verify=True` is refused).
+    """
+    window: int = 16
+    lookahead: int | None = 48
+    track: int | None = 64
+    verify: bool = False
+    gamma: float = 0.8
+    accept: str = "cumprod"
+
+    def __post_init__(self):
+        _positive_int(self.window, "flash.window")
+        for name in ("lookahead", "track"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"flash.{name} must be None or a non-negative integer, "
+                                 f"got {v!r}")
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"flash.verify must be a bool, got {self.verify!r}")
+        _number(self.gamma, "flash.gamma")
+        if not self.gamma > 0:
+            raise ValueError(f"flash.gamma must be positive, got {self.gamma}")
+        if self.accept not in ACCEPT_RULES:
+            raise ValueError(f"flash.accept must be one of {ACCEPT_RULES}, got {self.accept!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
     """Static settings of one jitted generation program (hashable; validated on creation).
@@ -286,15 +329,18 @@ class GenerationConfig:
     mask_id: int | None = None
     eos_id: int | None = None
     eot_id: int | None = None
+    flash: FlashConfig | None = None
 
     def __post_init__(self):
         _positive_int(self.gen_length, "gen_length")
         _positive_int(self.block_length, "block_length")
         _positive_int(self.steps, "steps")
-        if self.gen_length % self.block_length:
+        if self.flash is not None:
+            self._check_flash()
+        elif self.gen_length % self.block_length:
             raise ValueError(f"block_length={self.block_length} does not divide "
                              f"gen_length={self.gen_length}")
-        if self.steps % self.num_blocks:
+        if self.flash is None and self.steps % self.num_blocks:
             raise ValueError(f"steps={self.steps} is not divisible by the number of blocks "
                              f"{self.num_blocks} (gen_length / block_length)")
         _number(self.temperature, "temperature", lo=0.0)
@@ -328,8 +374,39 @@ class GenerationConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ValueError(f"{name} must be a non-negative token id, got {v!r}")
 
+    def _check_flash(self) -> None:
+        """With `flash`, only the settings Flash-dLLM reads may differ from their defaults."""
+        if not isinstance(self.flash, FlashConfig):
+            raise ValueError(f"flash must be a FlashConfig or None, got "
+                             f"{type(self.flash).__name__}")
+        if self.threshold is None:
+            raise ValueError("threshold is required with flash (it is the acceptance epsilon, "
+                             "e.g. threshold=0.9)")
+        if self.flash.verify:
+            raise NotImplementedError("flash.verify=True is Flash-dLLM part 2 (issue 18), "
+                                      "not implemented yet")
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.block_length not in (defaults["block_length"], self.gen_length):
+            raise ValueError(f"block_length={self.block_length} does not apply with flash "
+                             "(it decodes from a sliding window, not blocks): leave it unset")
+        for name, why in (("steps", "decoding runs until every position is decoded"),
+                          ("factor", "acceptance is the threshold rule"),
+                          ("cache", "flash keeps its own K/V cache"),
+                          ("refresh_interval", "flash refreshes the cache rows it queries"),
+                          ("dpad", "flash queries a bounded look-ahead instead"),
+                          ("cfg_scale", "classifier-free guidance is not implemented with it"),
+                          ("remasking", "confidence is the window's softmax probability"),
+                          ("logits_eos_inf", "not implemented with it"),
+                          ("confidence_eos_eot_inf", "not implemented with it")):
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} does not apply with flash "
+                                 f"({why}): leave it at {defaults[name]!r}")
+
     @property
     def num_blocks(self) -> int:
+        """Blocks of the SAR loop; 1 with flash (progress reports the whole generation)."""
+        if self.flash is not None:
+            return 1
         return self.gen_length // self.block_length
 
     @property

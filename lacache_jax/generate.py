@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from lacache_jax import sar
+from lacache_jax import flash, sar
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params, check_params
 from lacache_jax.quant import has_fp8_ffn
@@ -157,7 +157,8 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, rep
     # The mesh is static: kernels see it (`shard_kernel`) while this traces.
     with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
           else contextlib.nullcontext()):
-        st = sar.run(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
+        loop = sar.run if gen.flash is None else flash.run  # Flash-dLLM has its own loop
+        st = loop(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
         return _output(st, gen, pad_B)
 
 

@@ -1,0 +1,249 @@
+"""Flash-dLLM decoding (lacache_jax/flash.py) at LLaDA-8B shapes with random bf16 weights.
+
+    python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
+                               [--parts step,dual,update,memory] [--layers N] [--tiny]
+
+- step: one later flash step (window + look-ahead + tracked query rows, the default budget
+  16 + 48 + 64) timed alone, state donated, with the fused cache-update kernel and with the
+  unfused XLA path; end-to-end latency / NFE of the whole generation; the step's floor
+  max(FLOPs / matmul peak, bytes / copy bandwidth) for those query rows, ceilings measured in
+  this run (and the reference ceilings of DESIGN.md).
+- dual: threshold decoding with the dual cache (block 32) at the same shapes, ms per step.
+- update: the cache-update path of one layer alone (projection of the query rows, RoPE, K/V
+  written into the cache), fused Pallas kernel vs the unfused XLA ops, against its floor.
+- memory: XLA's memory analysis of the whole flash and dual-cache programs (arguments incl.
+  weights, outputs, temporaries) at the memory batch sizes.
+
+Random weights never cross the threshold: every step accepts one token, so every run does
+the same number of steps (gen_length) and runs compare per step. `--tiny` runs everything on
+a small config (CPU, Pallas in interpret mode) only to show the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lacache_jax as lj
+from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
+                               measure_ceilings, write_result)
+from kernels import flash_cache as fc
+from lacache_jax import flash
+from lacache_jax.generate import row_keys
+from lacache_jax.model import rope_tables
+
+
+def setup(args):
+    if not args.tiny:
+        return llada_8b_setup(args.layers)
+    cfg = lj.tiny(d_model=128, n_heads=4, n_kv_heads=4, d_ff=256, n_layers=4)
+    return cfg, measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+
+
+def budget_of(args) -> lj.FlashConfig:
+    return lj.FlashConfig(window=args.window, lookahead=args.lookahead, track=args.track)
+
+
+def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
+    """(FLOPs, bytes) of a later flash step: R query rows through every layer against T keys,
+    the LM head on the window rows; bytes: the weights, the whole K/V cache read once and the
+    R rows written."""
+    D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
+    proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
+    attn = 2 * T * cfg.n_heads * K
+    flops = 2.0 * B * (R * cfg.n_layers * (proj + attn) + fcfg.window * D * V)
+    kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * K * 2  # k and v, all layers, bf16
+    return flops, 2.0 * cfg.n_params + B * (T + R) * kv_row
+
+
+def canvas(cfg, B: int, P: int, G: int):
+    prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
+    x = np.concatenate([prompts, np.full((B, G), cfg.mask_id)], axis=1).astype(np.int32)
+    return jnp.asarray(x), jnp.zeros((B,), jnp.int32), row_keys(jax.random.key(0), B)
+
+
+def time_steps(params, cfg, gen, B, P, impl, iters):
+    """Median ms of one later step (state donated: the cache is updated in place)."""
+    x, pad, keys = canvas(cfg, B, P, gen.gen_length)
+    T = x.shape[1]
+
+    @functools.partial(jax.jit, static_argnames="prefill", donate_argnums=1)
+    def step(params, st, pad, keys, prefill):
+        ctx = flash.make_ctx(params, cfg, gen, pad, T)
+        budget = flash.Budget.build(gen.flash, gen.gen_length, T)
+        return flash.step(ctx, gen, budget, st, keys, prefill)
+
+    with fc.implementation(impl):
+        ctx = flash.make_ctx(params, cfg, gen, pad, T)
+        # Built by one program, so no two leaves share a buffer (the step donates them all).
+        st = jax.jit(lambda x: flash.init_state(ctx, x, True))(x)
+        st = step(params, st, pad, keys, True)
+        for _ in range(3):
+            st = step(params, st, pad, keys, False)
+        jax.block_until_ready(st)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            st = jax.block_until_ready(step(params, st, pad, keys, False))
+            times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def end_to_end(params, cfg, gen, B, P, iters=1):
+    x, _, _ = canvas(cfg, B, P, gen.gen_length)
+    t0 = time.perf_counter()
+    run = lj.compile_generate(params, cfg, np.asarray(x[:, :P]), gen)
+    compile_s = time.perf_counter() - t0
+    out = jax.block_until_ready(run())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        times.append(time.perf_counter() - t0)
+    latency = float(np.median(times))
+    nfe = float(np.mean(np.asarray(out.nfe)))
+    return dict(latency_s=latency, nfe=nfe, ms_per_step=latency / nfe * 1e3,
+                tokens_per_s=B * gen.gen_length / latency, compile_s=compile_s), run
+
+
+def part_step(args, cfg, ceil, params, rows):
+    fcfg = budget_of(args)
+    gen = lj.GenerationConfig(gen_length=args.gen, threshold=0.9, stop_at_eos=False,
+                              flash=fcfg)
+    for B in map(int, args.batch.split(",")):
+        T = args.prompt + args.gen
+        R = flash.Budget.build(fcfg, args.gen, T).rows(T)
+        flops, nbytes = step_cost(cfg, fcfg, B, T, R)
+        floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes,
+                                                                   REFERENCE_CEILINGS)
+        r = dict(part="step", B=B, prompt=args.prompt, query_rows=R, floor_ms=floor,
+                 ref_floor_ms=ref_floor)
+        for impl in ("pallas", "ref"):
+            r[f"step_ms_{impl}"] = ms = time_steps(params, cfg, gen, B, args.prompt, impl,
+                                                   args.iters)
+            r[f"x_floor_{impl}"] = ms / floor
+        e2e, _ = end_to_end(params, cfg, gen, B, args.prompt)
+        r.update({f"e2e_{k}": v for k, v in e2e.items()})
+        rows.append(r)
+        print(f"flash B={B} R={R}: step {r['step_ms_pallas']:.2f} ms fused / "
+              f"{r['step_ms_ref']:.2f} ms unfused (floor {floor:.2f}, x{r['x_floor_pallas']:.2f}"
+              f"; reference floor {ref_floor:.2f}); end to end {e2e['ms_per_step']:.2f} ms/step, "
+              f"{e2e['tokens_per_s']:.0f} tok/s, compile {e2e['compile_s']:.0f} s", flush=True)
+
+
+def part_dual(args, cfg, ceil, params, rows):
+    block = min(32, args.gen)
+    gen = lj.GenerationConfig(gen_length=args.gen, block_length=block, steps=args.gen,
+                              cache="dual", threshold=0.9, stop_at_eos=False)
+    for B in map(int, args.batch.split(",")):
+        e2e, _ = end_to_end(params, cfg, gen, B, args.prompt)
+        rows.append(dict(part="dual", B=B, prompt=args.prompt, block=block, **e2e))
+        print(f"dual B={B}: {e2e['ms_per_step']:.2f} ms/step, {e2e['tokens_per_s']:.0f} tok/s",
+              flush=True)
+
+
+def part_update(args, cfg, ceil, params, rows, n: int = 20):
+    """One layer's cache update, `n` chained calls per program (cache carried, in place)."""
+    D, H, G, K = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    T = args.prompt + args.gen
+    R = args.window + args.lookahead + args.track
+    interpret = jax.default_backend() != "gpu"
+    w = params.layers[0].w_qkv
+    for B in map(int, args.batch.split(",")):
+        ks = jax.random.split(jax.random.key(B), 3)
+        h = jax.random.normal(ks[0], (B, R, D), w.dtype)
+        cols = jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32) * (T // R), (B, R))
+        cos, sin = rope_tables(cols, K, cfg.rope_theta)
+        r = dict(part="update", B=B, rows=R)
+        for impl in ("pallas", "ref"):
+            fn = (functools.partial(fc.flash_cache_pallas, interpret=interpret)
+                  if impl == "pallas" else fc.flash_cache_ref)
+
+            @functools.partial(jax.jit, donate_argnums=(1, 2))
+            def chained(h, k, v, fn=fn):
+                def body(i, carry):
+                    k, v, acc = carry
+                    q, k, v = fn(h, w, cos, sin, cols, k, v, n_heads=H)
+                    return k, v, acc + q[0, 0, 0, 0].astype(jnp.float32)
+                return jax.lax.fori_loop(0, n, body, (k, v, jnp.float32(0)))
+            kv = [jnp.zeros((B, T, G, K), w.dtype) for _ in range(2)]
+            for _ in range(2):
+                kv = list(jax.block_until_ready(chained(h, *kv))[:2])
+            times = []
+            for _ in range(args.iters):
+                t0 = time.perf_counter()
+                kv = list(jax.block_until_ready(chained(h, *kv))[:2])
+                times.append((time.perf_counter() - t0) * 1e3 / n)
+            r[f"ms_{impl}"] = float(np.median(times))
+        M = B * R
+        nbytes = 2 * (D * (H + 2 * G) * K + M * D + M * H * K + 2 * M * G * K)
+        r["floor_ms"] = floor_ms(2.0 * M * D * (H + 2 * G) * K, nbytes, ceil)
+        r["fused_speedup"] = r["ms_ref"] / r["ms_pallas"]
+        rows.append(r)
+        print(f"update B={B} R={R}: fused {r['ms_pallas'] * 1e3:.1f} us, unfused "
+              f"{r['ms_ref'] * 1e3:.1f} us ({r['fused_speedup']:.2f}x), floor "
+              f"{r['floor_ms'] * 1e3:.1f} us", flush=True)
+
+
+def part_memory(args, cfg, ceil, params, rows):
+    gens = {"flash": lj.GenerationConfig(gen_length=args.gen, threshold=0.9, stop_at_eos=False,
+                                         flash=budget_of(args)),
+            "dual": lj.GenerationConfig(gen_length=args.gen, block_length=min(32, args.gen),
+                                        steps=args.gen, cache="dual", threshold=0.9,
+                                        stop_at_eos=False)}
+    for B in map(int, args.memory_batch.split(",")):
+        for name, gen in gens.items():
+            x, _, _ = canvas(cfg, B, args.prompt, args.gen)
+            run = lj.compile_generate(params, cfg, np.asarray(x[:, :args.prompt]), gen)
+            m = run.compiled.memory_analysis()
+            gib = {k: getattr(m, f"{k}_size_in_bytes") / 2**30
+                   for k in ("argument", "output", "temp", "alias")}
+            total = gib["argument"] + gib["output"] + gib["temp"] - gib["alias"]
+            rows.append(dict(part="memory", B=B, mode=name, total_gib=total, **gib))
+            print(f"memory {name} B={B}: {total:.2f} GiB (arguments {gib['argument']:.2f}, "
+                  f"temporaries {gib['temp']:.2f}, outputs {gib['output']:.2f})", flush=True)
+            del run
+
+
+PARTS = {"step": part_step, "dual": part_dual, "update": part_update, "memory": part_memory}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="1,32")
+    ap.add_argument("--memory-batch", default="16,32")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--lookahead", type=int, default=48)
+    ap.add_argument("--track", type=int, default=64)
+    ap.add_argument("--parts", default="step,dual,update,memory")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--tiny", action="store_true",
+                    help="small config and shapes: checks the script on CPU")
+    args = ap.parse_args()
+    if args.tiny:
+        for name, v in dict(batch="1,2", memory_batch="2", prompt=16, gen=16, window=4,
+                            lookahead=4, track=4, iters=2).items():
+            setattr(args, name, v)
+    cfg, ceil, params = setup(args)
+    rows = []
+    exit_on_sigterm()
+    try:
+        for part in args.parts.split(","):
+            PARTS[part](args, cfg, ceil, params, rows)
+    finally:
+        if not args.tiny:  # a check of the script, not a result
+            path = write_result("flash", {"config": cfg.to_dict(), "ceilings": ceil,
+                                          "args": vars(args), "rows": rows})
+            print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Flash-Cache update: the cache-update path of Flash-dLLM's selective refresh (REFERENCE.md §8)
+in one kernel: Q/K/V projection of a step's query rows, rotate-half RoPE of q and k, and the
+write of the rotated keys and the values straight into the K/V cache rows of the queried
+positions. Only q leaves the kernel (the attention that follows needs it); k and v never exist
+in HBM outside the cache.
+
+Shapes: h [B, R, D] normed hidden states of the query rows; w_qkv [D, (H + 2G) K] (columns
+q | k | v, or `tp` column groups of them: lacache_jax/model.py Layer.tp); cos/sin [B, R, K/2]
+fp32 RoPE tables at the rows' positions; cols [B, R] int32 cache column of each row, >= T for
+rows that must not write (padding of the static query budget); caches k/v [B, T, G, K].
+Returns (q [B, R, H, K] rotated, k cache, v cache). `flash_cache_ref` is the pure-jnp
+reference with the same signature; `flash_cache` dispatches (Pallas on GPU, reference
+elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+def _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp):
+    B, R, D = h_BRD.shape
+    _, T, G, K = k_BTGK.shape
+    if v_BTGK.shape != k_BTGK.shape or k_BTGK.shape[0] != B:
+        raise ValueError(f"k/v caches must be [B={B}, T, G, K] alike, got {k_BTGK.shape}, "
+                         f"{v_BTGK.shape}")
+    if w_qkv_DN.shape != (D, (n_heads + 2 * G) * K):
+        raise ValueError(f"w_qkv must be [{D}, {(n_heads + 2 * G) * K}], got {w_qkv_DN.shape}")
+    if cos_BRk.shape != (B, R, K // 2) or sin_BRk.shape != cos_BRk.shape:
+        raise ValueError(f"cos/sin must be [{B}, {R}, {K // 2}], got {cos_BRk.shape}, "
+                         f"{sin_BRk.shape}")
+    if cols_BR.shape != (B, R):
+        raise ValueError(f"cols must be [{B}, {R}], got {cols_BR.shape}")
+    if n_heads % G or n_heads % tp or G % tp:
+        raise ValueError(f"n_heads={n_heads}, kv heads {G} and tp={tp} do not divide evenly")
+
+
+def rope(x_BRHK: jax.Array, cos_BRk: jax.Array, sin_BRk: jax.Array) -> jax.Array:
+    """Rotate-half RoPE in fp32, cast back (REFERENCE.md §3)."""
+    x = x_BRHK.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_BRk[:, :, None, :], sin_BRk[:, :, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                           axis=-1).astype(x_BRHK.dtype)
+
+
+def flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *,
+                    n_heads: int, tp: int = 1):
+    """Projection, RoPE and scatter of the new keys/values as separate XLA ops."""
+    _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp)
+    B, R, _ = h_BRD.shape
+    G, K = k_BTGK.shape[2:]
+    qkv_BRN = (h_BRD @ w_qkv_DN).reshape(B, R, tp, -1)
+    q, k, v = jnp.split(qkv_BRN, [n_heads * K // tp, (n_heads + G) * K // tp], axis=-1)
+    q = rope(q.reshape(B, R, n_heads, K), cos_BRk, sin_BRk)
+    k = rope(k.reshape(B, R, G, K), cos_BRk, sin_BRk)
+    v = v.reshape(B, R, G, K)
+    b = jnp.arange(B)[:, None]
+    with jax.named_scope("cache_update"):
+        # Rows whose column lies past the cache (>= T) are padding of the query budget.
+        k_BTGK = k_BTGK.at[b, cols_BR].set(k.astype(k_BTGK.dtype), mode="drop")
+        v_BTGK = v_BTGK.at[b, cols_BR].set(v.astype(v_BTGK.dtype), mode="drop")
+    return q, k_BTGK, v_BTGK
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles of the Pallas kernel: `rows` query rows per program, `depth` the d_model chunk
+    of the projection loop, Triton's `warps` and `stages`. Programs run row tile fastest, so
+    the row tiles of one head's weight columns follow each other and share them in L2."""
+    rows: int = 64
+    depth: int = 64
+    warps: int = 4
+    stages: int = 2
+
+    @classmethod
+    def get_default(cls, M: int, D: int) -> "BlockSizes":
+        # One row tile for a batch-1 step (R <= 128 rows): the weights stream once.
+        rows = min(128, max(16, 1 << max(M - 1, 0).bit_length()))
+        depth = next(d for d in (128, 64, 32, 16, 8) if D % d == 0)
+        return cls(rows, depth, 8 if rows == 128 else 4, 2)
+
+
+def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v_ref, *,
+            n_heads, n_kv, tp, K, rows, depth, n_valid):
+    """Program (row tile i, column head j): j < H a query head, then G key heads, then G
+    value heads. Projects the tile's rows onto the head's K columns (two K/2 halves, so
+    RoPE pairs stay in registers), rotates q and k, then stores q, or scatters k / v rows
+    into the cache at their flat row index; rows at index n_valid (padding) are masked."""
+    del k_in, v_in  # aliased to k_ref / v_ref: only the queried rows are overwritten
+    i, j = pl.program_id(0), pl.program_id(1)
+    half = K // 2
+    D = h_ref.shape[1]
+    # Column of head j in w_qkv: `tp` groups of [q heads | k heads | v heads] (Layer.tp).
+    hq, hk = n_heads // tp, n_kv // tp
+    width = (hq + 2 * hk) * K
+    is_q, is_k = j < n_heads, (j >= n_heads) & (j < n_heads + n_kv)
+    i32 = jnp.int32  # explicit: weak-typed Python ints in a select lower badly to Triton
+    local = j - jnp.where(is_q, i32(0), jnp.where(is_k, i32(n_heads), i32(n_heads + n_kv)))
+    per = jnp.where(is_q, i32(hq), i32(hk))
+    first = jnp.where(is_q, i32(0), jnp.where(is_k, i32(hq), i32(hq + hk)))
+    # Non-negative operands: C division (lax) is floor division here, and lowers to Triton.
+    col = jax.lax.div(local, per) * width + (first + jax.lax.rem(local, per)) * K
+    r = pl.ds(i * rows, rows)
+
+    def step(d, acc):
+        a1, a2 = acc
+        h = h_ref[r, pl.ds(d * depth, depth)]
+        w1 = w_ref[pl.ds(d * depth, depth), pl.ds(col, half)]
+        w2 = w_ref[pl.ds(d * depth, depth), pl.ds(col + half, half)]
+        return (a1 + jnp.dot(h, w1, preferred_element_type=jnp.float32),
+                a2 + jnp.dot(h, w2, preferred_element_type=jnp.float32))
+    zero = jnp.zeros((rows, half), jnp.float32)
+    x1, x2 = jax.lax.fori_loop(0, D // depth, step, (zero, zero))
+    # The reference rounds the projection to the activation dtype before RoPE: so do we.
+    x1 = x1.astype(h_ref.dtype).astype(jnp.float32)
+    x2 = x2.astype(h_ref.dtype).astype(jnp.float32)
+    cos, sin = cos_ref[r, :], sin_ref[r, :]
+    o1 = jnp.where(j < n_heads + n_kv, x1 * cos - x2 * sin, x1)
+    o2 = jnp.where(j < n_heads + n_kv, x2 * cos + x1 * sin, x2)
+
+    @pl.when(is_q)
+    def _():
+        q_ref[r, pl.ds(j * K, half)] = o1.astype(q_ref.dtype)
+        q_ref[r, pl.ds(j * K + half, half)] = o2.astype(q_ref.dtype)
+
+    idx = idx_ref[r]
+    ok = (idx < n_valid)[:, None]
+
+    def scatter(ref, g):
+        # Both indexers are arrays (row and column): the form interpret mode's masked store
+        # also supports; Triton makes one pointer tensor of it. Masked rows keep their
+        # index past the cache: Triton never dereferences a masked lane, and interpret
+        # mode's scatter drops out-of-bounds rows, where any in-bounds stand-in could
+        # collide with a real row's write.
+        lanes = jnp.arange(half, dtype=jnp.int32)[None, :] + g * K
+        for lo, o in ((0, o1), (half, o2)):
+            plgpu.store(ref.at[idx[:, None], lanes + lo], o.astype(ref.dtype), mask=ok)
+
+    @pl.when(is_k)
+    def _():
+        scatter(k_ref, j - n_heads)
+
+    @pl.when(~is_q & ~is_k)
+    def _():
+        scatter(v_ref, j - n_heads - n_kv)
+
+
+@functools.partial(jax.jit, static_argnames=("n_heads", "tp", "block", "interpret"),
+                   donate_argnums=(5, 6))
+def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *,
+                       n_heads: int, tp: int = 1, block: BlockSizes | None = None,
+                       interpret: bool = False):
+    """The fused kernel. Rows of every batch row are flattened (M = B R) so the weights are
+    streamed once per row tile, not once per batch row; the caches are viewed flat
+    [B T, G K] and updated in place (aliased, donated). q [B, R, H, K] is written to HBM:
+    the attention that follows reads it (fusing the attention too is the next step)."""
+    _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp)
+    B, R, D = h_BRD.shape
+    _, T, G, K = k_BTGK.shape
+    M = B * R
+    block = block or BlockSizes.get_default(M, D)
+    if D % block.depth:
+        raise ValueError(f"block.depth={block.depth} must divide d_model={D}")
+    Mp = pl.cdiv(M, block.rows) * block.rows
+    pad = Mp - M
+    b = jnp.arange(B, dtype=jnp.int32)[:, None]
+    flat = jnp.where(cols_BR < T, b * T + cols_BR, B * T).reshape(M).astype(jnp.int32)
+    h = jnp.pad(h_BRD.reshape(M, D), [(0, pad), (0, 0)])
+    cos = jnp.pad(cos_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
+    sin = jnp.pad(sin_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
+    idx = jnp.pad(flat, [(0, pad)], constant_values=B * T)
+    kernel = functools.partial(_kernel, n_heads=n_heads, n_kv=G, tp=tp, K=K, rows=block.rows,
+                               depth=block.depth, n_valid=B * T)
+    q, k, v = pl.pallas_call(
+        kernel, grid=(Mp // block.rows, n_heads + 2 * G),
+        out_shape=[jax.ShapeDtypeStruct((Mp, n_heads * K), h.dtype),
+                   jax.ShapeDtypeStruct((B * T, G * K), k_BTGK.dtype),
+                   jax.ShapeDtypeStruct((B * T, G * K), v_BTGK.dtype)],
+        input_output_aliases={5: 1, 6: 2}, interpret=interpret, name="flash_cache",
+        compiler_params=plgpu.CompilerParams(num_warps=block.warps, num_stages=block.stages),
+    )(h, w_qkv_DN, cos, sin, idx, k_BTGK.reshape(B * T, G * K), v_BTGK.reshape(B * T, G * K))
+    return (q[:M].reshape(B, R, n_heads, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K))
+
+
+_FORCED: list[str] = []
+
+
+@contextlib.contextmanager
+def implementation(name: str):
+    """Force `flash_cache`'s choice while tracing ("pallas" or "ref"): for benchmarks that
+    compare the fused kernel with the unfused XLA path inside the whole decoder."""
+    if name not in ("pallas", "ref"):
+        raise ValueError(f"implementation must be 'pallas' or 'ref', got {name!r}")
+    _FORCED.append(name)
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
+                tp: int = 1):
+    """Dispatch: the Pallas kernel on GPU (per data shard under a mesh), the reference
+    elsewhere and whenever tensor parallelism splits the heads (tp > 1)."""
+    use = _FORCED[-1] if _FORCED else (
+        "pallas" if jax.default_backend() == "gpu" and tp == 1 else "ref")
+    if use == "ref":
+        return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
+                               n_heads=n_heads, tp=tp)
+    from jax.sharding import PartitionSpec as PS
+
+    from lacache_jax.sharding import DATA, shard_kernel
+    rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)
+    kernel = functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp,
+                               interpret=jax.default_backend() != "gpu")
+    fn = shard_kernel(kernel, (rows, PS(), rows, rows, PS(DATA, None), heads, heads),
+                      (heads, heads, heads))
+    return fn(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK)

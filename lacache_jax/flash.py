@@ -1,0 +1,269 @@
+"""Flash-dLLM decoding, part 1 (REFERENCE.md §8): sliding-window threshold decoding with
+selective cache refresh, as one jitted `lax.while_loop` over steps with a typed state.
+
+Parity target: tests/reference_flash.py (its docstring settles every semantic choice). Per row:
+- decoded positions (real prompt tokens and accepted ones) carry a rank, their order in the
+  reference's `decoded` list; undecoded positions are pending. The window is the `W` left-most
+  pending positions, the look-ahead the next `A`; among the window, last step's rejects come
+  first in confidence order (`wkey`), which only breaks exact confidence ties.
+- step 1 is a prefill: every column is a query. Later steps query R = W + A + Tr rows: the
+  window, the look-ahead and the `track` highest-ranked decoded positions (track=None: every
+  column, a full recompute). Each layer writes the query rows' rotated K and V into the cache
+  (kernels/flash_cache.py) and attends over the whole cache with padding keys masked; budget
+  rows without a position write nothing (their column is T: dropped).
+- importance: raw q.k of the window rows against every key, mean over those rows and query
+  heads, summed over layers 2..L-1. By linearity the mean of q.k over rows and heads is
+  (mean q).k, so it costs one [B, T] dot per layer, not the [B, H, W, T] scores.
+- acceptance: window confidence (softmax probability of the argmax, 0 at or past the
+  predicted length once an EOS is accepted), every position >= threshold, at least the most
+  confident; the rank order is then re-sorted: older decoded positions by ascending
+  importance (ties keep their order), this step's accepted last in confidence order.
+- EOS: the first step accepting EOS sets the predicted length (its last accepted EOS + 1);
+  a row is done when no pending position lies before it, and its pending positions are filled
+  with EOS (stop_at_eos), as the rest of the engine does.
+
+Columns are canvas columns ([B, T], prompts left-padded to P); RoPE positions count from each
+row's first real token and padding keys are masked, so a row decodes what it decodes alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from kernels.flash_cache import flash_cache
+from lacache_jax import sampling
+from lacache_jax.cache import Ctx, KVCache
+from lacache_jax.canvas import Canvas
+from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
+from lacache_jax.model import Params, attention, finish_block, rms_norm
+
+IMPORTANCE_FIRST_LAYER = 2  # the released kernel scores layers with index > 1
+
+# Query-slot kinds, in slot order: the window first (its rows go through the LM head).
+WINDOW, OTHER, UNUSED = 0, 1, 2
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class FlashState:
+    x_BT: jax.Array           # [B, T] canvas
+    decoded_BT: jax.Array     # [B, T] bool: real prompt tokens and accepted positions
+    rank_BT: jax.Array        # [B, T] int32: order of the decoded positions (T if pending)
+    wkey_BT: jax.Array        # [B, T] int32: window order (rejects first), T + column else
+    accepted_BT: jax.Array    # [B, T] bool: accepted at the last step
+    importance_BT: jax.Array  # [B, T] fp32: the last step's importance
+    pred_len_B: jax.Array     # [B] int32: predicted length (column past the EOS; T before)
+    eos_seen_B: jax.Array     # [B] bool
+    done_B: jax.Array         # [B] bool: nothing left to decode before the predicted length
+    nfe_B: jax.Array          # [B] forward passes the row took part in
+    steps_B: jax.Array        # [B] decoding steps the row took part in
+    revealed_B: jax.Array     # [B] tokens accepted (not the EOS fill)
+    step: jax.Array           # [] steps run
+    cache: KVCache | None     # per layer [B, T, G, K]; None when every step recomputes all
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Static query budget of a later step: W window + A look-ahead + Tr tracked rows."""
+    W: int
+    A: int
+    Tr: int
+    full: bool  # track=None: every column is queried at every step
+
+    @classmethod
+    def build(cls, flash: FlashConfig, gen_length: int, T: int) -> "Budget":
+        W = min(flash.window, gen_length)
+        full = flash.track is None
+        A = gen_length - W if full or flash.lookahead is None else min(flash.lookahead,
+                                                                       gen_length - W)
+        return cls(W, A, T if full else min(flash.track, T), full)
+
+    def rows(self, T: int) -> int:
+        """R, the query rows of a later step (a row's queries never exceed its columns)."""
+        return T if self.full else min(T, self.W + self.A + self.Tr)
+
+
+def init_state(ctx: Ctx, x_BT: jax.Array, keep_cache: bool) -> FlashState:
+    """Before the prefill: the real prompt tokens decoded in position order, an empty cache
+    (none with `keep_cache=False`: every step then recomputes every column)."""
+    cv, cfg = ctx.canvas, ctx.cfg
+    B, T = x_BT.shape
+    col = jnp.arange(T, dtype=jnp.int32)[None, :]
+    decoded = cv.prompt_BT
+    pad_B = T - cv.valid_BT.sum(-1)
+    zeros = jnp.zeros((B,), jnp.int32)
+    cache = None
+    if keep_cache:
+        shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
+        layers = range(cfg.n_layers)
+        cache = KVCache([jnp.zeros(shape, ctx.params.dtype) for _ in layers],
+                        [jnp.zeros(shape, ctx.params.dtype) for _ in layers])
+    return FlashState(
+        x_BT=x_BT, decoded_BT=decoded,
+        rank_BT=jnp.where(decoded, col - pad_B[:, None], T).astype(jnp.int32),
+        wkey_BT=jnp.broadcast_to(T + col, (B, T)).astype(jnp.int32),
+        accepted_BT=jnp.zeros((B, T), bool), importance_BT=jnp.zeros((B, T), jnp.float32),
+        pred_len_B=jnp.full((B,), T, jnp.int32), eos_seen_B=jnp.zeros((B,), bool),
+        done_B=jnp.zeros((B,), bool), nfe_B=zeros, steps_B=zeros, revealed_B=zeros,
+        step=jnp.int32(0), cache=cache)
+
+
+def select_queries(st: FlashState, valid_BT, budget: Budget, R: int, everything: bool):
+    """Query columns [B, R] (window first, then the rest by column) and their kinds [B, R].
+
+    `everything` (the prefill, or track=None) queries every real column."""
+    T = st.x_BT.shape[1]
+    col = jnp.arange(T, dtype=jnp.int32)[None, :]
+    pending = valid_BT & ~st.decoded_BT
+    order = jnp.cumsum(pending, axis=-1) - 1  # rank of a pending column among the pending
+    window = pending & (order < budget.W)
+    if everything:
+        other = valid_BT & ~window
+    else:
+        look = pending & (order >= budget.W) & (order < budget.W + budget.A)
+        n_dec = st.decoded_BT.sum(-1, keepdims=True)
+        tracked = st.decoded_BT & (st.rank_BT >= n_dec - budget.Tr)
+        other = look | tracked
+    kind = jnp.where(window, WINDOW, jnp.where(other, OTHER, UNUSED))
+    cols = jnp.argsort(kind * T + col, axis=-1)[:, :R].astype(jnp.int32)
+    return cols, jnp.take_along_axis(kind, cols, axis=-1)
+
+
+def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
+    """All layers for the query rows against the cache; returns (window logits [B, W, V]
+    fp32, importance [B, T] fp32, cache with every query row's K/V rewritten)."""
+    params, cfg, cv = ctx.params, ctx.cfg, ctx.canvas
+    T = x_BT.shape[1]
+    used = kind_BR != UNUSED
+    write_BR = jnp.where(used, cols_BR, T)  # unused budget rows: past the cache, dropped
+    tok_BR = jnp.take_along_axis(x_BT, cols_BR, axis=-1)
+    cos = jnp.take_along_axis(cv.cos_MTk, cols_BR[..., None], axis=1)
+    sin = jnp.take_along_axis(cv.sin_MTk, cols_BR[..., None], axis=1)
+    win_BW = (kind_BR[:, :W] == WINDOW).astype(jnp.float32)
+    n_win_B = jnp.maximum(win_BW.sum(-1), 1.0)
+    x_BRD = params.embed[tok_BR]
+    importance_BT = jnp.zeros((x_BT.shape[0], T), jnp.float32)
+    ks, vs = [], []
+    for i, layer in enumerate(params.layers):
+        h = rms_norm(x_BRD, layer.attn_norm, cfg.norm_eps)
+        q, k_c, v_c = flash_cache(h, layer.w_qkv, cos, sin, write_BR, cache.k[i], cache.v[i],
+                                  n_heads=cfg.n_heads, tp=layer.tp)
+        ks.append(k_c)
+        vs.append(v_c)
+        with jax.named_scope("attention"):
+            attn = attention(q, k_c, v_c, cv.valid_BT)
+        if i >= IMPORTANCE_FIRST_LAYER:
+            with jax.named_scope("importance"):
+                importance_BT += window_scores(q[:, :W], win_BW, k_c, n_win_B)
+        x_BRD = finish_block(x_BRD, attn, layer, cfg)
+    return cv.logits(params, cfg, x_BRD[:, :W]), importance_BT, KVCache(ks, vs)
+
+
+def window_scores(q_BWHK, win_BW, k_BTGK, n_win_B):
+    """Raw q.k of the window rows against every key, mean over the window rows and heads:
+    by linearity the dot of the mean query of each key head's group with the keys."""
+    B, W, H, K = q_BWHK.shape
+    G = k_BTGK.shape[2]
+    q = q_BWHK.astype(jnp.float32) * win_BW[:, :, None, None]
+    q_BGK = q.reshape(B, W, G, H // G, K).sum(axis=(1, 3)) / (n_win_B[:, None, None] * H)
+    return jnp.einsum("bgk,btgk->bt", q_BGK, k_BTGK.astype(jnp.float32))
+
+
+def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, logits_BWV,
+           importance_BT, keys_B) -> FlashState:
+    """Threshold acceptance in the window, EOS bookkeeping, re-ranking, counters."""
+    B, T = st.x_BT.shape
+    W = logits_BWV.shape[1]
+    col = jnp.arange(T, dtype=jnp.int32)[None, :]
+    b = jnp.arange(B)[:, None]
+    active_B = ~st.done_B
+    wcols = cols_BR[:, :W]
+    in_win = kind_BR[:, :W] == WINDOW
+    with jax.named_scope("sample"):
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, st.step))(keys_B)
+        x0 = sampling.sample(logits_BWV, gen.temperature, step_keys)
+        conf = sampling.confidence(logits_BWV, x0, "low_confidence", None)
+    beyond = st.eos_seen_B[:, None] & (wcols >= st.pred_len_B[:, None])
+    conf = jnp.where(in_win, jnp.where(beyond, 0.0, conf), -jnp.inf)
+    wkey = jnp.take_along_axis(st.wkey_BT, wcols, axis=-1)
+    order = jnp.lexsort((wkey, -conf), axis=-1)  # descending confidence, ties: window order
+    rank_W = jnp.argsort(order, axis=-1).astype(jnp.int32)
+    keep_B = jnp.maximum(1, ((conf >= gen.threshold) & in_win).sum(-1)).astype(jnp.int32)
+    acc_W = in_win & (rank_W < keep_B[:, None]) & active_B[:, None]
+    rejected_W = in_win & ~acc_W & active_B[:, None]
+
+    def scatter(base, where_W, values):
+        return base.at[b, jnp.where(where_W, wcols, T)].set(values, mode="drop")
+    x = scatter(st.x_BT, acc_W, x0)
+    acc_BT = scatter(jnp.zeros((B, T), bool), acc_W, True)
+    wkey_BT = scatter(st.wkey_BT, rejected_W, rank_W - keep_B[:, None])
+
+    hit_W = acc_W & (x0 == gen.eos_id)
+    new_eos = hit_W.any(-1) & ~st.eos_seen_B & gen.stop_at_eos
+    pred_len = jnp.where(new_eos, jnp.max(jnp.where(hit_W, wcols, -1), -1) + 1, st.pred_len_B)
+    eos_seen = st.eos_seen_B | new_eos
+
+    # Re-rank: older decoded positions by ascending importance (stable on the old order),
+    # then this step's accepted in confidence order.
+    old = st.decoded_BT
+    by = jnp.lexsort((jnp.where(old, st.rank_BT, T),
+                      jnp.where(old, importance_BT, jnp.inf)), axis=-1)
+    old_rank = jnp.argsort(by, axis=-1).astype(jnp.int32)
+    acc_rank = scatter(jnp.zeros((B, T), jnp.int32), acc_W, rank_W)
+    n_old = old.sum(-1, keepdims=True).astype(jnp.int32)
+    rank = jnp.where(old, old_rank, jnp.where(acc_BT, n_old + acc_rank, T)).astype(jnp.int32)
+
+    decoded = old | acc_BT
+    pending = valid_BT & ~decoded
+    newly_done = active_B & ~(pending & (col < pred_len[:, None])).any(-1)
+    if gen.stop_at_eos:
+        x = jnp.where(newly_done[:, None] & pending, gen.eos_id, x)
+    return dataclasses.replace(
+        st, x_BT=x, decoded_BT=decoded, rank_BT=rank, wkey_BT=wkey_BT, accepted_BT=acc_BT,
+        importance_BT=importance_BT, pred_len_B=pred_len, eos_seen_B=eos_seen,
+        done_B=st.done_B | newly_done, nfe_B=st.nfe_B + active_B,
+        steps_B=st.steps_B + active_B, revealed_B=st.revealed_B + acc_W.sum(-1),
+        step=st.step + 1)
+
+
+def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B,
+         prefill: bool) -> FlashState:
+    """One decoding step of every row: query selection, forward, acceptance."""
+    cv = ctx.canvas
+    T = st.x_BT.shape[1]
+    everything = prefill or budget.full
+    cols, kind = select_queries(st, cv.valid_BT, budget, T if everything else budget.rows(T),
+                                everything)
+    cache = st.cache
+    if cache is None:  # full recompute: every real column is rewritten before it is read
+        shape = (st.x_BT.shape[0], T, ctx.cfg.n_kv_heads, ctx.cfg.head_dim)
+        zeros = [jnp.zeros(shape, ctx.params.dtype) for _ in range(ctx.cfg.n_layers)]
+        cache = KVCache(zeros, list(zeros))
+    logits, importance, cache = query_forward(ctx, st.x_BT, cache, cols, kind, budget.W)
+    st = accept(gen, st, cv.valid_BT, cols, kind, logits, importance, keys_B)
+    return dataclasses.replace(st, cache=None if budget.full else cache)
+
+
+def make_ctx(params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B, T: int) -> Ctx:
+    return Ctx(params, cfg, Canvas.build(pad_B, T, cfg, gen))
+
+
+def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT: jax.Array,
+        pad_B: jax.Array, keys_B: jax.Array, on_block: Callable | None = None) -> FlashState:
+    """Decode the canvas (traced: call under jit): the prefill, then steps until every row is
+    done. `on_block(1)` is called from the device once at the end when given."""
+    T = x_BT.shape[1]
+    ctx = make_ctx(params, cfg, gen, pad_B, T)
+    budget = Budget.build(gen.flash, gen.gen_length, T)
+    st = step(ctx, gen, budget, init_state(ctx, x_BT, not budget.full), keys_B, prefill=True)
+    # Every step of an unfinished row accepts a position, so gen_length steps bound the loop.
+    st = jax.lax.while_loop(
+        lambda st: ~st.done_B.all() & (st.step < gen.gen_length),
+        lambda st: step(ctx, gen, budget, st, keys_B, prefill=False), st)
+    if on_block is not None:
+        jax.debug.callback(on_block, jnp.int32(1))
+    return st

@@ -1,0 +1,115 @@
+"""Flash-Cache update kernel (kernels/flash_cache.py): the Pallas kernel in interpret mode
+against its pure-jnp reference, the reference against the model's own q/k/v path, the Triton
+IR through MLIR's verifier, and the kernel on the GPU (`-m gpu`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.flash_cache import BlockSizes, flash_cache_pallas, flash_cache_ref
+from lacache_jax.config import tiny
+from lacache_jax.model import Layer, qkv, rope_tables
+from lacache_jax.sharding import group_columns
+from tests.conftest import assert_valid_triton
+
+
+def operands(B, R, D, T, H, G, K, dtype=jnp.float32, seed=0):
+    """Random rows, weights, caches; row columns a mix of distinct cache columns and >= T
+    (padding rows that must not write)."""
+    ks = jax.random.split(jax.random.key(seed), 5)
+    h = jax.random.normal(ks[0], (B, R, D)).astype(dtype)
+    w = (jax.random.normal(ks[1], (D, (H + 2 * G) * K)) * D ** -0.5).astype(dtype)
+    pos = jax.random.randint(ks[2], (B, R), 0, 4 * T)
+    cos, sin = rope_tables(pos, K, 500000.0)
+    rng = np.random.default_rng(seed)
+    cols = np.stack([rng.permutation(T + R)[:R] for _ in range(B)])  # >= T: padding
+    cols = jnp.asarray(np.minimum(cols, T + 3), jnp.int32)
+    kc = jax.random.normal(ks[3], (B, T, G, K)).astype(dtype)
+    vc = jax.random.normal(ks[4], (B, T, G, K)).astype(dtype)
+    return h, w, cos, sin, cols, kc, vc
+
+
+CASES = {  # B, R, D, T, H, G, K, tp: 21 rows over three 8-row tiles (the last one padded)
+    "gqa_tp2": (3, 7, 64, 11, 4, 2, 16, 2),
+    "mha": (2, 5, 32, 9, 2, 2, 8, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_matches_reference_interpret(case):
+    B, R, D, T, H, G, K, tp = CASES[case]
+    args = operands(B, R, D, T, H, G, K)
+    q_r, k_r, v_r = flash_cache_ref(*args, n_heads=H, tp=tp)
+    q, k, v = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, tp=tp,
+                                 block=BlockSizes(rows=8, depth=16), interpret=True)
+    # fp32: the kernel sums the projection in 16-wide chunks, XLA in one pass: summation order
+    # over D <= 64 terms of magnitude ~1 changes the result by ~1e-6.
+    for got, want in ((q, q_r), (k, k_r), (v, v_r)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
+    untouched = np.ones((B, T), bool)
+    cols = np.asarray(args[4])
+    for b in range(B):
+        untouched[b, cols[b][cols[b] < T]] = False
+    # rows nobody queried keep the old cache bit for bit; queried rows changed
+    np.testing.assert_array_equal(np.asarray(k)[untouched], np.asarray(args[5])[untouched])
+    assert not np.allclose(np.asarray(k)[~untouched], np.asarray(args[5])[~untouched])
+
+
+def test_reference_is_the_models_qkv_and_scatter():
+    """The decoder's CPU path: the reference computes the model's own q/k/v, for the
+    checkpoint layout and the tensor-parallel column groups, and writes k/v at `cols`."""
+    cfg = tiny(n_heads=4, n_kv_heads=2)
+    h, w, cos, sin, cols, kc, vc = operands(2, 5, cfg.d_model, 9, 4, 2, cfg.head_dim)
+    K = cfg.head_dim
+    for tp in (1, 2):
+        grouped = group_columns(w, (4 * K, 2 * K, 2 * K), tp) if tp > 1 else w
+        layer = Layer(*(None,) * 6, tp=tp)
+        layer.w_qkv = grouped
+        q_m, k_m, v_m = jax.jit(lambda h, c, s: qkv(h, layer, cfg, c, s))(h, cos, sin)
+        q, k, v = jax.jit(lambda *a: flash_cache_ref(*a, n_heads=4, tp=tp))(
+            h, grouped, cos, sin, cols, kc, vc)
+        # Same ops in the same order; only XLA's fusion choices may differ (fp32 ~1e-7).
+        np.testing.assert_allclose(np.asarray(q), np.asarray(q_m), rtol=0, atol=1e-6)
+        for b in range(2):
+            live = np.asarray(cols[b]) < 9
+            c = np.asarray(cols[b])[live]
+            np.testing.assert_allclose(np.asarray(k[b, c]), np.asarray(k_m[b, live]), atol=1e-6)
+            np.testing.assert_array_equal(np.asarray(v[b, c]), np.asarray(v_m[b, live]))
+            rest = np.setdiff1d(np.arange(9), c)
+            np.testing.assert_array_equal(np.asarray(k[b, rest]), np.asarray(kc[b, rest]))
+
+
+def test_bad_shapes_are_refused():
+    args = list(operands(2, 5, 64, 11, 4, 2, 16))
+    with pytest.raises(ValueError, match="cols must be"):
+        flash_cache_ref(*args[:4], args[4][:, :3], *args[5:], n_heads=4)
+    with pytest.raises(ValueError, match="w_qkv must be"):
+        flash_cache_ref(args[0], args[1][:, :-16], *args[2:], n_heads=4)
+    with pytest.raises(ValueError, match="block.depth"):
+        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 48), interpret=True)
+
+
+def test_triton_ir_verifies(monkeypatch):
+    args = operands(2, 40, 128, 50, 4, 2, 32, dtype=jnp.bfloat16)
+    fn = lambda *a: flash_cache_pallas(*a, n_heads=4)  # noqa: E731
+    assert_valid_triton(fn, *args, monkeypatch=monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,R", [(1, 128), (4, 128), (3, 70)])
+def test_kernel_on_gpu(B, R):
+    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model."""
+    args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
+    ref = flash_cache_ref(*args, n_heads=32)
+    out = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=32)
+    for got, want in zip(out, ref):
+        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        # bf16 operands, fp32 accumulation in both; summation order over 1024 terms may move
+        # the bf16 rounding of the projection by an ulp (2^-8), rotated into two outputs.
+        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
+    assert dataclasses.asdict(BlockSizes.get_default(B * R, 1024))["depth"] == 128
