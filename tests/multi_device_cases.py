@@ -30,9 +30,13 @@ def main() -> None:
     settings = {f"cache_{c}": dict(cache=c) for c in ("none", "exact", "prefix", "dual")}
     settings["threshold_dual"] = dict(cache="dual", threshold=0.5)
     settings["fp8_ffn_exact"] = dict(cache="exact", fp8_ffn=True)
+    flash = lj.FlashConfig(window=4, lookahead=2, track=3)
+    settings["flash"] = dict(threshold=0.5, flash=flash)
+    settings["flash_fp8"] = dict(threshold=0.5, flash=flash, fp8_ffn=True)
     for name, kw in settings.items():
         p = fp8_params if kw.get("fp8_ffn") else params
-        gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, **kw)
+        blocks = {} if "flash" in kw else dict(block_length=4, steps=8)
+        gen = lj.GenerationConfig(gen_length=8, **blocks, **kw)
         ref = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1))
         for mesh_name, (d, m) in MESHES.items():
             out = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1),

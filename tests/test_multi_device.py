@@ -20,7 +20,7 @@ def test_meshes_give_single_device_tokens():
     assert done.returncode == 0, done.stderr[-3000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     cases = {r["case"]: r for r in results}
-    assert len(cases) == 6 * 3 + 2, sorted(cases)
+    assert len(cases) == 8 * 3 + 2, sorted(cases)
     assert all(r["same"] for r in results), [r for r in results if not r["same"]]
     assert cases["load_sharded"]["w_qkv_spec"] == ["None", "model"]
     assert cases["load_sharded"]["embed_replicated"]
