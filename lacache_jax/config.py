@@ -275,8 +275,15 @@ class FlashConfig:
     window itself, so its look-ahead is window * (mask_num - 1) = 16 * 3 = 48 masks at the
     published setting (tests/reference_flash.py). `track=None` re-queries every position
     outside the window, masks and decoded (a full recompute, whatever `lookahead` says);
-    `lookahead=None` queries every undecoded position. `verify`, `gamma` and `accept` are
-    Flash-Verify's (part 2, not implemented yet: `verify=True` is refused).
+    `lookahead=None` queries every undecoded position.
+
+    `verify=True` adds Flash-Verify: after the draft pass's acceptance, a second forward per
+    step over [tracked | drafts | masks] of the next `window // 2` (at most) rejected window
+    positions checks the drafts (`accept`: "cumprod", the released code's rule, accepts the
+    longest prefix, in draft-confidence order, whose cumulative product of mask-view
+    probabilities of the drafts is >= `gamma`; "agree", the paper's, accepts while the
+    mask-view argmax equals the draft with probability >= `gamma`). Each step then counts two
+    forwards. `gamma` > 1 accepts nothing (a cost check); it needs `window` >= 2.
     """
     window: int = 16
     lookahead: int | None = 48
@@ -299,6 +306,9 @@ class FlashConfig:
             raise ValueError(f"flash.gamma must be positive, got {self.gamma}")
         if self.accept not in ACCEPT_RULES:
             raise ValueError(f"flash.accept must be one of {ACCEPT_RULES}, got {self.accept!r}")
+        if self.verify and self.window < 2:
+            raise ValueError(f"flash.window must be >= 2 with flash.verify (it checks up to "
+                             f"window // 2 candidates), got {self.window}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,9 +392,6 @@ class GenerationConfig:
         if self.threshold is None:
             raise ValueError("threshold is required with flash (it is the acceptance epsilon, "
                              "e.g. threshold=0.9)")
-        if self.flash.verify:
-            raise NotImplementedError("flash.verify=True is Flash-dLLM part 2 (issue 18), "
-                                      "not implemented yet")
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if self.block_length not in (defaults["block_length"], self.gen_length):
             raise ValueError(f"block_length={self.block_length} does not apply with flash "

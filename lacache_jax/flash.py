@@ -29,6 +29,7 @@ row's first real token and padding keys are masked, so a row decodes what it dec
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import jax
@@ -39,7 +40,8 @@ from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
 from lacache_jax.canvas import Canvas
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
-from lacache_jax.model import Params, attention, finish_block, rms_norm
+from lacache_jax.model import (Params, _attention_impl, attention, finish_block, qkv,
+                               rms_norm)
 
 IMPORTANCE_FIRST_LAYER = 2  # the released kernel scores layers with index > 1
 
@@ -173,12 +175,26 @@ def window_scores(q_BWHK, win_BW, k_BTGK, n_win_B):
     return jnp.einsum("bgk,btgk->bt", q_BGK, k_BTGK.astype(jnp.float32))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Drafted:
+    """A step between its acceptance passes: what the re-ranking and the verify pass need."""
+    order_BT: jax.Array    # [B, T] int32: place in the reference's `decoded` list (T: pending)
+    last_BT: jax.Array     # [B, T] bool: accepted last (ranked last, the rest by importance)
+    any_BT: jax.Array      # [B, T] bool: accepted at this step by either pass
+    active_B: jax.Array    # [B] bool: the row was not done before this step
+    revealed_B: jax.Array  # [B] tokens accepted at this step
+
+
 def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, logits_BWV,
-           importance_BT, keys_B) -> FlashState:
-    """Threshold acceptance in the window, EOS bookkeeping, re-ranking, counters."""
+           keys_B):
+    """Threshold acceptance in the window and EOS bookkeeping (the draft pass's acceptance).
+
+    Returns (state with the accepted tokens, Drafted, candidate index [B, W] of each window
+    slot among the rejects in confidence order (-1 elsewhere), drafts [B, W], n_below [B]:
+    window positions before the predicted length as it was before this step)."""
     B, T = st.x_BT.shape
     W = logits_BWV.shape[1]
-    col = jnp.arange(T, dtype=jnp.int32)[None, :]
     b = jnp.arange(B)[:, None]
     active_B = ~st.done_B
     wcols = cols_BR[:, :W]
@@ -201,38 +217,159 @@ def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, lo
     x = scatter(st.x_BT, acc_W, x0)
     acc_BT = scatter(jnp.zeros((B, T), bool), acc_W, True)
     wkey_BT = scatter(st.wkey_BT, rejected_W, rank_W - keep_B[:, None])
+    pred_len, eos_seen = note_eos(gen, st.pred_len_B, st.eos_seen_B, acc_W & (x0 == gen.eos_id),
+                                  wcols)
+    # The reference's `decoded` list: older decoded positions in rank order, then this
+    # step's accepted in confidence order.
+    n_old = st.decoded_BT.sum(-1, keepdims=True).astype(jnp.int32)
+    acc_order = scatter(jnp.zeros((B, T), jnp.int32), acc_W, n_old + rank_W)
+    order_BT = jnp.where(st.decoded_BT, st.rank_BT, jnp.where(acc_BT, acc_order, T))
+    st = dataclasses.replace(st, x_BT=x, decoded_BT=st.decoded_BT | acc_BT, wkey_BT=wkey_BT,
+                             pred_len_B=pred_len, eos_seen_B=eos_seen)
+    drafted = Drafted(order_BT.astype(jnp.int32), acc_BT, acc_BT, active_B, acc_W.sum(-1))
+    cand_W = jnp.where(rejected_W, rank_W - keep_B[:, None], -1)
+    n_below_B = (in_win & ~beyond).sum(-1) - keep_B
+    return st, drafted, cand_W, x0, n_below_B
 
-    hit_W = acc_W & (x0 == gen.eos_id)
-    new_eos = hit_W.any(-1) & ~st.eos_seen_B & gen.stop_at_eos
-    pred_len = jnp.where(new_eos, jnp.max(jnp.where(hit_W, wcols, -1), -1) + 1, st.pred_len_B)
-    eos_seen = st.eos_seen_B | new_eos
 
-    # Re-rank: older decoded positions by ascending importance (stable on the old order),
-    # then this step's accepted in confidence order.
-    old = st.decoded_BT
-    by = jnp.lexsort((jnp.where(old, st.rank_BT, T),
-                      jnp.where(old, importance_BT, jnp.inf)), axis=-1)
+def note_eos(gen: GenerationConfig, pred_len_B, eos_seen_B, hit_BN, cols_BN):
+    """The first pass that accepts EOS sets the predicted length (its last EOS + 1)."""
+    new_eos = hit_BN.any(-1) & ~eos_seen_B & gen.stop_at_eos
+    pred_len = jnp.where(new_eos, jnp.max(jnp.where(hit_BN, cols_BN, -1), -1) + 1, pred_len_B)
+    return pred_len, eos_seen_B | new_eos
+
+
+def finish(gen: GenerationConfig, st: FlashState, d: Drafted, valid_BT,
+           importance_BT) -> FlashState:
+    """Re-rank (positions accepted last keep their order at the end, the other decoded ones
+    by ascending importance, ties in list order), done rows filled with EOS, counters."""
+    B, T = st.x_BT.shape
+    col = jnp.arange(T, dtype=jnp.int32)[None, :]
+    old = st.decoded_BT & ~d.last_BT
+    by = jnp.lexsort((jnp.where(old, d.order_BT, T), jnp.where(old, importance_BT, jnp.inf)),
+                     axis=-1)
     old_rank = jnp.argsort(by, axis=-1).astype(jnp.int32)
-    acc_rank = scatter(jnp.zeros((B, T), jnp.int32), acc_W, rank_W)
     n_old = old.sum(-1, keepdims=True).astype(jnp.int32)
-    rank = jnp.where(old, old_rank, jnp.where(acc_BT, n_old + acc_rank, T)).astype(jnp.int32)
-
-    decoded = old | acc_BT
-    pending = valid_BT & ~decoded
-    newly_done = active_B & ~(pending & (col < pred_len[:, None])).any(-1)
+    # `last` holds a contiguous tail of the list: its order minus the first of it.
+    first_last = jnp.min(jnp.where(d.last_BT, d.order_BT, T), -1, keepdims=True)
+    rank = jnp.where(old, old_rank, jnp.where(d.last_BT, n_old + d.order_BT - first_last, T))
+    pending = valid_BT & ~st.decoded_BT
+    newly_done = d.active_B & ~(pending & (col < st.pred_len_B[:, None])).any(-1)
+    x = st.x_BT
     if gen.stop_at_eos:
         x = jnp.where(newly_done[:, None] & pending, gen.eos_id, x)
+    passes = 2 if gen.flash.verify else 1  # the verify forward runs even with no candidate
     return dataclasses.replace(
-        st, x_BT=x, decoded_BT=decoded, rank_BT=rank, wkey_BT=wkey_BT, accepted_BT=acc_BT,
-        importance_BT=importance_BT, pred_len_B=pred_len, eos_seen_B=eos_seen,
-        done_B=st.done_B | newly_done, nfe_B=st.nfe_B + active_B,
-        steps_B=st.steps_B + active_B, revealed_B=st.revealed_B + acc_W.sum(-1),
-        step=st.step + 1)
+        st, x_BT=x, rank_BT=rank.astype(jnp.int32), accepted_BT=d.any_BT,
+        importance_BT=importance_BT, done_B=st.done_B | newly_done,
+        nfe_B=st.nfe_B + passes * d.active_B, steps_B=st.steps_B + d.active_B,
+        revealed_B=st.revealed_B + d.revealed_B, step=st.step + 1)
+
+
+# Verify-slot kinds (a row's 2 * window query slots: [tracked | unused | drafts | masks]).
+V_TRACKED, V_DRAFT, V_MASK, V_UNUSED = 0, 1, 2, 3
+
+
+def verify_slots(S_B, nT_B, R: int):
+    """Kind [B, R] and candidate index [B, R] of each verify slot: `nT` tracked rows, unused
+    rows up to R - 2S, then the S draft-view and the S mask-view rows."""
+    r = jnp.arange(R, dtype=jnp.int32)[None, :]
+    S, nT = S_B[:, None], nT_B[:, None]
+    first_draft = R - 2 * S
+    kind = jnp.where(r < nT, V_TRACKED, jnp.where(r < first_draft, V_UNUSED,
+                     jnp.where(r < R - S, V_DRAFT, V_MASK)))
+    idx = jnp.where(kind == V_DRAFT, r - first_draft, jnp.where(kind == V_MASK, r - R + S, -1))
+    return kind.astype(jnp.int32), idx.astype(jnp.int32)
+
+
+def verify_mask(kind_BR, idx_BR):
+    """Bool [B, R, R]: may verify slot r attend to the fresh key of slot c (REFERENCE.md §8).
+    Tracked rows see tracked and mask-view rows; draft row i sees draft j <= i and mask
+    j > i; mask row i sees draft j < i and mask j >= i. Unused slots see only themselves
+    (their output is never read) and no row sees them."""
+    kr, kc = kind_BR[:, :, None], kind_BR[:, None, :]
+    i, j = idx_BR[:, :, None], idx_BR[:, None, :]
+    m = (kc == V_TRACKED) & (kr != V_UNUSED)
+    m |= (kr == V_TRACKED) & (kc == V_MASK)
+    m |= (kr == V_DRAFT) & (((kc == V_DRAFT) & (j <= i)) | ((kc == V_MASK) & (j > i)))
+    m |= (kr == V_MASK) & (((kc == V_DRAFT) & (j < i)) | ((kc == V_MASK) & (j >= i)))
+    R = kind_BR.shape[1]
+    return m | ((kr == V_UNUSED) & jnp.eye(R, dtype=bool)[None])
+
+
+def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: KVCache,
+           cand_W, x0_BW, wcols_BW, n_below_B):
+    """Flash-Verify's second forward and its acceptance; reads the cache, writes nothing."""
+    params, cfg, cv = ctx.params, ctx.cfg, ctx.canvas
+    B, T = st.x_BT.shape
+    f = gen.flash
+    Sm, R = f.window // 2, 2 * f.window
+    b = jnp.arange(B)[:, None]
+    col = jnp.arange(T, dtype=jnp.int32)[None, :]
+    S_B = jnp.where(d.active_B, jnp.clip(n_below_B, 0, Sm), 0).astype(jnp.int32)
+    slot = jnp.where((cand_W >= 0) & (cand_W < S_B[:, None]), cand_W, Sm)
+    cand_BS = jnp.full((B, Sm), T, jnp.int32).at[b, slot].set(wcols_BW, mode="drop")
+    draft_BS = jnp.full((B, Sm), gen.mask_id, jnp.int32).at[b, slot].set(x0_BW, mode="drop")
+    # Tracked: the last R - 2S entries of the `decoded` list (after the draft acceptance).
+    n_dec = st.decoded_BT.sum(-1).astype(jnp.int32)
+    trk_BT = st.decoded_BT & (d.order_BT >= (n_dec - (R - 2 * S_B))[:, None])
+    nT_B = jnp.minimum(R - 2 * S_B, n_dec)
+    trk_cols = jnp.argsort(jnp.where(trk_BT, col, T + col), axis=-1)[:, :R].astype(jnp.int32)
+    kind, idx = verify_slots(S_B, nT_B, R)
+    is_cand = (kind == V_DRAFT) | (kind == V_MASK)
+    ci = jnp.clip(idx, 0, Sm - 1)
+    cols = jnp.where(kind == V_TRACKED, trk_cols,
+                     jnp.where(is_cand, jnp.take_along_axis(cand_BS, ci, -1), 0))
+    cols = jnp.minimum(cols, T - 1)  # unused slots: any column, they are masked
+    tok = jnp.where(kind == V_TRACKED, jnp.take_along_axis(st.x_BT, cols, -1),
+                    jnp.where(kind == V_DRAFT, jnp.take_along_axis(draft_BS, ci, -1),
+                              gen.mask_id))
+    queried_BT = trk_BT | jnp.zeros((B, T), bool).at[b, cand_BS].set(True, mode="drop")
+    # Keys: every other cached position, then the fresh rows under the two-view mask.
+    mask_BRS = jnp.concatenate(
+        [jnp.broadcast_to((cv.valid_BT & ~queried_BT)[:, None, :], (B, R, T)),
+         verify_mask(kind, idx)], axis=-1)[:, None]
+    cos = jnp.take_along_axis(cv.cos_MTk, cols[..., None], axis=1)
+    sin = jnp.take_along_axis(cv.sin_MTk, cols[..., None], axis=1)
+    x_BRD = params.embed[tok]
+    for i, layer in enumerate(params.layers):
+        h = rms_norm(x_BRD, layer.attn_norm, cfg.norm_eps)
+        q, k, v = qkv(h, layer, cfg, cos, sin)
+        with jax.named_scope("verify_attention"):
+            attn = jax.nn.dot_product_attention(
+                q, jnp.concatenate([cache.k[i], k.astype(cache.k[i].dtype)], axis=1),
+                jnp.concatenate([cache.v[i], v.astype(cache.v[i].dtype)], axis=1),
+                mask=mask_BRS, scale=1.0 / math.sqrt(cfg.head_dim),
+                implementation=_attention_impl(q.dtype))
+        x_BRD = finish_block(x_BRD, attn, layer, cfg)
+    # Mask-view rows are the last S <= window // 2 slots: the LM head runs on those only.
+    logits_BSV = cv.logits(params, cfg, x_BRD[:, R - Sm:])
+    i_S = jnp.arange(Sm, dtype=jnp.int32)[None, :]
+    row = jnp.clip(Sm - S_B[:, None] + i_S, 0, Sm - 1)
+    logits_BSV = jnp.take_along_axis(logits_BSV, row[..., None], axis=1)
+    p = sampling.confidence(logits_BSV, draft_BS, "low_confidence", None)
+    p = jnp.where(st.eos_seen_B[:, None] & (cand_BS >= st.pred_len_B[:, None]), 0.0, p)
+    if f.accept == "cumprod":
+        ok = jnp.cumprod(jnp.where(i_S < S_B[:, None], p, 0.0), axis=-1) >= f.gamma
+    else:
+        ok = (jnp.argmax(logits_BSV, axis=-1) == draft_BS) & (p >= f.gamma)
+    acc_S = jnp.cumprod(ok & (i_S < S_B[:, None]), axis=-1).astype(bool)  # leading run
+    acc_BT = jnp.zeros((B, T), bool).at[b, jnp.where(acc_S, cand_BS, T)].set(True, mode="drop")
+    x = st.x_BT.at[b, jnp.where(acc_S, cand_BS, T)].set(draft_BS, mode="drop")
+    pred_len, eos_seen = note_eos(gen, st.pred_len_B, st.eos_seen_B,
+                                  acc_S & (draft_BS == gen.eos_id), cand_BS)
+    order = st.decoded_BT.sum(-1, keepdims=True).astype(jnp.int32) + i_S
+    order_BT = d.order_BT.at[b, jnp.where(acc_S, cand_BS, T)].set(order, mode="drop")
+    st = dataclasses.replace(st, x_BT=x, decoded_BT=st.decoded_BT | acc_BT, pred_len_B=pred_len,
+                             eos_seen_B=eos_seen)
+    return st, Drafted(order_BT, acc_BT, d.any_BT | acc_BT, d.active_B,
+                       d.revealed_B + acc_S.sum(-1))
 
 
 def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B,
          prefill: bool) -> FlashState:
-    """One decoding step of every row: query selection, forward, acceptance."""
+    """One decoding step of every row: query selection, forward, acceptance, and with
+    `flash.verify` the verify pass over the remaining candidates."""
     cv = ctx.canvas
     T = st.x_BT.shape[1]
     everything = prefill or budget.full
@@ -244,7 +381,12 @@ def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B
         zeros = [jnp.zeros(shape, ctx.params.dtype) for _ in range(ctx.cfg.n_layers)]
         cache = KVCache(zeros, list(zeros))
     logits, importance, cache = query_forward(ctx, st.x_BT, cache, cols, kind, budget.W)
-    st = accept(gen, st, cv.valid_BT, cols, kind, logits, importance, keys_B)
+    st, drafted, cand_W, x0, n_below = accept(gen, st, cv.valid_BT, cols, kind, logits, keys_B)
+    if gen.flash.verify:
+        with jax.named_scope("verify"):
+            st, drafted = verify(ctx, gen, st, drafted, cache, cand_W, x0, cols[:, :budget.W],
+                                 n_below)
+    st = finish(gen, st, drafted, cv.valid_BT, importance)
     return dataclasses.replace(st, cache=None if budget.full else cache)
 
 
