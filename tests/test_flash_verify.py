@@ -63,33 +63,89 @@ def test_mask_equals_reference_verify_mask(S, T, R):
     assert not m[np.ix_(used, ~used)].any()
 
 
+RAGGED = [list(range(20, 29)), [7, 8, 9, 10, 11], PROMPT, [3]]  # left padding 1, 5, 0, 9
+
+
 def _check_rows(params, model, prompts, gen):
+    """Each row of one batched generation equals the reference run of its prompt alone;
+    returns (output, the reference records)."""
     out = lj.generate(params, CFG, prompts, gen)
     P = max(map(len, prompts))
-    results = []
+    records = []
     for b, prompt in enumerate(prompts):
-        record = []
-        ref, nfe, steps = _reference(model, prompt, gen, record)
+        records.append([])
+        ref, nfe, steps = _reference(model, prompt, gen, records[-1])
         np.testing.assert_array_equal(np.asarray(out.tokens[b, P - len(prompt):]), ref)
         assert (int(out.nfe[b]), int(out.steps[b])) == (nfe, steps)
-        results.append((out, record))
-    return out, [r for _, r in results]
+        assert nfe == 2 * steps  # both passes count, also at steps with no candidate
+    return out, records
 
 
-# window 8: S reaches 4; small track: the verify pass tracks 2W - 2S rows out of the ranking.
-PARITY = {
-    "cumprod_0.5": dict(accept="cumprod", gamma=0.5),
-    "cumprod_0.8": dict(accept="cumprod", gamma=0.8),
-    "agree_0.3": dict(accept="agree", gamma=0.3),
-    "agree_0.7": dict(accept="agree", gamma=0.7),
-}
+def _verified(records):
+    return [len(r["verify_accepted"]) for rec in records for r in rec]
 
 
-@pytest.mark.parametrize("case", list(PARITY))
-def test_tokens_nfe_steps_match_reference(deep, case):
+# window 8: S reaches window // 2 = 4. track 3 < the decoded count, so the tracked sets of
+# both passes come out of the importance ranking. The gammas let some candidates pass and
+# reject others (the reference's mask-view probabilities on these rows span 0.01-0.98).
+PARITY = [("cumprod", 0.5), ("cumprod", 0.85), ("agree", 0.3), ("agree", 0.9)]
+
+
+@pytest.mark.parametrize("accept,gamma", PARITY)
+def test_ragged_batch_matches_reference_row_by_row(deep, accept, gamma):
     params, model = deep
-    gen = _gen(window=8, lookahead=4, track=3, verify=True, **PARITY[case])
-    out, (record,) = _check_rows(params, model, [PROMPT], gen)
-    assert int(out.nfe[0]) == 2 * int(out.steps[0])  # both passes count, also when S = 0
-    assert sum(len(r["verify_accepted"]) for r in record) > 0  # verification did accept
-    assert int(out.revealed[0]) == G
+    gen = _gen(window=8, lookahead=4, track=3, verify=True, accept=accept, gamma=gamma)
+    out, records = _check_rows(params, model, RAGGED, gen)
+    n = _verified(records)
+    assert sum(n) > 0 and n.count(0) > len(RAGGED)  # some steps accept, others reject all
+    assert (np.asarray(out.revealed) == G).all()
+
+
+def test_eos_accepted_by_the_verify_pass_stops_the_row(deep):
+    """EOS := the first token the verify pass accepts in a free run of row 0, so row 0 sets its
+    predicted length in the verify pass; rows stop at different steps, one runs to the end."""
+    params, model = deep
+    kw = dict(window=8, lookahead=4, track=3, verify=True, accept="cumprod", gamma=0.5)
+    free = []
+    _reference(model, RAGGED[0], _gen(**kw), free)
+    first = next(r for r in free if r["verify_accepted"])
+    eos = int(first["draft"][first["window"].index(first["verify_accepted"][0])])
+    assert eos != CFG.mask_id
+    out, records = _check_rows(params, model, RAGGED, _gen(stop_at_eos=True, eos_id=eos, **kw))
+    stopped = np.asarray(out.revealed) < G
+    assert stopped[0] and not stopped.all()
+    assert int(out.steps[0]) < len(free)
+
+
+@pytest.mark.parametrize("track", [None, 64])  # 64 >= P + G = 34: every position tracked
+def test_gamma_above_one_reproduces_verify_off(deep, track):
+    """Nothing passes verification (p <= 1 < gamma), so each step's draft pass is part 1's step
+    and the tokens equal those without verify, at twice the forwards. This holds only when
+    every decoded position is tracked (track=None or track >= P + G): the released code ranks
+    the verify pass's accepted tokens last (none here), so this step's draft-accepted tokens
+    compete on importance for the next step's tracked set instead of being kept, and with a
+    small track the two runs refresh different cache rows (tests/reference_flash.py)."""
+    params, model = deep
+    kw = dict(window=8, lookahead=4, track=track)
+    plain = lj.generate(params, CFG, RAGGED, _gen(**kw))
+    verified = lj.generate(params, CFG, RAGGED, _gen(verify=True, gamma=1.5, **kw))
+    np.testing.assert_array_equal(np.asarray(verified.tokens), np.asarray(plain.tokens))
+    np.testing.assert_array_equal(np.asarray(verified.steps), np.asarray(plain.steps))
+    np.testing.assert_array_equal(np.asarray(verified.nfe), 2 * np.asarray(plain.nfe))
+    assert (np.asarray(plain.steps) < G).all()  # thresholds fired: candidates were left over
+
+
+BAD_FLASH = [(dict(gamma=0.0), "flash.gamma"), (dict(gamma=True), "flash.gamma"),
+             (dict(gamma="0.8"), "flash.gamma"), (dict(accept="greedy"), "flash.accept"),
+             (dict(window=1), "flash.window")]
+
+
+@pytest.mark.parametrize("kw,name", BAD_FLASH)
+def test_bad_verify_settings_are_refused(kw, name):
+    with pytest.raises(ValueError, match=name):
+        lj.FlashConfig(verify=True, **kw)
+
+
+def test_verify_is_accepted_by_generation_config():
+    f = lj.FlashConfig(verify=True, gamma=0.9, accept="agree")
+    assert lj.GenerationConfig(gen_length=G, threshold=0.9, flash=f).flash.verify
