@@ -1,7 +1,9 @@
 """Flash-dLLM decoding (lacache_jax/flash.py) at LLaDA-8B shapes with random bf16 weights.
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
-                               [--parts step,dual,update,memory] [--layers N] [--tiny]
+                               [--parts step,dual,update,memory,verify] [--layers N] [--tiny]
+    python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
+                               [--gammas 0.5,0.7,0.8,0.9] [--accept cumprod|agree] [--n 500]
 
 - step: one later flash step (window + look-ahead + tracked query rows, the default budget
   16 + 48 + 64) timed alone, state donated, with the fused cache-update kernel and with the
@@ -13,6 +15,15 @@
   written into the cache), fused Pallas kernel vs the unfused XLA ops, against its floor.
 - memory: XLA's memory analysis of the whole flash and dual-cache programs (arguments incl.
   weights, outputs, temporaries) at the memory batch sizes.
+- verify: the cost of Flash-Verify's second pass (2 * window query rows against the cache,
+  nothing written, the LM head on the window // 2 mask-view rows): a later step with
+  `verify=True` against the same step without it, at each batch size, its floor, and the
+  end-to-end ms per step. Random weights pass nothing (gamma 0.8), so every step verifies the
+  full window // 2 candidates: the pass costs the same whatever it accepts.
+- gamma: the gamma sweep on a trained task model (`--checkpoint`, default the shipped
+  `demo_model/` converted to a temporary directory; `--task`): accuracy (Wilson 95%), tokens
+  per step, NFE and tokens/s of flash without verify and with verify at each `--gammas` value
+  (`--accept` rule), `--n` held-out problems as one ragged batch per setting.
 
 Random weights never cross the threshold: every step accepts one token, so every run does
 the same number of steps (gen_length) and runs compare per step. `--tiny` runs everything on
@@ -23,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,8 +58,9 @@ def setup(args):
     return cfg, measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
 
 
-def budget_of(args) -> lj.FlashConfig:
-    return lj.FlashConfig(window=args.window, lookahead=args.lookahead, track=args.track)
+def budget_of(args, **verify) -> lj.FlashConfig:
+    return lj.FlashConfig(window=args.window, lookahead=args.lookahead, track=args.track,
+                          **verify)
 
 
 def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
@@ -69,6 +83,7 @@ def canvas(cfg, B: int, P: int, G: int):
 
 def time_steps(params, cfg, gen, B, P, impl, iters):
     """Median ms of one later step (state donated: the cache is updated in place)."""
+    gen = gen.resolve(cfg)  # the mask and EOS ids the step reads
     x, pad, keys = canvas(cfg, B, P, gen.gen_length)
     T = x.shape[1]
 
@@ -210,7 +225,89 @@ def part_memory(args, cfg, ceil, params, rows):
             del run
 
 
-PARTS = {"step": part_step, "dual": part_dual, "update": part_update, "memory": part_memory}
+def verify_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int):
+    """(FLOPs, bytes) of a verify pass: 2 * window rows through every layer against T cached
+    plus 2 * window fresh keys, the LM head on window // 2 rows; bytes: the weights and the
+    whole K/V cache read once (nothing written)."""
+    D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
+    R = 2 * fcfg.window
+    proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
+    attn = 2 * (T + R) * cfg.n_heads * K
+    flops = 2.0 * B * (R * cfg.n_layers * (proj + attn) + fcfg.window // 2 * D * V)
+    kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * K * 2  # k and v, all layers, bf16
+    return flops, 2.0 * cfg.n_params + B * T * kv_row
+
+
+def part_verify(args, cfg, ceil, params, rows):
+    T = args.prompt + args.gen
+    gens = {v: lj.GenerationConfig(gen_length=args.gen, threshold=0.9, stop_at_eos=False,
+                                   flash=budget_of(args, verify=v, gamma=0.8))
+            for v in (False, True)}
+    for B in map(int, args.batch.split(",")):
+        main_ms, both_ms = (time_steps(params, cfg, gens[v], B, args.prompt, "pallas",
+                                       args.iters) for v in (False, True))
+        flops, nbytes = verify_cost(cfg, gens[True].flash, B, T)
+        floor = floor_ms(flops, nbytes, ceil)
+        e2e, _ = end_to_end(params, cfg, gens[True], B, args.prompt)
+        r = dict(part="verify", B=B, prompt=args.prompt, verify_rows=2 * args.window,
+                 step_ms=main_ms, step_verify_ms=both_ms, verify_ms=both_ms - main_ms,
+                 verify_over_step=(both_ms - main_ms) / main_ms, verify_floor_ms=floor,
+                 **{f"e2e_{k}": v for k, v in e2e.items()})
+        rows.append(r)
+        print(f"verify B={B}: step {main_ms:.2f} ms, with verify {both_ms:.2f} ms: the pass "
+              f"{r['verify_ms']:.2f} ms ({r['verify_over_step']:.2f}x a main step; floor "
+              f"{floor:.2f}); end to end {e2e['ms_per_step']:.2f} ms per forward", flush=True)
+
+
+def task_model(args):
+    """(cfg, params, tokenizer) of the task model: `--checkpoint`, or the shipped demo model
+    converted to a temporary directory."""
+    from convert.__main__ import main as convert_main
+    from lacache_jax.tokenizer import Tokenizer
+    ck = args.checkpoint
+    if ck is None:
+        ck = Path(tempfile.mkdtemp(prefix="flash_gamma_")) / "demo_ckpt"
+        demo = Path(__file__).resolve().parent.parent / "demo_model"
+        if convert_main([str(demo), str(ck), "--quiet"]) != 0:
+            raise SystemExit(f"converting {demo} failed")
+    cfg, params = lj.load(ck)
+    return cfg, params, Tokenizer(ck)
+
+
+def part_gamma(args, cfg, ceil, params, rows):
+    """The gamma sweep (see the module docstring); the random-weight model is not used."""
+    from benchmarks import tasks
+    from benchmarks.accuracy import wilson
+    task = tasks.get(args.task)
+    cfg, params, tok = task_model(args)
+    problems = task.sample("test", args.n, seed=0)
+    prompts = [tok.encode(task.prompt(p)) for p in problems]
+    settings = [("flash", {})] + [(f"flash+verify{g:g}", dict(verify=True, gamma=g,
+                                                             accept=args.accept))
+                                  for g in map(float, args.gammas.split(","))]
+    for name, verify in settings:
+        gen = lj.GenerationConfig(gen_length=task.gen_len, threshold=0.9,
+                                  flash=budget_of(args, **verify))
+        run = lj.compile_generate(params, cfg, prompts, gen)
+        jax.block_until_ready(run())  # the first call may still carry one-time costs
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        seconds = time.perf_counter() - t0
+        answers = out.answers(task.gen_len)
+        correct = int(sum(task.check(p, tok.decode(a)) for p, a in zip(problems, answers)))
+        r = dict(part="gamma", task=task.name, mode=name, n=len(problems),
+                 accuracy=correct / len(problems), ci95=list(wilson(correct, len(problems))),
+                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
+                 nfe=float(np.mean(np.asarray(out.nfe))),
+                 tokens_per_s=float(np.sum(np.asarray(out.gen_lengths)) / seconds))
+        rows.append(r)
+        print(f"gamma {task.name} {name}: accuracy {r['accuracy']:.3f} "
+              f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}], {r['tokens_per_step']:.2f} tokens/step, "
+              f"NFE {r['nfe']:.1f}, {r['tokens_per_s']:.0f} tok/s", flush=True)
+
+
+PARTS = {"step": part_step, "dual": part_dual, "update": part_update, "memory": part_memory,
+         "verify": part_verify, "gamma": part_gamma}
 
 
 def main():
@@ -222,7 +319,12 @@ def main():
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--lookahead", type=int, default=48)
     ap.add_argument("--track", type=int, default=64)
-    ap.add_argument("--parts", default="step,dual,update,memory")
+    ap.add_argument("--parts", default="step,dual,update,memory,verify")
+    ap.add_argument("--checkpoint", default=None, help="gamma: the task model (default: demo)")
+    ap.add_argument("--task", default="arith", help="gamma: the task of the checkpoint")
+    ap.add_argument("--gammas", default="0.5,0.7,0.8,0.9", help="gamma: values swept")
+    ap.add_argument("--accept", default="cumprod", help="gamma: acceptance rule")
+    ap.add_argument("--n", type=int, default=500, help="gamma: held-out problems")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--tiny", action="store_true",
@@ -230,7 +332,7 @@ def main():
     args = ap.parse_args()
     if args.tiny:
         for name, v in dict(batch="1,2", memory_batch="2", prompt=16, gen=16, window=4,
-                            lookahead=4, track=4, iters=2).items():
+                            lookahead=4, track=4, iters=2, n=8, gammas="0.5,0.9").items():
             setattr(args, name, v)
     cfg, ceil, params = setup(args)
     rows = []
