@@ -1,5 +1,6 @@
-"""Flash-dLLM decoding, part 1 (REFERENCE.md §8): sliding-window threshold decoding with
-selective cache refresh, as one jitted `lax.while_loop` over steps with a typed state.
+"""Flash-dLLM decoding (REFERENCE.md §8): sliding-window threshold decoding with selective
+cache refresh and, with `FlashConfig(verify=True)`, Flash-Verify, as one jitted
+`lax.while_loop` over steps with a typed state.
 
 Parity target: tests/reference_flash.py (its docstring settles every semantic choice). Per row:
 - decoded positions (real prompt tokens and accepted ones) carry a rank, their order in the
@@ -21,6 +22,15 @@ Parity target: tests/reference_flash.py (its docstring settles every semantic ch
 - EOS: the first step accepting EOS sets the predicted length (its last accepted EOS + 1);
   a row is done when no pending position lies before it, and its pending positions are filled
   with EOS (stop_at_eos), as the rest of the engine does.
+- verify (a second forward in the same step, counted in NFE even with no candidate): after
+  the draft acceptance, S = min(window positions before the predicted length minus the
+  accepted, window // 2) candidates, the rejects in draft-confidence order; query slots
+  [tracked | unused | S drafts | S masks], 2 * window per row, the tracked ones the last
+  2 * window - 2S of the decoded order (older ranks, then this step's accepted). Keys: every
+  cached column not queried, then the fresh rows under the two-view mask (`verify_mask`);
+  nothing is written to the cache. The accepted prefix ("cumprod" or "agree") is decoded and
+  ranked last, so the draft-accepted tokens compete on importance (the released code's
+  `keep_num` reuse, tests/reference_flash.py).
 
 Columns are canvas columns ([B, T], prompts left-padded to P); RoPE positions count from each
 row's first real token and padding keys are masked, so a row decodes what it decodes alone.
