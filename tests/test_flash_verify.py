@@ -6,6 +6,9 @@ without verify when every decoded position is tracked; bad settings refused."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +19,7 @@ import lacache_jax as lj
 from convert.__main__ import main as convert_main
 from lacache_jax import flash
 from lacache_jax.config import tiny
+from lacache_jax.generate import _prepare
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
 from tests.reference_flash import reference_flash_generate, verify_mask
 
@@ -116,22 +120,46 @@ def test_eos_accepted_by_the_verify_pass_stops_the_row(deep):
     assert int(out.steps[0]) < len(free)
 
 
-@pytest.mark.parametrize("track", [None, 64])  # 64 >= P + G = 33: every position tracked
-def test_gamma_above_one_reproduces_verify_off(deep, track):
+def test_gamma_above_one_reproduces_verify_off(deep):
     """Nothing passes verification (p <= 1 < gamma), so each step's draft pass is part 1's step
     and the tokens equal those without verify, at twice the forwards. This holds only when
-    every decoded position is tracked (track=None or track >= P + G): the released code ranks
-    the verify pass's accepted tokens last (none here), so this step's draft-accepted tokens
-    compete on importance for the next step's tracked set instead of being kept, and with a
-    small track the two runs refresh different cache rows (tests/reference_flash.py)."""
+    every decoded position is tracked: track=None (a full recompute, where it is trivial) or
+    track >= P + G, run here (64 >= 9 + 24: the cache is read, the look-ahead bounded). The
+    released code ranks the verify pass's accepted tokens last (none here), so this step's
+    draft-accepted tokens compete on importance for the next step's tracked set instead of
+    being kept, and with a small track the two runs refresh different cache rows
+    (tests/reference_flash.py's docstring)."""
     params, model = deep
-    kw = dict(window=8, lookahead=4, track=track)
+    kw = dict(window=8, lookahead=4, track=64)
     plain = lj.generate(params, CFG, RAGGED, _gen(**kw))
     verified = lj.generate(params, CFG, RAGGED, _gen(verify=True, gamma=1.5, **kw))
     np.testing.assert_array_equal(np.asarray(verified.tokens), np.asarray(plain.tokens))
     np.testing.assert_array_equal(np.asarray(verified.steps), np.asarray(plain.steps))
     np.testing.assert_array_equal(np.asarray(verified.nfe), 2 * np.asarray(plain.nfe))
     assert (np.asarray(plain.steps) < G).all()  # thresholds fired: candidates were left over
+
+
+@functools.partial(jax.jit, static_argnames=("gen", "prefill"))
+def _one_step(params, gen, st, pad_B, keys_B, prefill):
+    ctx = flash.make_ctx(params, CFG, gen, pad_B, st.x_BT.shape[1])
+    budget = flash.Budget.build(gen.flash, gen.gen_length, st.x_BT.shape[1])
+    return flash.step(ctx, gen, budget, st, keys_B, prefill)
+
+
+def test_verify_pass_writes_nothing_to_the_cache(deep):
+    """From the same state, a step with verify leaves the cache exactly as the step without it
+    (the main pass's writes only), while its verify pass did accept tokens."""
+    params, _ = deep
+    gen = _gen(window=8, lookahead=4, track=3, verify=True, accept="cumprod", gamma=0.5)
+    params, gen, _, x, pad, keys = _prepare(params, CFG, [RAGGED[0]], gen, None, None)
+    plain = dataclasses.replace(gen, flash=dataclasses.replace(gen.flash, verify=False))
+    st = flash.init_state(flash.make_ctx(params, CFG, gen, pad, x.shape[1]), x, True)
+    st = _one_step(params, plain, st, pad, keys, True)  # the free run verifies from step 2 on
+    a, b = (_one_step(params, g, st, pad, keys, False) for g in (plain, gen))
+    for ca, cb in zip(a.cache.k + a.cache.v, b.cache.k + b.cache.v):
+        np.testing.assert_array_equal(np.asarray(ca), np.asarray(cb))
+    assert int(b.revealed_B[0]) > int(a.revealed_B[0])  # the verify pass did accept
+    assert (int(a.nfe_B[0]), int(b.nfe_B[0])) == (2, 3)
 
 
 BAD_FLASH = [(dict(gamma=0.0), "flash.gamma"), (dict(gamma=True), "flash.gamma"),
