@@ -176,5 +176,4 @@ def test_defaults_and_what_is_allowed():
     lj.GenerationConfig(gen_length=G, block_length=G, threshold=0.9, flash=f, fp8_ffn=True)
     with pytest.raises(ValueError, match="flash must be a FlashConfig"):
         lj.GenerationConfig(gen_length=G, threshold=0.9, flash={"window": 4})
-    with pytest.raises(NotImplementedError, match="part 2"):
-        lj.GenerationConfig(gen_length=G, threshold=0.9, flash=lj.FlashConfig(verify=True))
+    lj.GenerationConfig(gen_length=G, threshold=0.9, flash=lj.FlashConfig(verify=True))
