@@ -61,12 +61,14 @@ MODES = {
     "threshold+dpad+dual+fp8_ffn": (dict(threshold=0.9, dpad=True, cache="dual", fp8_ffn=True),
                                     None),
 }
-# Flash-dLLM modes join the table here once `lj.FlashConfig` exists, as GenerationConfig
-# settings like any other mode, e.g.
-#   "flash": (dict(threshold=0.9, flash=lj.FlashConfig(window=16, lookahead=64, track=64)),
-#             None),
-#   "flash+verify": (dict(threshold=0.9, flash=lj.FlashConfig(..., verify=True)), None),
-FLASH_MODES: dict[str, tuple[dict, str | None]] = {}
+# Flash-dLLM: GenerationConfig settings like any other mode (no blocks; see generation_config).
+FLASH_MODES: dict[str, tuple[dict, str | None]] = {
+    "flash": (dict(threshold=0.9, flash=lj.FlashConfig()), None),
+    "flash+fp8_ffn": (dict(threshold=0.9, flash=lj.FlashConfig(), fp8_ffn=True), None),
+    "flash+verify": (dict(threshold=0.9, flash=lj.FlashConfig(verify=True)), None),
+    "flash+verify_agree": (dict(threshold=0.9, flash=lj.FlashConfig(verify=True,
+                                                                     accept="agree")), None),
+}
 MODES.update(FLASH_MODES)
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
@@ -93,6 +95,8 @@ def generation_config(task: str | tasks.Task, settings: dict) -> lj.GenerationCo
     t = tasks.get(task)
     if settings.get("dpad") is True:
         settings = {**settings, "dpad": t.dpad}
+    if settings.get("flash") is not None:  # no blocks: the window slides over the canvas
+        return lj.GenerationConfig(gen_length=t.gen_len, **settings)
     return lj.GenerationConfig(gen_length=t.gen_len, block_length=t.block_length,
                                steps=t.gen_len, **settings)
 
