@@ -209,13 +209,13 @@ def _slot_output(out: slot_refill.Outputs, rows: list[np.ndarray], gen: Generati
     x = np.full((len(rows), P + gen.gen_length), cfg.pad_id, np.int32)
     for b, r in enumerate(rows):
         x[b, P - len(r):P] = r
-    x[:, P:] = out.gen_NG
-    is_eos = out.gen_NG == gen.eos_id
+    x[:, P:] = out.generated
+    is_eos = out.generated == gen.eos_id
     gen_lengths = np.where(is_eos.any(-1), is_eos.argmax(-1), gen.gen_length).astype(np.int32)
     return GenerateOutput(
         tokens=jnp.asarray(x), prompt_lengths=jnp.asarray([len(r) for r in rows], jnp.int32),
-        nfe=jnp.asarray(out.nfe_N), steps=jnp.asarray(out.steps_N),
-        revealed=jnp.asarray(out.revealed_N), gen_lengths=jnp.asarray(gen_lengths))
+        nfe=jnp.asarray(out.nfe), steps=jnp.asarray(out.steps),
+        revealed=jnp.asarray(out.revealed), gen_lengths=jnp.asarray(gen_lengths))
 
 
 def _output(st: sar.LoopState, gen: GenerationConfig, pad_B) -> GenerateOutput:

@@ -22,7 +22,8 @@ paged caches and ragged kernels under every policy.
 
 Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two
 (at least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
-(ModelConfig, GenerationConfig, S, P), not per request. Prompts are admitted longest first, so
+(ModelConfig, GenerationConfig, S, P), not per request (S = min(slots, number of prompts), so
+a call with fewer prompts than slots computes no empty rows). Prompts are admitted longest first, so
 the bucket of the rows in flight only shrinks and each program runs over one contiguous span.
 When it shrinks, rows in flight are re-padded: only their left padding changes, which never
 shows (padded keys are masked, positions count from each row's first token).
@@ -56,129 +57,132 @@ def bucket(n: int, cap: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl"))
-def _slot_block(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl: str, x_ST, pad_S,
-                block_S, done_S, nfe_S, steps_S, revealed_S, keydata_S):
-    """One block of every slot not `done_S`, each at its own block `block_S`; returns the new
-    (canvas, done, block, nfe, steps, revealed). Done slots change nothing."""
-    keys_S = jax.random.wrap_key_data(keydata_S, impl=impl)
-    loop = sar.make_loop(params, cfg, gen, pad_S, x_ST.shape[1])
+def _slot_block(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl: str, x_BT, pad_B,
+                block_B, done_B, nfe_B, steps_B, revealed_B, keydata_B):
+    """One block of every slot (batch row) not `done_B`, each at its own block `block_B`;
+    returns the new (canvas, done, block, nfe, steps, revealed). Done rows change nothing."""
+    keys_B = jax.random.wrap_key_data(keydata_B, impl=impl)
+    loop = sar.make_loop(params, cfg, gen, pad_B, x_BT.shape[1])
     # No cache comes in: the block's first forward builds it (see the module docstring).
-    st = sar.LoopState(x_ST, done_S, nfe_S, steps_S, revealed_S, block_S, None)
-    st = sar.run_block(loop, keys_S, None, st)
-    return (st.x_BT, st.done_B, jnp.where(done_S, block_S, st.block), st.nfe_B, st.steps_B,
+    st = sar.LoopState(x_BT, done_B, nfe_B, steps_B, revealed_B, block_B, None)
+    st = sar.run_block(loop, keys_B, None, st)
+    return (st.x_BT, st.done_B, jnp.where(done_B, block_B, st.block), st.nfe_B, st.steps_B,
             st.revealed_B)
 
 
 @dataclasses.dataclass
 class Outputs:
     """Per-prompt results in input order, filled as rows finish."""
-    gen_NG: np.ndarray
-    nfe_N: np.ndarray
-    steps_N: np.ndarray
-    revealed_N: np.ndarray
+    generated: np.ndarray  # [prompts, gen_length] each prompt's generated columns
+    nfe: np.ndarray        # [prompts]
+    steps: np.ndarray      # [prompts]
+    revealed: np.ndarray   # [prompts]
 
 
 class Scheduler:
-    """Host state of S slots: which prompt each holds, its canvas row and counters."""
+    """Host state of the slots (the per-block program's batch rows B): the prompt each holds,
+    its generated columns, block index, EOS stop and counters."""
 
-    def __init__(self, cfg: ModelConfig, gen: GenerationConfig, rows: list[np.ndarray], S: int):
-        self.cfg, self.gen, self.rows, self.S = cfg, gen, rows, S
-        N, G = len(rows), gen.gen_length
-        self.row_of = np.full(S, -1)          # prompt index per slot, -1: free
-        self.gen_SG = np.full((S, G), gen.mask_id, np.int32)
-        self.block_S = np.zeros(S, np.int32)
-        self.done_S = np.zeros(S, bool)
-        self.counts_S = np.zeros((3, S), np.int32)  # nfe, steps, revealed
-        self.out = Outputs(np.zeros((N, G), np.int32), *np.zeros((3, N), np.int32))
+    def __init__(self, cfg: ModelConfig, gen: GenerationConfig, prompts: list[np.ndarray],
+                 B: int):
+        self.cfg, self.gen, self.prompts = cfg, gen, prompts
+        n, gl = len(prompts), gen.gen_length
+        self.prompt_B = np.full(B, -1)                      # prompt index, -1: free slot
+        self.generated_B = np.full((B, gl), gen.mask_id, np.int32)  # [B, gen_length]
+        self.block_B = np.zeros(B, np.int32)
+        self.done_B = np.zeros(B, bool)
+        self.counts_3B = np.zeros((3, B), np.int32)         # nfe, steps, revealed
+        self.out = Outputs(np.zeros((n, gl), np.int32), *np.zeros((3, n), np.int32))
 
     def admit(self, slot: int, i: int) -> None:
-        self.row_of[slot] = i
-        self.gen_SG[slot] = self.gen.mask_id
-        self.block_S[slot], self.done_S[slot], self.counts_S[:, slot] = 0, False, 0
+        self.prompt_B[slot] = i
+        self.generated_B[slot] = self.gen.mask_id
+        self.block_B[slot], self.done_B[slot], self.counts_3B[:, slot] = 0, False, 0
 
     def canvas(self, P: int):
-        """Canvas [S, P + G] and left padding [S] of the slots; free slots hold one pad token
-        and masks (done, so they never act)."""
-        x = np.full((self.S, P + self.gen.gen_length), self.cfg.pad_id, np.int32)
-        pad = np.full(self.S, P - 1, np.int32)
-        x[:, P:] = self.gen_SG
-        for slot in np.flatnonzero(self.row_of >= 0):
-            r = self.rows[self.row_of[slot]]
+        """Canvas [B, P + gen_length] and left padding [B]; a free slot holds one pad token
+        and masks (it is done, so it never acts)."""
+        B = len(self.prompt_B)
+        x = np.full((B, P + self.gen.gen_length), self.cfg.pad_id, np.int32)
+        pad = np.full(B, P - 1, np.int32)
+        x[:, P:] = self.generated_B
+        for slot in np.flatnonzero(self.prompt_B >= 0):
+            r = self.prompts[self.prompt_B[slot]]
             pad[slot] = P - len(r)
             x[slot, pad[slot]:P] = r
         return x, pad
 
-    def finish(self, limit_S: np.ndarray) -> list[int]:
-        """End the rows that stopped at EOS or reached their last block; returns their slots."""
-        done = np.flatnonzero((self.row_of >= 0) & (self.done_S | (self.block_S >= limit_S)))
-        for slot in done:
-            i = self.row_of[slot]
-            self.out.gen_NG[i] = self.gen_SG[slot]
-            self.out.nfe_N[i], self.out.steps_N[i], self.out.revealed_N[i] = self.counts_S[:, slot]
-            self.row_of[slot] = -1
-        return list(done)
+    def finish(self, limit_B: np.ndarray) -> int:
+        """End the rows that stopped at EOS or reached their last block (`limit_B`), keep
+        their outputs and free their slots; returns how many ended."""
+        ended = np.flatnonzero((self.prompt_B >= 0) & (self.done_B | (self.block_B >= limit_B)))
+        for slot in ended:
+            i = self.prompt_B[slot]
+            self.out.generated[i] = self.generated_B[slot]
+            self.out.nfe[i], self.out.steps[i], self.out.revealed[i] = self.counts_3B[:, slot]
+            self.prompt_B[slot] = -1
+        return len(ended)
 
 
-def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, rows: list[np.ndarray],
-        keys_N: jax.Array, S: int, *, refill: bool = True, programs: dict | None = None,
+def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[np.ndarray],
+        keys: jax.Array, slots: int, *, refill: bool = True, programs: dict | None = None,
         progress: Callable[[int, int], None] | None = None,
         block_limits: np.ndarray | None = None) -> Outputs:
-    """Generate for every prompt of `rows` (validated token arrays) with at most S in flight.
+    """Generate for every prompt (validated token arrays; `keys` one per prompt) with at most
+    `slots` rows in flight.
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
-    of S through the same program (a baseline for benchmarks). `programs` maps a bucket to a
-    compiled `_slot_block` (compile_generate). `progress(rows_done, N)` is called on the host
-    whenever rows finish. `block_limits` [N] (benchmarks only, e.g. a drawn answer length)
-    ends row i after that many blocks, as if it had stopped at EOS there.
+    of `slots` through the same program (a baseline for benchmarks). `programs` maps a bucket
+    to a compiled `_slot_block` (compile_programs). `progress(rows_done, len(prompts))` is
+    called on the host whenever rows finish. `block_limits` (one per prompt; benchmarks only,
+    e.g. from a drawn answer length) ends row i after that many blocks, as if it had stopped
+    at EOS there.
     """
-    N, nb = len(rows), gen.num_blocks
-    S = min(int(S), N)
+    n, nb = len(prompts), gen.num_blocks
+    B = min(int(slots), n)
     cap = cfg.max_seq_len - gen.gen_length
-    impl = jax.random.key_impl(keys_N)
-    keydata_N = np.asarray(jax.random.key_data(keys_N))
-    limits_N = np.full(N, nb) if block_limits is None else np.minimum(block_limits, nb)
-    order = (sorted(range(N), key=lambda i: -len(rows[i])) if refill else range(N))
+    impl = jax.random.key_impl(keys)
+    keydata = np.asarray(jax.random.key_data(keys))
+    limits = np.full(n, nb) if block_limits is None else np.minimum(block_limits, nb)
+    order = sorted(range(n), key=lambda i: -len(prompts[i])) if refill else range(n)
     queue = collections.deque(order)
-    sch = Scheduler(cfg, gen, rows, S)
+    sch = Scheduler(cfg, gen, prompts, B)
     finished = 0
     while True:
-        if refill or (sch.row_of < 0).all():
-            for slot in np.flatnonzero(sch.row_of < 0):
-                if not queue:
-                    break
+        if refill or (sch.prompt_B < 0).all():
+            for slot in np.flatnonzero(sch.prompt_B < 0)[:len(queue)]:
                 sch.admit(slot, queue.popleft())
-        live = sch.row_of >= 0
-        if not live.any():
+        live_B = sch.prompt_B >= 0
+        if not live_B.any():
             return sch.out
-        P = bucket(max(len(rows[i]) for i in sch.row_of[live]), cap)
+        P = bucket(max(len(prompts[i]) for i in sch.prompt_B[live_B]), cap)
         x, pad = sch.canvas(P)
-        rows_S = np.where(live, sch.row_of, 0)
-        args = (x, pad, sch.block_S, sch.done_S | ~live, *sch.counts_S, keydata_N[rows_S])
+        prompt_B = np.where(live_B, sch.prompt_B, 0)
+        args = (x, pad, sch.block_B, sch.done_B | ~live_B, *sch.counts_3B, keydata[prompt_B])
         if programs is not None and P in programs:
             out = programs[P](params, *args)
         else:
             out = _slot_block(params, cfg, gen, impl, *args)
         x, done, block, *counts = jax.device_get(out)
-        sch.gen_SG, sch.block_S = np.array(x[:, P:]), np.array(block)
-        sch.done_S, sch.counts_S = np.array(done), np.array(counts)
-        n = len(sch.finish(np.where(live, limits_N[rows_S], nb)))
-        if n and progress is not None:
-            finished += n
-            progress(finished, N)
+        sch.generated_B, sch.block_B = np.array(x[:, P:]), np.array(block)
+        sch.done_B, sch.counts_3B = np.array(done), np.array(counts)
+        ended = sch.finish(np.where(live_B, limits[prompt_B], nb))
+        if ended and progress is not None:
+            finished += ended
+            progress(finished, n)
 
 
 def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
-                     rows: list[np.ndarray], keys_N: jax.Array, S: int) -> dict:
+                     prompts: list[np.ndarray], keys: jax.Array, slots: int) -> dict:
     """The per-block program of every bucket these prompts can use, compiled ahead of time."""
-    S = min(int(S), len(rows))
+    B = min(int(slots), len(prompts))
     cap = cfg.max_seq_len - gen.gen_length
-    impl = jax.random.key_impl(keys_N)
-    kd = np.asarray(jax.random.key_data(keys_N))[:1].repeat(S, 0)
+    impl = jax.random.key_impl(keys)
+    keydata_B = np.asarray(jax.random.key_data(keys))[:1].repeat(B, 0)
+    zeros_B = np.zeros(B, np.int32)
     programs = {}
-    for P in sorted({bucket(len(r), cap) for r in rows}, reverse=True):
-        T = P + gen.gen_length
-        zeros = np.zeros(S, np.int32)
-        args = (np.zeros((S, T), np.int32), zeros, zeros, np.zeros(S, bool), zeros, zeros, zeros,
-                kd)
+    for P in sorted({bucket(len(r), cap) for r in prompts}, reverse=True):
+        args = (np.zeros((B, P + gen.gen_length), np.int32), zeros_B, zeros_B,
+                np.zeros(B, bool), zeros_B, zeros_B, zeros_B, keydata_B)
         programs[P] = _slot_block.lower(params, cfg, gen, impl, *args).compile()
     return programs
