@@ -60,14 +60,15 @@ def bucket(n: int, cap: int) -> int:
 def _slot_block(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl: str, x_BT, pad_B,
                 block_B, done_B, nfe_B, steps_B, revealed_B, keydata_B):
     """One block of every slot (batch row) not `done_B`, each at its own block `block_B`;
-    returns the new (canvas, done, block, nfe, steps, revealed). Done rows change nothing."""
+    returns the new (generated columns [B, gen_length], done, block, nfe, steps, revealed).
+    Done rows change nothing."""
     keys_B = jax.random.wrap_key_data(keydata_B, impl=impl)
     loop = sar.make_loop(params, cfg, gen, pad_B, x_BT.shape[1])
     # No cache comes in: the block's first forward builds it (see the module docstring).
     st = sar.LoopState(x_BT, done_B, nfe_B, steps_B, revealed_B, block_B, None)
     st = sar.run_block(loop, keys_B, None, st)
-    return (st.x_BT, st.done_B, jnp.where(done_B, block_B, st.block), st.nfe_B, st.steps_B,
-            st.revealed_B)
+    return (st.x_BT[:, -gen.gen_length:], st.done_B, jnp.where(done_B, block_B, st.block),
+            st.nfe_B, st.steps_B, st.revealed_B)
 
 
 @dataclasses.dataclass
@@ -93,24 +94,31 @@ class Scheduler:
         self.done_B = np.zeros(B, bool)
         self.counts_3B = np.zeros((3, B), np.int32)         # nfe, steps, revealed
         self.out = Outputs(np.zeros((n, gl), np.int32), *np.zeros((3, n), np.int32))
+        self.prompt_BP = np.zeros((B, 0), np.int32)         # left-padded prompts at width P
+        self.pad_B = np.zeros(B, np.int32)
+        self.admitted: list[int] = []                       # slots whose prompt area is stale
 
     def admit(self, slot: int, i: int) -> None:
         self.prompt_B[slot] = i
         self.generated_B[slot] = self.gen.mask_id
         self.block_B[slot], self.done_B[slot], self.counts_3B[:, slot] = 0, False, 0
+        self.admitted.append(slot)
 
     def canvas(self, P: int):
-        """Canvas [B, P + gen_length] and left padding [B]; a free slot holds one pad token
-        and masks (it is done, so it never acts)."""
-        B = len(self.prompt_B)
-        x = np.full((B, P + self.gen.gen_length), self.cfg.pad_id, np.int32)
-        pad = np.full(B, P - 1, np.int32)
-        x[:, P:] = self.generated_B
-        for slot in np.flatnonzero(self.prompt_B >= 0):
+        """Canvas [B, P + gen_length] and left padding [B]. Prompt areas are rewritten only
+        for new prompts or a new width; a free slot keeps its last row or, after a width
+        change, one pad token (it is done, so it never acts)."""
+        if self.prompt_BP.shape[1] != P:
+            self.prompt_BP = np.full((len(self.prompt_B), P), self.cfg.pad_id, np.int32)
+            self.pad_B[:] = P - 1
+            self.admitted = list(np.flatnonzero(self.prompt_B >= 0))
+        for slot in self.admitted:
             r = self.prompts[self.prompt_B[slot]]
-            pad[slot] = P - len(r)
-            x[slot, pad[slot]:P] = r
-        return x, pad
+            self.pad_B[slot] = P - len(r)
+            self.prompt_BP[slot, :P - len(r)] = self.cfg.pad_id
+            self.prompt_BP[slot, P - len(r):] = r
+        self.admitted = []
+        return np.concatenate([self.prompt_BP, self.generated_B], axis=1), self.pad_B.copy()
 
     def finish(self, limit_B: np.ndarray) -> int:
         """End the rows that stopped at EOS or reached their last block (`limit_B`), keep
@@ -163,8 +171,8 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
             out = programs[P](params, *args)
         else:
             out = _slot_block(params, cfg, gen, impl, *args)
-        x, done, block, *counts = jax.device_get(out)
-        sch.generated_B, sch.block_B = np.array(x[:, P:]), np.array(block)
+        generated, done, block, *counts = jax.device_get(out)
+        sch.generated_B, sch.block_B = np.array(generated), np.array(block)
         sch.done_B, sch.counts_3B = np.array(done), np.array(counts)
         ended = sch.finish(np.where(live_B, limits[prompt_B], nb))
         if ended and progress is not None:
