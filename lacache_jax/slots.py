@@ -22,9 +22,10 @@ paged caches and ragged kernels under every policy.
 
 Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two
 (at least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
-(ModelConfig, GenerationConfig, S, P), not per request (S = min(slots, number of prompts), so
-a call with fewer prompts than slots computes no empty rows). Prompts are admitted longest first, so
-the bucket of the rows in flight only shrinks and each program runs over one contiguous span.
+(ModelConfig, GenerationConfig, S, P), not per request (S = min(slots, number of prompts): a
+call with fewer prompts than slots computes no empty rows). Prompts are admitted longest
+first, so the bucket of the rows in flight only shrinks and each program runs over one
+contiguous span.
 When it shrinks, rows in flight are re-padded: only their left padding changes, which never
 shows (padded keys are masked, positions count from each row's first token).
 

@@ -124,8 +124,8 @@ def test_slot_row_equals_the_prompt_alone(models, eos_id):
 
 
 def test_fp8_ffn_through_compile_generate():
-    """FP8 FFN under the dual cache, through compile_generate's precompiled programs; rows
-    end at a benchmark block limit so that slots refill at different times."""
+    """FP8 FFN under the dual cache, five ragged prompts through two slots, through
+    compile_generate's precompiled programs."""
     cfg8 = lj.tiny(d_model=128, d_ff=256, n_heads=4, n_kv_heads=2)
     params = lj.quantize_ffn(lj.init_params(cfg8, jax.random.key(0), jnp.float32))
     prompts = [[5, 6, 7], list(range(20, 28)), [9] * 5, [40, 41], list(range(50, 56))]
