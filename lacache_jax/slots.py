@@ -32,9 +32,9 @@ shows (padded keys are masked, positions count from each row's first token).
 Memory. The cache lives inside the per-block program: XLA's buffers of that program, the size
 of the static batch's cache for S rows, allocated once per program and reused by every call.
 Per-row block writes into a cache are one scatter (`Canvas.put`). XLA's CPU memory analysis
-at LLaDA-8B shapes (S = 32, prompt 512, gen 256, dual cache) gives the static program 65.5 GB
-and this one 70.9 GB: the CPU expands scatters into loops that copy; with one in-place
-dynamic_update_slice per row instead both are 65.5 GB, at the price of a kernel per row and
+at LLaDA-8B shapes (S = 32, prompt 512, gen 256, dual cache) gives the static program 63.9 GiB
+and this one 69.2 GiB: the CPU expands scatters into loops that copy; with one in-place
+dynamic_update_slice per row instead both are 63.9 GiB, at the price of a kernel per row and
 layer on a GPU. `python -m benchmarks.serve memory` measures it on the device.
 """
 
