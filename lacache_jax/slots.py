@@ -33,9 +33,9 @@ Memory. The cache lives inside the per-block program: XLA's buffers of that prog
 of the static batch's cache for S rows, allocated once per program and reused by every call.
 Per-row block writes into a cache are one scatter (`Canvas.put`). XLA's CPU memory analysis
 at LLaDA-8B shapes (S = 32, prompt 512, gen 256, dual cache) gives the static program 63.9 GiB
-and this one 69.2 GiB: the CPU expands scatters into loops that copy; with one in-place
+and this one 69.2 GiB: its buffer assignment gives these scatters copies. With one in-place
 dynamic_update_slice per row instead both are 63.9 GiB, at the price of a kernel per row and
-layer on a GPU. `python -m benchmarks.serve memory` measures it on the device.
+layer on a GPU; `python -m benchmarks.serve memory` measures what the GPU compiler does.
 """
 
 from __future__ import annotations
