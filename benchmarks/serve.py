@@ -93,7 +93,7 @@ def _warm(programs: dict, params, S: int, gen, keys) -> None:
         jax.block_until_ready(program(params, x, z, z, np.zeros(S, bool), z, z, z, kd))
 
 
-def demo(args):
+def demo(args, out: dict) -> None:
     from benchmarks.train_demo import GEN_LEN
     from convert.__main__ import main as convert_main
     from lacache_jax.tokenizer import Tokenizer
@@ -113,7 +113,8 @@ def demo(args):
         texts = [tok.decode(tokens[b, start:start + lens[b]].tolist()) for b in range(len(lens))]
         return float(np.mean([arith.check(a, b, t) for (a, b), t in zip(problems, texts)]))
 
-    rows = []
+    out.update(checkpoint=args.checkpoint or "demo_model", settings=args.settings or "fixed",
+               rows=[])
     for block, S in itertools.product(map(int, args.block.split(",")),
                                       map(int, args.slots.split(","))):
         gen = lj.GenerationConfig(gen_length=GEN_LEN, block_length=block, steps=GEN_LEN,
@@ -123,11 +124,12 @@ def demo(args):
         (toks, lens), t_static = _timed(lambda: _static(params, cfg, prompts, gen, keys, S))
         run = lj.compile_generate(params, cfg, prompts, gen, key=keys, slots=S)
         _warm(run.programs, params, min(S, len(prompts)), rg, keys)
-        out, t_slots = _timed(run)
+        slots_out, t_slots = _timed(run)
         slot_refill.run(params, cfg, rg, rows_in, keys, S, refill=False)  # compiles
         _, t_blocks = _timed(lambda: slot_refill.run(params, cfg, rg, rows_in, keys, S,
                                                      refill=False))
         answer_tokens = int(lens.sum())
+        slots_tokens = np.asarray(slots_out.tokens)
         blocks = np.minimum(lens // block + 1, gen.num_blocks)
         r = dict(S=S, block_length=block, n=len(prompts), answer_tokens=answer_tokens,
                  refill_bound=gen.num_blocks / float(blocks.mean()),
@@ -136,16 +138,14 @@ def demo(args):
                  static_blocks_tok_s=answer_tokens / t_blocks, speedup=t_static / t_slots,
                  speedup_vs_static_blocks=t_blocks / t_slots,
                  static_accuracy=accuracy(toks, lens),
-                 slots_accuracy=accuracy(np.asarray(out.tokens), np.asarray(out.gen_lengths)),
-                 same_tokens=bool((np.asarray(out.tokens) == toks).all()))
-        rows.append(r)
+                 slots_accuracy=accuracy(slots_tokens, np.asarray(slots_out.gen_lengths)),
+                 same_tokens=bool((slots_tokens == toks).all()))
+        out["rows"].append(r)
         print(f"block {block:2d} S={S:4d}: static {r['static_tok_s']:8.0f} tok/s, slots "
               f"{r['slots_tok_s']:8.0f} tok/s ({r['speedup']:.2f}x of at most "
               f"{r['refill_bound']:.2f}x; static through the block program "
               f"{r['static_blocks_tok_s']:.0f} tok/s), accuracy {r['static_accuracy']:.3f} / "
               f"{r['slots_accuracy']:.3f}, same tokens {r['same_tokens']}", flush=True)
-    return dict(checkpoint=args.checkpoint or "demo_model", settings=args.settings or "fixed",
-                rows=rows)
 
 
 def _model(args) -> lj.ModelConfig:
@@ -157,7 +157,7 @@ def _model(args) -> lj.ModelConfig:
     return dataclasses.replace(lj.llada_8b(), n_layers=args.layers)
 
 
-def llada(args):
+def llada(args, out: dict) -> None:
     cfg = _model(args)
     params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     rng = np.random.default_rng(0)
@@ -169,11 +169,14 @@ def llada(args):
                               cache="dual", threshold=0.9, stop_at_eos=False).resolve(cfg)
     limits = -(-answer // gen.block_length)  # the block holding the drawn length
     keys = jax.random.split(jax.random.key(0), args.n)
-    rows = []
+    out.update(layers=cfg.n_layers, d_model=cfg.d_model, prompt_range=list(args.prompt_range),
+               answer_range=list(args.answer_range), gen_length=args.gen,
+               block_length=args.block, settings="dual cache, threshold 0.9", rows=[])
     for S in map(int, args.slots.split(",")):
         r = dict(S=S, n=args.n, answer_tokens=int(answer.sum()),
                  stop_rule="benchmark only: row i ends after the block holding its drawn "
                            "length (random weights emit no EOS)")
+        out["rows"].append(r)  # filled as it goes: a timed-out run keeps what it measured
         t0 = time.perf_counter()
         programs = slot_refill.compile_programs(params, cfg, gen, prompts, keys, S)
         r["compile_s"] = time.perf_counter() - t0
@@ -183,23 +186,19 @@ def llada(args):
                 params, cfg, gen, prompts, keys, S, refill=refill, programs=programs,
                 block_limits=limits))
             r[f"{name}_s"], r[f"{name}_tok_s"] = seconds, r["answer_tokens"] / seconds
+            print(f"S={S}: {name} {r[f'{name}_tok_s']:.0f} tok/s ({seconds:.1f} s)", flush=True)
         r["speedup"] = r["static_s"] / r["slots_s"]
-        rows.append(r)
-        print(f"S={S}: static {r['static_tok_s']:.0f} tok/s, slots {r['slots_tok_s']:.0f} tok/s "
-              f"({r['speedup']:.2f}x)", flush=True)
-    return dict(layers=cfg.n_layers, d_model=cfg.d_model, prompt_range=list(args.prompt_range),
-                answer_range=list(args.answer_range), gen_length=args.gen,
-                block_length=args.block, settings="dual cache, threshold 0.9", rows=rows)
+        print(f"S={S}: slot refill {r['speedup']:.2f}x the static batches", flush=True)
 
 
-def memory(args):
+def memory(args, out: dict) -> None:
     cfg = _model(args)
     params = jax.eval_shape(lambda: lj.init_params(cfg, jax.random.key(0), jnp.bfloat16))
     prompts = np.zeros((args.slots, args.prompt), np.int32)
     gen = lj.GenerationConfig(gen_length=args.gen, block_length=args.block, steps=args.gen,
                               cache="dual", threshold=0.9)
-    out = dict(layers=cfg.n_layers, d_model=cfg.d_model, S=args.slots, prompt=args.prompt,
-               gen=args.gen)
+    out.update(layers=cfg.n_layers, d_model=cfg.d_model, S=args.slots, prompt=args.prompt,
+               gen=args.gen, settings="dual cache, threshold 0.9")
     for name, kw in (("static", {}), ("slots", dict(slots=args.slots))):
         run = lj.compile_generate(params, cfg, prompts, gen, **kw)
         m = run.compiled.memory_analysis()
@@ -211,7 +210,6 @@ def memory(args):
         print(f"{name:6s}: {mib:10.1f} MiB (arguments "
               f"{out[name]['argument_size_in_bytes'] / 2**20:.1f}, temporaries "
               f"{out[name]['temp_size_in_bytes'] / 2**20:.1f})", flush=True)
-    return out
 
 
 def main():
@@ -242,8 +240,11 @@ def main():
     m.add_argument("--tiny", action="store_true")
     args = ap.parse_args()
     exit_on_sigterm()
-    result = {"demo": demo, "llada": llada, "memory": memory}[args.what](args)
-    print(f"-> {write_result('serve_' + args.what, result)}")
+    result = {}
+    try:
+        {"demo": demo, "llada": llada, "memory": memory}[args.what](args, result)
+    finally:
+        print(f"-> {write_result('serve_' + args.what, result)}")
 
 
 if __name__ == "__main__":
