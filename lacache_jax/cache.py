@@ -5,8 +5,10 @@ cache pytree and owns every forward that reads or writes it; the SAR loop (sar.p
     logits_BQV, cache = policy.first(ctx, x_BT, keep_BT, s)     a block's first forward
     logits_BQV, cache = policy.step(ctx, x_BT, keep_BT, s, cache, i)   its later forwards
 
-with `s` the block's first column, `keep_BT` the keys the block sees (padding and DPad's
-dropped suffix removed), `i` the step within the block, and logits for the block's rows only.
+with `s` the block's first column (a scalar, or one per row [B] under slot refill: each row's
+block is then cut, written and attended at its own column), `keep_BT` the keys the block sees
+(padding and DPad's dropped suffix removed), `i` the step within the block, and logits for the
+block's rows only.
 
   policy   first forward of a block               later forwards
   none     full forward                           full forward
@@ -115,7 +117,8 @@ class PrefixCache(KVPolicy):
         # from the cache, as do all keys before s (see DESIGN.md on static shapes).
         cv = ctx.canvas
         P = cv.prompt_len
-        fresh = (jnp.arange(cv.pos_MT.shape[1]) >= s)[None, :, None, None]
+        s_M1 = jnp.reshape(cv.model_s(s), (-1, 1))  # [1, 1], or [M, 1] per row
+        fresh = (jnp.arange(cv.pos_MT.shape[1])[None, :] >= s_M1)[:, :, None, None]
 
         def kv_fn(i):
             def mix(c, new):
@@ -163,7 +166,16 @@ def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
             block_len: int | None = None):
     """FACache attention; under a mesh, one kernel per (row shard, head shard). In reuse mode
     `block_len` (the static e - s) selects the kernel's split-key path for the block's tiles
-    (measured faster on the H200: RESULTS.md)."""
+    (measured faster on the H200: RESULTS.md). Per-row bounds `s`, `e` [M] (slot refill) run
+    the kernel vmapped over rows, each row with its own scalar bounds: the kernel's contract
+    is unchanged (Pallas batches a vmapped call into one launch with a row grid axis)."""
+    if jnp.ndim(s) == 1:
+        def one_row(q, k, v, key_mask, s, e, *state):
+            row = lambda a: a[None]
+            out = facache(row(q), row(k), row(v), row(key_mask), s, e,
+                          *jax.tree.map(row, state), mode=mode, block_len=block_len)
+            return jax.tree.map(lambda a: a[0], out)
+        return jax.vmap(one_row)(q, k, v, key_mask, s, e, *(() if state is None else (state,)))
     heads = PS(DATA, None, MODEL, None)
     st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
     extra = () if state is None else (state,)
@@ -207,7 +219,8 @@ class ExactCache:
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
         cv = ctx.canvas
         x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
-        attn, fa = facache(q, k, v, cv.dup(keep_BT), s, s + cv.block_len, mode="fill")
+        s_M = cv.model_s(s)
+        attn, fa = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, mode="fill")
         return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
@@ -216,8 +229,9 @@ class ExactCache:
         with jax.named_scope("cache_update"):
             x0, q, k, v = (cv.put(c, n, s)
                            for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
-        attn = facache(q, k, v, cv.dup(keep_BT), s, s + cv.block_len, cache.fa, mode="reuse",
-                       block_len=cv.block_len)
+        s_M = cv.model_s(s)
+        attn = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, cache.fa,
+                       mode="reuse", block_len=cv.block_len)
         return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
 

@@ -7,6 +7,11 @@ row's blocks start at the same column. Padding never shows: padded keys are mask
 positions count from each row's first real token, so a row generates what it generates alone.
 With CFG (`cfg_scale > 0`) the model sees M = 2B rows: the B rows, then copies whose prompt
 tokens are masks; every cache policy handles them as ordinary rows.
+
+A block start `s` is a scalar (every row at the same block: `generate`, one dynamic slice) or
+per row, `s_B` (slot refill, slots.py: rows in flight are at different blocks): `cut`, `put`
+and `rope` then slice each row at its own column (vmapped dynamic slices), and the model rows
+under CFG share their row's start (`model_s`).
 """
 
 from __future__ import annotations
@@ -63,13 +68,24 @@ class Canvas:
         """A per-row array for the model rows (the copies share it)."""
         return jnp.concatenate([a_B, a_B]) if self.cfg else a_B
 
+    def model_s(self, s):
+        """A block start for the model rows: a scalar as is, a per-row start [B] -> [M]."""
+        return s if jnp.ndim(s) == 0 else self.dup(s)
+
     def cut(self, a: jax.Array, s) -> jax.Array:
-        """The block's `block_len` columns of a [rows, T, ...] array, from column s."""
-        return jax.lax.dynamic_slice_in_dim(a, s, self.block_len, axis=1)
+        """The block's `block_len` columns of a [rows, T, ...] array, from column s (scalar, or
+        one start per row: [B], or [M] for model rows)."""
+        if jnp.ndim(s) == 0:
+            return jax.lax.dynamic_slice_in_dim(a, s, self.block_len, axis=1)
+        return jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, self.block_len))(
+            a, _per_row(s, a.shape[0]))
 
     def put(self, a: jax.Array, new: jax.Array, s) -> jax.Array:
-        """`a` with the block's columns from column s replaced by `new`."""
-        return jax.lax.dynamic_update_slice_in_dim(a, new, s, axis=1)
+        """`a` with the block's columns from column s (scalar or per row) replaced by `new`."""
+        if jnp.ndim(s) == 0:
+            return jax.lax.dynamic_update_slice_in_dim(a, new, s, axis=1)
+        return jax.vmap(lambda r, n, s: jax.lax.dynamic_update_slice_in_dim(r, n, s, 0))(
+            a, new, _per_row(s, a.shape[0]))
 
     def rope(self, s=None):
         """RoPE tables of all columns, or of the block's from column s."""
@@ -86,3 +102,9 @@ class Canvas:
                 cond, uncond = logits[:B], logits[B:]
                 logits = uncond + (self.cfg_scale + 1.0) * (cond - uncond)
             return logits
+
+
+def _per_row(s_B: jax.Array, rows: int) -> jax.Array:
+    """Per-row starts for an array of `rows` rows: the model rows under CFG (M = 2B) repeat
+    their batch row's start."""
+    return s_B if rows == s_B.shape[0] else jnp.tile(s_B, rows // s_B.shape[0])

@@ -4,7 +4,8 @@
 the prompts into a canvas [B, P + gen_length] (canvas.py), compiles one program per
 configuration and runs the SAR loop (sar.py) in it, then returns a `GenerateOutput`. The loop's
 pieces, cache policies (cache.py), reveal rules (sampling.py) and step strategies (sar.py),
-are chosen from `GenerationConfig` by name.
+are chosen from `GenerationConfig` by name. With `slots=S` the prompts go through S rows in
+flight instead, a finished row's slot taking the next prompt (slots.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from lacache_jax import flash, sar
+from lacache_jax import slots as slot_refill
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params, check_params
 from lacache_jax.quant import has_fp8_ffn
@@ -51,7 +53,8 @@ class GenerateOutput:
 def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
              key: jax.Array | None = None, prompt_lengths: Any = None,
              mesh: jax.sharding.Mesh | None = None,
-             progress: Callable[[int, int], None] | None = None) -> GenerateOutput:
+             progress: Callable[[int, int], None] | None = None,
+             slots: int | None = None) -> GenerateOutput:
     """Generate `gen.gen_length` tokens after each prompt.
 
     `prompts`: an int array [B, P], a list of token lists (ragged), or an array [B, P] with
@@ -64,8 +67,19 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     (tensor parallel); the tokens are those of the single-device run.
     `progress(blocks_done, num_blocks)` is called from the device once per finished block (a
     host callback; the call returns only once generation has finished).
+    `slots=S`: slot refill. At most S rows are in flight; when a row finishes (EOS with
+    `stop_at_eos`, or its last block) its slot takes the next prompt, so a short answer never
+    waits for a long one. Any number of prompts; the output is the same (rows in input order,
+    every row's tokens those of `generate` without slots). One program is compiled per
+    bucket of prompt lengths (powers of two: slots.py); `progress(rows_done, B)` is then called
+    on the host as rows finish. Not combined with `mesh` yet.
     Every invalid argument raises ValueError before anything is compiled.
     """
+    if slots is not None:
+        params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths,
+                                            mesh, slots)
+        return _slot_output(slot_refill.run(params, config, gen, rows, keys, slots,
+                                            progress=progress), rows, gen, config)
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
     if progress is None:
         return _rows(_generate(params, config, gen, mesh, False, *args), B)
@@ -76,11 +90,26 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
 def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationConfig,
                      key: jax.Array | None = None, prompt_lengths: Any = None,
                      mesh: jax.sharding.Mesh | None = None,
-                     progress: Callable[[int, int], None] | None = None):
+                     progress: Callable[[int, int], None] | None = None,
+                     slots: int | None = None):
     """Compile ahead of time; returns `run() -> GenerateOutput`, the same computation as
     `generate(...)` with these arguments, so benchmarks can time it without compilation.
     `run.compiled` is the `jax.stages.Compiled` program (`run.compiled.as_text()`: the
-    optimised HLO, for profiles and copy counts)."""
+    optimised HLO, for profiles and copy counts). With `slots`, `run.programs` maps each
+    bucket of prompt lengths to its compiled per-block program and `run.compiled` is the
+    largest bucket's."""
+    if slots is not None:
+        params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths,
+                                            mesh, slots)
+        programs = slot_refill.compile_programs(params, config, gen, rows, keys, slots)
+
+        def run_slots():
+            out = slot_refill.run(params, config, gen, rows, keys, slots, programs=programs,
+                                  progress=progress)
+            return _slot_output(out, rows, gen, config)
+        run_slots.programs = programs
+        run_slots.compiled = programs[max(programs)]
+        return run_slots
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
     compiled = _generate.lower(params, config, gen, mesh, progress is not None, *args).compile()
 
@@ -116,12 +145,19 @@ def _rows(out: GenerateOutput, B: int) -> GenerateOutput:
     return out if out.tokens.shape[0] == B else jax.tree.map(lambda a: a[:B], out)
 
 
-def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
+def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slots=None):
     """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
-    resolved gen, B, canvas [B', T], left padding [B'], keys [B']), B' = B rounded up to the
-    mesh's data axis, all placed on the mesh when there is one."""
+    resolved gen, prompt rows, keys [B])."""
+    if slots is not None:
+        if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+            raise ValueError(f"slots must be a positive integer, got {slots!r}")
+        if mesh is not None:
+            raise ValueError("slots and mesh cannot be combined yet: pass one of them")
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
+    if slots is not None and gen.flash is not None:
+        raise ValueError("slots and flash cannot be combined yet (Flash-dLLM's loop has no "
+                         "blocks for the refill to follow): pass one of them")
     gen = gen.resolve(config)
     rows = _prompt_rows(prompts, prompt_lengths, config, gen)
     B, P = len(rows), max(len(r) for r in rows)
@@ -134,7 +170,15 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     if not gen.fp8_ffn:
         params = dataclasses.replace(
             params, layers=[dataclasses.replace(layer, ffn8=None) for layer in params.layers])
-    keys = row_keys(key, B)
+    return params, gen, rows, row_keys(key, B)
+
+
+def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
+    """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
+    resolved gen, B, canvas [B', T], left padding [B'], keys [B']), B' = B rounded up to the
+    mesh's data axis, all placed on the mesh when there is one."""
+    params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths, mesh)
+    B, P = len(rows), max(len(r) for r in rows)
     if mesh is not None:
         params = shard_params(params, config, mesh)
         extra = -B % mesh.shape[DATA]  # copies of the last row: each row is independent
@@ -160,6 +204,23 @@ def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, rep
         loop = sar.run if gen.flash is None else flash.run  # Flash-dLLM has its own loop
         st = loop(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
         return _output(st, gen, pad_B)
+
+
+def _slot_output(out: slot_refill.Outputs, rows: list[np.ndarray], gen: GenerationConfig,
+                 cfg: ModelConfig) -> GenerateOutput:
+    """The slot scheduler's per-prompt results as `generate`'s output: prompts left-padded to
+    the longest."""
+    P = max(len(r) for r in rows)
+    x = np.full((len(rows), P + gen.gen_length), cfg.pad_id, np.int32)
+    for b, r in enumerate(rows):
+        x[b, P - len(r):P] = r
+    x[:, P:] = out.generated
+    is_eos = out.generated == gen.eos_id
+    gen_lengths = np.where(is_eos.any(-1), is_eos.argmax(-1), gen.gen_length).astype(np.int32)
+    return GenerateOutput(
+        tokens=jnp.asarray(x), prompt_lengths=jnp.asarray([len(r) for r in rows], jnp.int32),
+        nfe=jnp.asarray(out.nfe), steps=jnp.asarray(out.steps),
+        revealed=jnp.asarray(out.revealed), gen_lengths=jnp.asarray(gen_lengths))
 
 
 def _output(st: sar.LoopState, gen: GenerationConfig, pad_B) -> GenerateOutput:

@@ -104,13 +104,16 @@ REVEAL_RULES = {"fixed": reveal_fixed, "threshold": reveal_threshold, "factor": 
 
 
 def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int) -> jax.Array:
-    """Which canvas columns a block sees [B, T]: everything before `block_end`, and a random
-    subset of the suffix at distance d = column - block_end < window."""
-    d = jnp.arange(T) - block_end
+    """Which canvas columns a block sees [B, T]: everything before `block_end` (a scalar, or
+    one per row [B] when rows are at different blocks), and a random subset of the suffix at
+    distance d = column - block_end < window."""
+    per_row = jnp.ndim(block_end) == 1
+    d = jnp.arange(T) - (block_end[:, None] if per_row else block_end)
     in_window = (d >= 0) & (d < dpad.window)
     # One draw per suffix distance (not per column), so left padding cannot shift the draws.
     u = jax.vmap(lambda k: jax.random.uniform(k, (dpad.window,)))(keys_B)
-    u = u[:, jnp.clip(d, 0, dpad.window - 1)]
+    d_at = jnp.clip(d, 0, dpad.window - 1)
+    u = jnp.take_along_axis(u, d_at, axis=1) if per_row else u[:, d_at]
     if dpad.strategy == "gaussian":
         z = dpad.k * d / (dpad.window - 1)
         p = dpad.scale * jnp.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
@@ -123,6 +126,6 @@ def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int)
 
 
 def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
-    """Per-row keys of the DPad draw for block `block`."""
+    """Per-row keys of the DPad draw for block `block` (one index, or one per row [B])."""
     stream = jax.vmap(lambda k: jax.random.fold_in(k, _DPAD_STREAM))(keys_B)
-    return jax.vmap(lambda k: jax.random.fold_in(k, block))(stream)
+    return jax.vmap(jax.random.fold_in)(stream, jnp.broadcast_to(block, stream.shape))

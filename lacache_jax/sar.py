@@ -8,6 +8,11 @@ first forward, then later ones) and writes what the **reveal rule** (sampling.RE
 chooses into the canvas. A strategy owns its forward count, so a two-pass step (draft, then
 verify) is one more strategy. Rows that reveal an EOS in a block stop after it (`stop_at_eos`)
 and their remaining columns are filled with EOS.
+
+`run` decodes every block of a batch whose rows share the block index (one scalar `s`).
+`run_block` also takes one block index per row (`LoopState.block` [B]): slot refill
+(slots.py) runs one block of rows that are at different blocks, each from its own column
+`s_B = P + k_B * block_length`, with its own block keys and DPad draw `fold_in(key, k_B)`.
 """
 
 from __future__ import annotations
@@ -33,14 +38,14 @@ class LoopState:
     nfe_B: jax.Array       # [B] forward passes the row took part in (CFG counts two)
     steps_B: jax.Array     # [B] decoding steps the row took part in
     revealed_B: jax.Array  # [B] tokens revealed by the sampler (not the EOS fill)
-    block: jax.Array       # [] index of the current block
+    block: jax.Array       # [] index of the current block, or [B] one per row (slots.py)
     cache: Any             # the cache policy's pytree (None without a cache)
 
 
 @dataclasses.dataclass(frozen=True)
 class Block:
     """What stays fixed over the steps of one block."""
-    s: jax.Array                  # [] first column
+    s: jax.Array                  # [] first column, or [B] one per row
     keep_BT: jax.Array            # [B, T] keys the block sees (padding, DPad's drops removed)
     quota_BS: jax.Array | None    # [B, steps_per_block] fixed schedule; None when parallel
     keys_B: jax.Array             # [B] per-row keys of the block
@@ -111,7 +116,7 @@ def has_work(loop: Loop, st: LoopState, s) -> jax.Array:
 
 def open_block(loop: Loop, st: LoopState, keys_B: jax.Array) -> Block:
     gen, cv = loop.gen, loop.canvas
-    k = st.block
+    k = st.block  # [] or [B]
     s = cv.prompt_len + k * gen.block_length
     keep = cv.valid_BT
     if gen.dpad is not None:
@@ -121,7 +126,8 @@ def open_block(loop: Loop, st: LoopState, keys_B: jax.Array) -> Block:
     if not gen.parallel:
         n_masked = (cv.cut(st.x_BT, s) == gen.mask_id).sum(-1)
         quota = sampling.transfer_schedule(n_masked, gen.steps_per_block)
-    return Block(s, keep, quota, jax.vmap(lambda key: jax.random.fold_in(key, k))(keys_B))
+    return Block(s, keep, quota,
+                 jax.vmap(jax.random.fold_in)(keys_B, jnp.broadcast_to(k, keys_B.shape)))
 
 
 def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
@@ -142,7 +148,8 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
     if gen.stop_at_eos:
         finished = ~st.done_B & (cv.cut(st.x_BT, blk.s) == gen.eos_id).any(-1)
         col = jnp.arange(st.x_BT.shape[1])
-        fill = finished[:, None] & (col[None, :] >= blk.s + gen.block_length)
+        end = jnp.reshape(blk.s + gen.block_length, (-1, 1))  # [1, 1] or [B, 1]
+        fill = finished[:, None] & (col[None, :] >= end)
         st = dataclasses.replace(st, x_BT=jnp.where(fill, gen.eos_id, st.x_BT),
                                  done_B=st.done_B | finished)
     if on_block is not None:
