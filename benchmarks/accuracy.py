@@ -102,12 +102,15 @@ def generation_config(task: str | tasks.Task, settings: dict) -> lj.GenerationCo
 
 
 def evaluate(params, cfg: lj.ModelConfig, tok: Tokenizer, problems, settings: dict,
-             key=jax.random.key(0), task: str | tasks.Task = "arith") -> dict:
+             key=jax.random.key(0), task: str | tasks.Task = "arith",
+             slots: int | None = 256) -> dict:
     t = tasks.get(task)
     gen = generation_config(t, settings)
     prompts = [tok.encode(t.prompt(p)) for p in problems]
     keys = jax.random.split(key, len(prompts))
-    run = lj.compile_generate(params, cfg, prompts, gen, key=keys)
+    # Slot refill (`slots` rows in flight) except for Flash-dLLM, which does not refill yet.
+    refill = slots if slots and gen.flash is None else None
+    run = lj.compile_generate(params, cfg, prompts, gen, key=keys, slots=refill)
     t0 = time.perf_counter()
     out = jax.block_until_ready(run())
     seconds = time.perf_counter() - t0
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint")
     ap.add_argument("--task", default="arith", choices=sorted(tasks.TASKS))
     ap.add_argument("--n", type=int, default=500, help="held-out problems")
+    ap.add_argument("--slots", type=int, default=256,
+                    help="rows in flight (slot refill); 0: all problems as one ragged batch")
     ap.add_argument("--seed", type=int, default=0, help="which held-out problems")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated; default: all")
     ap.add_argument("--no-plot", action="store_true")
@@ -264,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             settings, baseline = MODES[name]
-            r = evaluate(params, cfg, tok, problems, settings, task=task)
+            r = evaluate(params, cfg, tok, problems, settings, task=task,
+                         slots=args.slots or None)
             if baseline is not None:
                 compare(r, results[baseline], baseline)
             results[name] = r

@@ -146,7 +146,7 @@ def cmd_generate(args) -> int:
         params = lj.quantize_ffn(params)
     progress = None if args.quiet or not sys.stderr.isatty() else BlockProgress()
     out, compile_s, run_s = run_batch(params, config, ids, gen, jax.random.key(args.seed),
-                                      progress)
+                                      progress, args.slots)
     answers = [tok.decode(a) for a in out.answers(gen.gen_length)]
     if args.output == "jsonl":
         text = "".join(json.dumps({
@@ -173,22 +173,21 @@ def cmd_generate(args) -> int:
 
 
 def run_batch(params, config, prompts: list[list[int]], gen, key,
-              progress: BlockProgress | None):
-    """Generate for every prompt as one ragged batch: (output, compile s, run s). With
-    `progress`, its bar is shown while the compiled program runs.
-
-    Hook for slot refill: a fixed number of rows, each refilled with the next prompt as it
-    finishes, will replace this one call (a file of thousands of prompts is one batch today).
-    The callers need only per-prompt answers and counters back, in input order.
-    """
+              progress: BlockProgress | None, slots: int | None = None):
+    """Generate for every prompt: (output, compile s, run s), answers and counters per prompt
+    in input order. One ragged batch, or with `slots` at most that many rows in flight, each
+    refilled with the next prompt as it finishes (slot refill). With `progress`, its bar is
+    shown while the compiled program runs (blocks, or finished prompts with slots)."""
     import jax
 
     import lacache_jax as lj
     t0 = time.perf_counter()
-    run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress)
+    run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress,
+                              slots=slots)
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with progress.showing(gen.num_blocks) if progress is not None else contextlib.nullcontext():
+    total = len(prompts) if slots else gen.num_blocks
+    with progress.showing(total) if progress is not None else contextlib.nullcontext():
         out = jax.block_until_ready(run())
     return out, compile_s, time.perf_counter() - t0
 
@@ -330,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quiet", action="store_true",
                    help="no progress bar and no speed summary on stderr (the bar shows only "
                         "when stderr is a terminal)")
+    g.add_argument("--slots", type=int, default=None,
+                   help="slot refill: at most this many prompts in flight, a finished row "
+                        "taking the next prompt (default: all prompts as one batch)")
     g = p.add_argument_group("decoding")
     g.add_argument("--gen-length", type=int, default=128, help="tokens generated per prompt")
     g.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block")

@@ -235,7 +235,7 @@ def test_prompts_file_jsonl_output_and_out_file(tmp_path, checkpoint, capsys, mo
     progress callback compiled in and nothing on stderr. --out is written whole."""
     progress_args = []
     real_run_batch = cli.run_batch
-    monkeypatch.setattr(cli, "run_batch", lambda *a: progress_args.append(a[-1])
+    monkeypatch.setattr(cli, "run_batch", lambda *a: progress_args.append(a[5])
                         or real_run_batch(*a))
     (tmp_path / "p.txt").write_text("7+5=\n\n1+1=\r\n")
     base = ["generate", "--checkpoint", str(checkpoint), "--gen-length", "16",
@@ -266,6 +266,10 @@ def test_prompts_file_jsonl_output_and_out_file(tmp_path, checkpoint, capsys, mo
     assert (tmp_path / "o.txt").read_text() == "".join(
         f"--- {i}: {r['prompt']}\n{r['text']}\n" for i, r in enumerate(rows))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.txt", "p.jsonl", "p.txt"]
+    # --slots 2: slot refill, two rows in flight, the same rows in the same order.
+    assert main([*base, "--prompt", "12+30=", "--prompts-file", str(tmp_path / "p.txt"),
+                 "--output", "jsonl", "--slots", "2"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == rows
 
 
 @pytest.mark.parametrize("content, message", [
