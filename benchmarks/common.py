@@ -30,6 +30,18 @@ def time_fn(fn, *args, warmup: int = 3, iters: int = 20) -> dict:
             "iters": iters}
 
 
+def time_run(run, iters: int):
+    """(median seconds, last output) of a compiled generation `run()` over `iters` calls,
+    after one warm-up call."""
+    out = jax.block_until_ready(run())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), out
+
+
 def time_chained(fn, *args, n: int = 20, iters: int = 10) -> dict:
     """Device time per call of `fn(*args)` for kernels too short for `time_fn`: `n` calls in
     one jitted program, each made to depend on the previous (one element of `args[0]` is

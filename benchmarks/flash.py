@@ -44,7 +44,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               measure_ceilings, write_result)
+                               measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
 from lacache_jax import flash
 from lacache_jax.generate import row_keys
@@ -114,13 +114,7 @@ def end_to_end(params, cfg, gen, B, P, iters=1):
     t0 = time.perf_counter()
     run = lj.compile_generate(params, cfg, np.asarray(x[:, :P]), gen)
     compile_s = time.perf_counter() - t0
-    out = jax.block_until_ready(run())
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(run())
-        times.append(time.perf_counter() - t0)
-    latency = float(np.median(times))
+    latency, out = time_run(run, iters)
     nfe = float(np.mean(np.asarray(out.nfe)))
     return dict(latency_s=latency, nfe=nfe, ms_per_step=latency / nfe * 1e3,
                 tokens_per_s=B * gen.gen_length / latency, compile_s=compile_s), run

@@ -15,12 +15,11 @@ import argparse
 import itertools
 import time
 
-import jax
 import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               write_result)
+                               time_run, write_result)
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
@@ -52,13 +51,7 @@ def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
     t0 = time.perf_counter()
     run = lj.compile_generate(params, cfg, prompts, gen, mesh=mesh)
     compile_s = time.perf_counter() - t0
-    out = jax.block_until_ready(run())  # warm-up
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(run())
-        times.append(time.perf_counter() - t0)
-    latency = float(np.median(times))
+    latency, out = time_run(run, iters)
     nfe = float(np.mean(np.asarray(out.nfe)))
     flops, nbytes = step_cost(cfg, gen, B, P)
     floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes, REFERENCE_CEILINGS)

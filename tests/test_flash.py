@@ -49,7 +49,7 @@ def _reference(model, prompt, gen, record=None):
         model, prompt, gen_length=gen.gen_length, window=f.window, lookahead=f.lookahead,
         track=f.track, threshold=gen.threshold, mask_id=CFG.mask_id,
         eos_id=CFG.eos_id if gen.eos_id is None else gen.eos_id, stop_at_eos=gen.stop_at_eos,
-        record=record)
+        verify=f.verify, gamma=f.gamma, accept=f.accept, record=record)
 
 
 PARITY = {

@@ -21,7 +21,8 @@ from lacache_jax import flash
 from lacache_jax.config import tiny
 from lacache_jax.generate import _prepare
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
-from tests.reference_flash import reference_flash_generate, verify_mask
+from tests.reference_flash import verify_mask
+from tests.test_flash import _reference  # same model (CFG), same G
 
 # The flash tests' model: 4 layers, so importance (layers 2..L-1) decides what is tracked.
 CFG = tiny(n_heads=4, n_kv_heads=2, n_layers=4)
@@ -45,13 +46,6 @@ def _gen(stop_at_eos=False, eos_id=None, **flash_kw):
                                eos_id=eos_id, flash=lj.FlashConfig(**flash_kw))
 
 
-def _reference(model, prompt, gen, record=None):
-    f = gen.flash
-    return reference_flash_generate(
-        model, prompt, gen_length=gen.gen_length, window=f.window, lookahead=f.lookahead,
-        track=f.track, threshold=gen.threshold, mask_id=CFG.mask_id,
-        eos_id=CFG.eos_id if gen.eos_id is None else gen.eos_id, stop_at_eos=gen.stop_at_eos,
-        verify=f.verify, gamma=f.gamma, accept=f.accept, record=record)
 
 
 @pytest.mark.parametrize("S,T,R", [(0, 8, 8), (1, 6, 8), (3, 2, 8), (4, 0, 8), (4, 8, 16),
