@@ -160,6 +160,8 @@ def test_model_args_are_typed_and_validated():
     assert parse({"dpad": True}).gen.dpad == lj.DPadConfig()
     assert parse({"dpad_window": 64}).gen.dpad == lj.DPadConfig(window=64)
     assert parse({"gen_length": 64}).gen.steps == 64  # default: one token per step
+    flash = parse({"threshold": 0.9, "flash": True, "flash_window": 8, "flash_verify": True})
+    assert flash.gen.flash == lj.FlashConfig(window=8, verify=True)
     cases = [({"gen_length": "many"}, "gen_length must be an integer"),
              ({"threshold": "high"}, "threshold must be a number"),
              ({"fp8_ffn": "yes"}, "fp8_ffn must be true or false"),
@@ -168,7 +170,7 @@ def test_model_args_are_typed_and_validated():
              ({"dpad": False, "dpad_keep": 8}, "dpad is off"),
              ({"mc_batch": 3}, "mc_batch=3 must be a positive divisor of mc_num=128"),
              ({"batch_size": 0}, "batch_size must be a positive integer"),
-             ({"flash_window": 16}, "Flash-dLLM"),
+             ({"flash_window": 16}, "threshold is required with flash"),
              ({"temperatur": 0.5}, "unknown model args"),
              ({"dtype": "int8"}, "dtype must be")]
     for args, message in cases:

@@ -207,6 +207,8 @@ class LaCacheLM(LM):
         if isinstance(max_toks, bool) or not isinstance(max_toks, int) or max_toks <= 0:
             raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got "
                              f"{max_toks!r}")
+        if base.flash is not None:  # no blocks: the window slides over exactly max_toks
+            return dataclasses.replace(base, gen_length=max_toks), max_toks, until
         bl = base.block_length
         gen_length = -(-max_toks // bl) * bl
         changes: dict[str, Any] = {"gen_length": gen_length}

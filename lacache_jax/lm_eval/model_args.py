@@ -74,7 +74,8 @@ def parse(args: dict[str, Any]) -> EvalSettings:
         raise ValueError(f"dtype must be bfloat16 or float32, got {ev['dtype']!r}")
     gen_length = gen_kwargs.get("gen_length", GenerationConfig.gen_length)
     steps_given = "steps" in gen_kwargs
-    gen_kwargs.setdefault("steps", gen_length)
+    if gen_kwargs.get("flash") is None:  # Flash-dLLM has no blocks and no step schedule
+        gen_kwargs.setdefault("steps", gen_length)
     gen = GenerationConfig(**gen_kwargs)  # validates every field, naming it
     return EvalSettings(gen=gen, steps_given=steps_given, checkpoint=ev["checkpoint"],
                         dtype=ev["dtype"], batch_size=ev["batch_size"], slots=ev["slots"],
@@ -111,10 +112,6 @@ def _generation_kwargs(args: dict[str, Any]) -> dict[str, Any]:
             continue
         if name in args:
             out[name] = _coerce(args.pop(name), kinds[0], optional, name)
-    stray = [k for k in args if k.startswith("flash")]
-    if stray:
-        raise ValueError(f"{sorted(stray)}: Flash-dLLM decoding (lj.FlashConfig) is not in "
-                         "this version of lacache_jax")
     return out
 
 
