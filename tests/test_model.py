@@ -124,3 +124,31 @@ def test_forward_under_jit_with_traced_tokens():
 def _torch_dtype(name):
     import torch
     return getattr(torch, name)
+
+
+def test_params_checked_against_the_config():
+    """Every leaf against the config, before tracing: a message naming the leaf and both
+    shapes (a d_model mismatch used to die deep in XLA, heads or vocab ran silently)."""
+    import dataclasses
+
+    import pytest
+    cfg = lj.tiny(d_model=64, n_heads=4, n_kv_heads=2)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    tokens = np.zeros((1, 4), np.int32)
+    gen = lj.GenerationConfig(gen_length=4, block_length=4, steps=4)
+    wrong = {"d_model": dict(d_model=128), "heads": dict(n_heads=8),
+             "kv_heads": dict(n_kv_heads=4), "vocab": dict(vocab_size=330),
+             "d_ff": dict(d_ff=96)}
+    for name, change in wrong.items():
+        other = dataclasses.replace(cfg, **change)
+        for call in (lambda: lj.forward(params, other, tokens),
+                     lambda: lj.generate(params, other, [[1, 2]], gen)):
+            with pytest.raises(ValueError, match=r"params\.\S+ has shape \(.*\) but the config "
+                                                 r"\(d_model=.*\) needs \("):
+                call()
+    mixed = dataclasses.replace(params, layers=[
+        dataclasses.replace(params.layers[0], wo=params.layers[0].wo.astype(jnp.bfloat16)),
+        *params.layers[1:]])
+    with pytest.raises(ValueError, match=r"params\.layers\[0\]\.wo is bfloat16 but params\.embed"
+                                         r" is float32"):
+        lj.forward(mixed, cfg, tokens)
