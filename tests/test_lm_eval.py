@@ -212,6 +212,11 @@ def test_generation_task_scores_as_accuracy_py(demo_ckpt):
             else row
         assert s["resps"][0][0] == tok.decode(ids.tolist())
     assert acc >= 0.9  # the demo model solves held-out problems (RESULTS.md: 100%)
+    # slots=4: slot refill instead of ragged batches, the same responses.
+    lm_slots = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32,
+                         threshold=0.9, batch_size=16, slots=4)
+    _, slot_samples = _evaluate(lm_slots, "lacache_arith_gen")
+    assert [s["resps"] for s in slot_samples] == [s["resps"] for s in samples]
 
 
 def test_multiple_choice_task_prefers_the_right_answer(demo_ckpt):

@@ -77,9 +77,6 @@ class LaCacheLM(LM):
         if settings.gen.fp8_ffn and not has_fp8_ffn(params):
             log.info("quantising the FFN weights to FP8 at load (fp8_ffn=true)")
             params = lj.quantize_ffn(params)
-        if settings.slots is not None:
-            log.warning("slots=%d: slot refill is not available yet; ragged batches of "
-                        "batch_size=%d prompts run instead", settings.slots, settings.batch_size)
         self.settings: EvalSettings = settings
         self.config, self.params, self.tok = config, params, Tokenizer(tokenizer)
         self.gen = settings.gen.resolve(config)
@@ -143,15 +140,18 @@ class LaCacheLM(LM):
             gen, max_toks, until = self._request_settings(kwargs or {})
             prompt = self._encode_context(context, self.config.max_seq_len - gen.gen_length)
             groups.setdefault(gen, []).append((i, prompt, max_toks, until))
-        B = self.settings.batch_size
-        n_batches = sum(-(-len(g) // B) for g in groups.values())
+        # Slot refill: a whole group in one call, `slots` rows in flight (not with flash yet).
+        refill = lambda gen: self.settings.slots is not None and gen.flash is None
+        size = lambda gen, items: len(items) if refill(gen) else self.settings.batch_size
+        n_batches = sum(-(-len(g) // size(gen, g)) for gen, g in groups.items())
         bar = tqdm(total=n_batches, desc="generate_until", disable=disable_tqdm or self.rank)
         for gen, items in groups.items():
             items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
+            B = size(gen, items)
             for lo in range(0, len(items), B):
                 chunk = items[lo:lo + B]
-                answers = self._generate([p for _, p, _, _ in chunk], [i for i, *_ in chunk],
-                                         gen)
+                run = self._generate_slots if refill(gen) else self._generate
+                answers = run([p for _, p, _, _ in chunk], [i for i, *_ in chunk], gen)
                 for (i, _, max_toks, until), ids in zip(chunk, answers):
                     out[i] = self._postprocess(ids[:max_toks], until)
                     self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
@@ -237,6 +237,16 @@ class LaCacheLM(LM):
                                               self.config.max_seq_len - gen.gen_length)
         out = lj.generate(self.params, self.config, rows, gen, key=keys, **extra)
         return out.answers(gen.gen_length)[:n]
+
+    def _generate_slots(self, prompts: list[list[int]], request_ids: list[int],
+                        gen: lj.GenerationConfig) -> list[list[int]]:
+        """Answers of every prompt through slot refill (`slots` rows in flight), keys from
+        the request index as in `_generate`: the same answers, another schedule."""
+        keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(self.settings.seed), i))(
+            jnp.asarray(request_ids))
+        out = lj.generate(self.params, self.config, prompts, gen, key=keys,
+                          slots=self.settings.slots)
+        return out.answers(gen.gen_length)
 
     def _postprocess(self, ids: list[int], until: tuple) -> str:
         """Text cut at the first `until` string (special tokens still in, so a special

@@ -24,7 +24,8 @@ EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
     "checkpoint": ("str?", None, "directory written by `python -m convert`"),
     "dtype": ("str?", None, "weights' dtype on load: bfloat16 | float32 (default: as stored)"),
     "batch_size": ("int", 32, "rows per forward pass: prompts (generation), samples (ELBO)"),
-    "slots": ("int?", None, "slot refill (continuous batching): accepted, not yet used"),
+    "slots": ("int?", None, "slot refill: rows in flight for generate_until (default: "
+                             "ragged batches of batch_size)"),
     "mc_num": ("int", 128, "Monte-Carlo samples per loglikelihood request"),
     "mc_batch": ("int?", None, "samples sharing one stratified draw of mask counts "
                  "(LLaDA's batch_size; default min(mc_num, 32)); divides mc_num"),
