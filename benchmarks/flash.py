@@ -47,6 +47,7 @@ from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, ll
                                measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
 from lacache_jax import flash
+from lacache_jax.cache import Ctx
 from lacache_jax.generate import row_keys
 from lacache_jax.model import rope_tables
 
@@ -89,12 +90,12 @@ def time_steps(params, cfg, gen, B, P, impl, iters):
 
     @functools.partial(jax.jit, static_argnames="prefill", donate_argnums=1)
     def step(params, st, pad, keys, prefill):
-        ctx = flash.make_ctx(params, cfg, gen, pad, T)
+        ctx = Ctx.build(params, cfg, gen, pad, T)
         budget = flash.Budget.build(gen.flash, gen.gen_length, T)
         return flash.step(ctx, gen, budget, st, keys, prefill)
 
     with fc.implementation(impl):
-        ctx = flash.make_ctx(params, cfg, gen, pad, T)
+        ctx = Ctx.build(params, cfg, gen, pad, T)
         # Built by one program, so no two leaves share a buffer (the step donates them all).
         st = jax.jit(lambda x: flash.init_state(ctx, x, True))(x)
         st = step(params, st, pad, keys, True)

@@ -44,6 +44,13 @@ class KVCache:
     k: list[jax.Array]  # n_layers x [M, T, G, K]
     v: list[jax.Array]  # n_layers x [M, T, G, K]
 
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, rows: int, T: int, dtype) -> "KVCache":
+        shape = (rows, T, cfg.n_kv_heads, cfg.head_dim)
+        layers = range(cfg.n_layers)
+        return cls([jnp.zeros(shape, dtype) for _ in layers],
+                   [jnp.zeros(shape, dtype) for _ in layers])
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -69,6 +76,11 @@ class Ctx:
     cfg: ModelConfig
     canvas: Canvas
 
+    @classmethod
+    def build(cls, params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B: jax.Array,
+              T: int) -> "Ctx":
+        return cls(params, cfg, Canvas.build(pad_B, T, cfg, gen))
+
 
 def full_forward(ctx: Ctx, x_BT, keep_BT, s):
     """All rows through all layers; returns the block's logits and every layer's K/V."""
@@ -81,7 +93,7 @@ def full_forward(ctx: Ctx, x_BT, keep_BT, s):
 
 def _kv_shape(ctx: Ctx):
     cv, cfg = ctx.canvas, ctx.cfg
-    return (cv.pos_MT.shape[0], cv.pos_MT.shape[1], cfg.n_kv_heads, cfg.head_dim)
+    return (*cv.pos_MT.shape, cfg.n_kv_heads, cfg.head_dim)
 
 
 class NoCache:
@@ -101,9 +113,7 @@ class KVPolicy:
     """Shared by the Fast-dLLM caches: every layer's K/V kept from the block's first forward."""
 
     def init(self, ctx: Ctx):
-        zeros = lambda: jnp.zeros(_kv_shape(ctx), ctx.params.dtype)
-        layers = range(ctx.cfg.n_layers)
-        return KVCache([zeros() for _ in layers], [zeros() for _ in layers])
+        return KVCache.zeros(ctx.cfg, *ctx.canvas.pos_MT.shape, ctx.params.dtype)
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
         return full_forward(ctx, x_BT, keep_BT, s)
@@ -235,7 +245,6 @@ class ExactCache:
         return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
 
-CachePolicy = NoCache | ExactCache | PrefixCache | DualCache
 # name -> policy for a GenerationConfig (`cache=`).
 POLICIES: dict[str, Callable[[GenerationConfig], Any]] = {
     "none": lambda gen: NoCache(),

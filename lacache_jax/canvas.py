@@ -93,6 +93,11 @@ class Canvas:
             return self.cos_MTk, self.sin_MTk
         return self.cut(self.cos_MTk, s), self.cut(self.sin_MTk, s)
 
+    def rope_at(self, cols_BR: jax.Array):
+        """RoPE tables of the given columns, per row: cos, sin [B, R, K/2] (no CFG rows)."""
+        take = lambda t: jnp.take_along_axis(t, cols_BR[..., None], axis=1)
+        return take(self.cos_MTk), take(self.sin_MTk)
+
     def logits(self, params: Params, cfg: ModelConfig, h_MQD: jax.Array) -> jax.Array:
         """LM head on the block's rows only (logit truncation), fp32, CFG combined: [B, Q, V]."""
         with jax.named_scope("head"):

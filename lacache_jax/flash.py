@@ -48,7 +48,6 @@ import jax.numpy as jnp
 from kernels.flash_cache import flash_cache
 from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
-from lacache_jax.canvas import Canvas
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
 from lacache_jax.model import (Params, _attention_impl, attention, finish_block, qkv,
                                rms_norm)
@@ -108,12 +107,7 @@ def init_state(ctx: Ctx, x_BT: jax.Array, keep_cache: bool) -> FlashState:
     decoded = cv.prompt_BT
     pad_B = T - cv.valid_BT.sum(-1)
     zeros = jnp.zeros((B,), jnp.int32)
-    cache = None
-    if keep_cache:
-        shape = (B, T, cfg.n_kv_heads, cfg.head_dim)
-        layers = range(cfg.n_layers)
-        cache = KVCache([jnp.zeros(shape, ctx.params.dtype) for _ in layers],
-                        [jnp.zeros(shape, ctx.params.dtype) for _ in layers])
+    cache = KVCache.zeros(cfg, B, T, ctx.params.dtype) if keep_cache else None
     return FlashState(
         x_BT=x_BT, decoded_BT=decoded,
         rank_BT=jnp.where(decoded, col - pad_B[:, None], T).astype(jnp.int32),
@@ -153,8 +147,7 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
     used = kind_BR != UNUSED
     write_BR = jnp.where(used, cols_BR, T)  # unused budget rows: past the cache, dropped
     tok_BR = jnp.take_along_axis(x_BT, cols_BR, axis=-1)
-    cos = jnp.take_along_axis(cv.cos_MTk, cols_BR[..., None], axis=1)
-    sin = jnp.take_along_axis(cv.sin_MTk, cols_BR[..., None], axis=1)
+    cos, sin = cv.rope_at(cols_BR)
     win_BW = (kind_BR[:, :W] == WINDOW).astype(jnp.float32)
     n_win_B = jnp.maximum(win_BW.sum(-1), 1.0)
     x_BRD = params.embed[tok_BR]
@@ -339,8 +332,7 @@ def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: K
     mask_BRS = jnp.concatenate(
         [jnp.broadcast_to((cv.valid_BT & ~queried_BT)[:, None, :], (B, R, T)),
          verify_mask(kind, idx)], axis=-1)[:, None]
-    cos = jnp.take_along_axis(cv.cos_MTk, cols[..., None], axis=1)
-    sin = jnp.take_along_axis(cv.sin_MTk, cols[..., None], axis=1)
+    cos, sin = cv.rope_at(cols)
     x_BRD = params.embed[tok]
     for i, layer in enumerate(params.layers):
         h = rms_norm(x_BRD, layer.attn_norm, cfg.norm_eps)
@@ -387,9 +379,7 @@ def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B
                                 everything)
     cache = st.cache
     if cache is None:  # full recompute: every real column is rewritten before it is read
-        shape = (st.x_BT.shape[0], T, ctx.cfg.n_kv_heads, ctx.cfg.head_dim)
-        zeros = [jnp.zeros(shape, ctx.params.dtype) for _ in range(ctx.cfg.n_layers)]
-        cache = KVCache(zeros, list(zeros))
+        cache = KVCache.zeros(ctx.cfg, st.x_BT.shape[0], T, ctx.params.dtype)
     logits, importance, cache = query_forward(ctx, st.x_BT, cache, cols, kind, budget.W)
     st, drafted, cand_W, x0, n_below = accept(gen, st, cv.valid_BT, cols, kind, logits, keys_B)
     if gen.flash.verify:
@@ -400,16 +390,12 @@ def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B
     return dataclasses.replace(st, cache=None if budget.full else cache)
 
 
-def make_ctx(params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B, T: int) -> Ctx:
-    return Ctx(params, cfg, Canvas.build(pad_B, T, cfg, gen))
-
-
 def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT: jax.Array,
         pad_B: jax.Array, keys_B: jax.Array, on_block: Callable | None = None) -> FlashState:
     """Decode the canvas (traced: call under jit): the prefill, then steps until every row is
     done. `on_block(1)` is called from the device once at the end when given."""
     T = x_BT.shape[1]
-    ctx = make_ctx(params, cfg, gen, pad_B, T)
+    ctx = Ctx.build(params, cfg, gen, pad_B, T)
     budget = Budget.build(gen.flash, gen.gen_length, T)
     st = step(ctx, gen, budget, init_state(ctx, x_BT, not budget.full), keys_B, prefill=True)
     # Every step of an unfinished row accepts a position, so gen_length steps bound the loop.

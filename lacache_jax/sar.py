@@ -159,9 +159,8 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
 
 def make_loop(params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B: jax.Array,
               T: int) -> Loop:
-    ctx = Ctx(params, cfg, Canvas.build(pad_B, T, cfg, gen))
-    return Loop(ctx, gen, policy_for(gen), sampling.REVEAL_RULES[gen.reveal_rule],
-                STEP_STRATEGIES["reveal"])
+    return Loop(Ctx.build(params, cfg, gen, pad_B, T), gen, policy_for(gen),
+                sampling.REVEAL_RULES[gen.reveal_rule], STEP_STRATEGIES["reveal"])
 
 
 def init_state(loop: Loop, x_BT: jax.Array) -> LoopState:

@@ -16,6 +16,7 @@ import torch
 import lacache_jax as lj
 from convert.__main__ import main as convert_main
 from lacache_jax import flash
+from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
 from lacache_jax.generate import _prepare
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
@@ -72,7 +73,7 @@ def test_tokens_nfe_steps_match_reference(deep, case):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gen", "prefill"))
 def _one_step(params, cfg, gen, st, pad_B, keys_B, prefill):
-    ctx = flash.make_ctx(params, cfg, gen, pad_B, st.x_BT.shape[1])
+    ctx = Ctx.build(params, cfg, gen, pad_B, st.x_BT.shape[1])
     budget = flash.Budget.build(gen.flash, gen.gen_length, st.x_BT.shape[1])
     return flash.step(ctx, gen, budget, st, keys_B, prefill)
 
@@ -84,7 +85,7 @@ def test_each_step_queries_and_tracks_what_the_reference_does(deep):
     params, model = deep
     gen = _gen(window=4, lookahead=2, track=2)  # a small budget: importance decides
     params, gen_r, _, x, pad, keys = _prepare(params, CFG, [PROMPT], gen, None, None)
-    ctx = flash.make_ctx(params, CFG, gen_r, pad, x.shape[1])
+    ctx = Ctx.build(params, CFG, gen_r, pad, x.shape[1])
     budget = flash.Budget.build(gen_r.flash, G, x.shape[1])
     st = flash.init_state(ctx, x, True)
     record = []

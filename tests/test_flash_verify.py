@@ -18,6 +18,7 @@ import torch
 import lacache_jax as lj
 from convert.__main__ import main as convert_main
 from lacache_jax import flash
+from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
 from lacache_jax.generate import _prepare
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
@@ -135,7 +136,7 @@ def test_gamma_above_one_reproduces_verify_off(deep):
 
 @functools.partial(jax.jit, static_argnames=("gen", "prefill"))
 def _one_step(params, gen, st, pad_B, keys_B, prefill):
-    ctx = flash.make_ctx(params, CFG, gen, pad_B, st.x_BT.shape[1])
+    ctx = Ctx.build(params, CFG, gen, pad_B, st.x_BT.shape[1])
     budget = flash.Budget.build(gen.flash, gen.gen_length, st.x_BT.shape[1])
     return flash.step(ctx, gen, budget, st, keys_B, prefill)
 
@@ -147,7 +148,7 @@ def test_verify_pass_writes_nothing_to_the_cache(deep):
     gen = _gen(window=8, lookahead=4, track=3, verify=True, accept="cumprod", gamma=0.5)
     params, gen, _, x, pad, keys = _prepare(params, CFG, [RAGGED[0]], gen, None, None)
     plain = dataclasses.replace(gen, flash=dataclasses.replace(gen.flash, verify=False))
-    st = flash.init_state(flash.make_ctx(params, CFG, gen, pad, x.shape[1]), x, True)
+    st = flash.init_state(Ctx.build(params, CFG, gen, pad, x.shape[1]), x, True)
     st = _one_step(params, plain, st, pad, keys, True)  # the free run verifies from step 2 on
     a, b = (_one_step(params, g, st, pad, keys, False) for g in (plain, gen))
     for ca, cb in zip(a.cache.k + a.cache.v, b.cache.k + b.cache.v):

@@ -17,7 +17,6 @@ Model args: model_args.py. Contexts too long for the model lose their oldest tok
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 from pathlib import Path
@@ -41,9 +40,6 @@ log = logging.getLogger(__name__)
 
 # gen_kwargs keys of lm-eval tasks we read; others are logged once and ignored.
 _GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
-# Bucketed prompt lengths need `generate(prompt_len=)`; without it each batch compiles for
-# its own longest prompt (see the issue-19 report).
-_PAD_PROMPTS = "prompt_len" in inspect.signature(lj.generate).parameters
 
 
 @register_model("lacache_jax")
@@ -231,11 +227,9 @@ class LaCacheLM(LM):
         ids = request_ids + [request_ids[-1]] * (B - n)
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(self.settings.seed), i))(
             jnp.asarray(ids))
-        extra = {}
-        if _PAD_PROMPTS:
-            extra["prompt_len"] = elbo.bucket(max(map(len, rows)),
-                                              self.config.max_seq_len - gen.gen_length)
-        out = lj.generate(self.params, self.config, rows, gen, key=keys, **extra)
+        # Each batch compiles for its own longest prompt; `slots=` compiles per power-of-two
+        # bucket instead (slots.py).
+        out = lj.generate(self.params, self.config, rows, gen, key=keys)
         return out.answers(gen.gen_length)[:n]
 
     def _generate_slots(self, prompts: list[list[int]], request_ids: list[int],
