@@ -56,12 +56,31 @@ from benchmarks import arith
 
 USER, ASSISTANT, MASK, EOS = arith.USER, arith.ASSISTANT, arith.MASK, arith.EOS
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-OPS = "+-*"
-CHARS = "0123456789" + OPS + "=;#?" + LETTERS
+CHARS = "0123456789+-*=;#?" + LETTERS
 GIVENS = (2, 4)        # given numbers per problem (inclusive range)
 STEPS = (6, 16)        # derived quantities per problem
-MAX_VALUE = 9999       # every quantity lies in [1, MAX_VALUE]
 LITERAL_P = 0.3        # chance that an operation's right operand is a literal 2..99
+
+
+class Spec(NamedTuple):
+    """How hard the arithmetic of one statement is: every quantity lies in [1, max_value], the
+    operations are `ops`, a product's right operand is a literal 2..mul_max (None: any
+    quantity or literal, as for + and -), the givens have 1..given_digits digits."""
+    max_value: int
+    ops: str
+    mul_max: int | None
+    given_digits: int
+
+
+# The difficulties tried (one training run of minutes each, `benchmarks/device_chain.sh`):
+SPECS = {
+    "d4": Spec(9999, "+-*", None, 3),  # products of two 2-digit numbers: 0% (see SPEC)
+    "d3x": Spec(999, "+-*", 9, 3),     # 3-digit sums and differences, products by one digit
+    "d3": Spec(999, "+-", None, 3),    # 3-digit sums and differences only
+    "d2": Spec(99, "+-*", 9, 2),       # 2-digit quantities, products by one digit
+}
+SPEC = SPECS["d4"]
+MAX_VALUE, OPS = SPEC.max_value, SPEC.ops
 ANSWER_LEN = (64, 255)  # one token per character; 255 leaves an EOS in a 256-token canvas
 GEN_LEN = 256
 # Longest prompt: 2 markers, 4 givens 'a=999;', 16 operations 'x=y*99;', the question 'q?'.
@@ -148,27 +167,29 @@ def answer_length(p: Problem) -> int:
     return len(answer_text(p))
 
 
-def generate(rng: random.Random) -> Problem:
+def generate(rng: random.Random, spec: Spec = SPEC) -> Problem:
     """One problem from the task's distribution (before the split)."""
     while True:
-        p = _attempt(rng)
+        p = _attempt(rng, spec)
         if p is not None and ANSWER_LEN[0] <= answer_length(p) <= ANSWER_LEN[1]:
             return p
 
 
-def _attempt(rng: random.Random) -> Problem | None:
+def _attempt(rng: random.Random, spec: Spec) -> Problem | None:
     g, k = rng.randint(*GIVENS), rng.randint(*STEPS)
     givens = []
     for _ in range(g):
-        d = rng.randint(1, 3)
+        d = rng.randint(1, spec.given_digits)
         givens.append(rng.randint(max(2, 10 ** (d - 1)), 10 ** d - 1))
     vals, ops = list(givens), []
     for i in range(g, g + k):
         for _ in range(50):
-            op = rng.choice(OPS)
+            op = rng.choice(spec.ops)
             # Half the time the latest quantity: chains as deep as a word problem's.
             li = i - 1 if rng.random() < 0.5 else rng.randrange(i)
-            if rng.random() < LITERAL_P:
+            if op == "*" and spec.mul_max is not None:
+                ri, y = None, rng.randint(2, spec.mul_max)
+            elif rng.random() < LITERAL_P:
                 ri, y = None, rng.randint(2, 10 ** rng.randint(1, 2) - 1)
             else:
                 ri = rng.randrange(i)
@@ -180,7 +201,7 @@ def _attempt(rng: random.Random) -> Problem | None:
             if op == "*" and min(vals[li], y) < 2:
                 continue
             result = _apply(vals[li], op, y)
-            if 1 <= result <= MAX_VALUE:
+            if 1 <= result <= spec.max_value:
                 ops.append((LETTERS[li], op, str(y) if ri is None else LETTERS[ri]))
                 vals.append(result)
                 break
@@ -194,27 +215,27 @@ def is_test(p: Problem) -> bool:
     return hashlib.sha256(program_text(p).encode()).digest()[0] < 26
 
 
-def sample(split: str, n: int, seed: int) -> list[Problem]:
+def sample(split: str, n: int, seed: int, spec: Spec = SPEC) -> list[Problem]:
     """`n` distinct problems of `split` ("train" or "test")."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     rng = random.Random(f"chain-{split}-{seed}")
     out: dict[Problem, None] = {}
     while len(out) < n:
-        p = generate(rng)
+        p = generate(rng, spec)
         if is_test(p) == (split == "test"):
             out[p] = None
     return list(out)
 
 
-def draw(split: str, n: int, rng: random.Random) -> list[Problem]:
+def draw(split: str, n: int, rng: random.Random, spec: Spec = SPEC) -> list[Problem]:
     """`n` problems of `split` drawn with replacement (training batches), same distribution as
     `sample`."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     out = []
     while len(out) < n:
-        p = generate(rng)
+        p = generate(rng, spec)
         if is_test(p) == (split == "test"):
             out.append(p)
     return out

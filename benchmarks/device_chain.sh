@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# Issue 15's device call: train the chain model (one run, <= 10 minutes with its evaluation),
-# ship it back as a split tar ($OUT/chain_model.tar.part-*; `cat` the parts, then `tar xf`),
-# then score held-out problems at the fixed schedule and threshold 0.9 to see where it landed.
-#   MINUTES (default 6.3) training budget;  EVAL_N (default 300) held-out problems
+# Issue 15's device call: train the chain model (<= 10 minutes with its evaluation) and bring
+# it back as a split tar ($OUT/chain_model.tar.part-*: `cat` the parts, then `tar xf`).
+# VARIANTS (default: one run of `chain`) are task names trained side by side on the one GPU
+# (each gets a third of the memory), each scored on EVAL_N held-out problems at the fixed
+# schedule and threshold 0.9; the one whose fixed accuracy lies in [0.85, 0.98] (nearest the
+# middle; else nearest the range) comes back. MINUTES: each run's training budget.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader | tee "$OUT/env.txt"
-python3 -m benchmarks.train_demo --task chain --out /tmp/chain_model --minutes ${MINUTES:-6.3} \
-  2>&1 | tr '\r' '\n' | grep -v -i "warn\|it/s\]$" | tee "$OUT/train.log" | tail -4
-(cd /tmp && tar cf - chain_model | split -b 15m - "$OUT/chain_model.tar.part-")
-sha256sum /tmp/chain_model/* | tee -a "$OUT/train.log"
-python3 -m convert /tmp/chain_model /tmp/chain_ck --force --quiet && timeout ${EVAL_S:-140} \
-  python3 -m benchmarks.accuracy --checkpoint /tmp/chain_ck --task chain --n ${EVAL_N:-300} \
-  --modes fixed,threshold,threshold0.7 --no-plot 2>&1 | grep -v -i warn | tee "$OUT/eval.log" | tail -8
+VARIANTS=${VARIANTS:-chain}
+n=$(wc -w <<< "$VARIANTS")
+for v in $VARIANTS; do
+  XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") timeout 540 \
+    python3 -m benchmarks.train_demo --task "$v" --out "/tmp/$v" --minutes ${MINUTES:-6.3} \
+    --workers ${WORKERS:-5} --eval ${EVAL_N:-300} 2>&1 | tr '\r' '\n' \
+    | grep -v -i "warn\|it/s\]$\|s/it\]$" > "$OUT/train-$v.log" &
+done
+wait
+tail -n 4 "$OUT"/train-*.log
+best=$(python3 - $VARIANTS <<'PY'
+import re, sys, os
+out = os.environ.get("OUT", "/tmp/out")
+def score(v):
+    text = open(f"{out}/train-{v}.log").read()
+    m = re.search(r"held-out fixed: accuracy ([\d.]+)", text)
+    if not m or not os.path.exists(f"/tmp/{v}/model.safetensors"):
+        return None
+    a = float(m.group(1))
+    return abs(a - 0.915) if 0.85 <= a <= 0.98 else 1 + min(abs(a - 0.85), abs(a - 0.98))
+scores = {v: s for v in sys.argv[1:] if (s := score(v)) is not None}
+print(min(scores, key=scores.get) if scores else "")
+PY
+)
+echo "chosen: ${best:-none}" | tee "$OUT/chosen.txt"
+[ -n "$best" ] || exit 1
+sha256sum "/tmp/$best"/* | tee -a "$OUT/chosen.txt"
+(cd /tmp && tar cf - "$best" | split -b 15m - "$OUT/chain_model.tar.part-")

@@ -9,6 +9,7 @@ generation uses), the model trained on it and the training defaults.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from typing import Any, Callable
 
@@ -55,23 +56,31 @@ ARITH = Task(
     sample=arith.sample, draw=arith.draw,
     write_tokenizer=arith.write_tokenizer, special_ids=arith.special_ids)
 
-CHAIN = Task(
-    name="chain",
-    prompt_len=chain.PROMPT_LEN,
-    gen_len=chain.GEN_LEN,
-    block_length=32,
-    # 10.3M parameters, 20.5 MB in bf16: deeper than the demo (12 layers), since a layer stack
-    # is what one forward pass can chain lookups and carries through; d_model and d_ff stay
-    # multiples of 128 for the FP8 FFN's 128 x 128 weight blocks. 47 tokens used of 48.
-    model=dict(d_model=256, n_layers=12, n_heads=4, n_kv_heads=4, d_ff=768, vocab_size=48,
-               rope_theta=10000.0, norm_eps=1e-5),
-    batch=256, lr=1e-3, steps=6000,
-    dpad=lj.DPadConfig(),  # the published defaults (window 256: the whole canvas)
-    prompt=chain.prompt_text, answer=chain.answer_text, check=chain.check,
-    sample=chain.sample, draw=chain.draw,
-    write_tokenizer=chain.write_tokenizer, special_ids=chain.special_ids)
+def chain_task(name: str, spec: chain.Spec) -> Task:
+    return Task(
+        name=name,
+        prompt_len=chain.PROMPT_LEN,
+        gen_len=chain.GEN_LEN,
+        block_length=32,
+        # 10.3M parameters, 20.5 MB in bf16: deeper than the demo (12 layers), since a layer
+        # stack is what one forward pass can chain lookups and carries through; d_model and
+        # d_ff stay multiples of 128 for the FP8 FFN's 128 x 128 weight blocks. 47 tokens
+        # used of 48.
+        model=dict(d_model=256, n_layers=12, n_heads=4, n_kv_heads=4, d_ff=768, vocab_size=48,
+                   rope_theta=10000.0, norm_eps=1e-5),
+        batch=256, lr=1e-3, steps=6000,
+        dpad=lj.DPadConfig(),  # the published defaults (window 256: the whole canvas)
+        prompt=chain.prompt_text, answer=chain.answer_text, check=chain.check,
+        sample=functools.partial(chain.sample, spec=spec),
+        draw=functools.partial(chain.draw, spec=spec),
+        write_tokenizer=chain.write_tokenizer, special_ids=chain.special_ids)
 
-TASKS = {t.name: t for t in (ARITH, CHAIN)}
+
+CHAIN = chain_task("chain", chain.SPEC)
+# The difficulties tried for `chain` (train one with --task chain-d3 etc.).
+CHAIN_SPECS = {f"chain-{k}": chain_task(f"chain-{k}", v) for k, v in chain.SPECS.items()}
+
+TASKS = {t.name: t for t in (ARITH, CHAIN, *CHAIN_SPECS.values())}
 
 
 def get(task: str | Task) -> Task:
