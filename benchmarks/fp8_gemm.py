@@ -8,7 +8,9 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
 per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
 and without it (`Precision.HIGHEST`: `xla_fp8_precise`); ours through cuBLASLt's block scaling
-(`cublaslt`), the Mosaic GPU kernel (`mgpu`, its default pipeline for the shape), the Triton
+(`cublaslt`: the fastest algorithm on the first call, timed by the handler; `cublaslt_heur`:
+the heuristic's first pick, as before tuning; `cublaslt_swap`: the other operand arrangement,
+tuned), the Mosaic GPU kernel (`mgpu`, its default pipeline for the shape), the Triton
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
@@ -80,6 +82,9 @@ def kernels_for(M: int, K: int, N: int) -> dict:
         "xla_fp8_fast": lambda xq, xs, wq, ws: dot(xq, wq),
         "xla_fp8_precise": lambda xq, xs, wq, ws: dot(xq, wq, precision="highest"),
         "cublaslt": lt.fp8_matmul_cublaslt,
+        "cublaslt_heur": functools.partial(lt.fp8_matmul_cublaslt, tune=False),
+        "cublaslt_swap": lambda xq, xs, wq, ws: lt.fp8_matmul_cublaslt(xq, xs, wq, ws,
+                                                                       swap=not lt.SWAP),
     }
     if not big:
         cfg = MgpuConfig.get_default(M, N, K, sm_count())
@@ -90,7 +95,7 @@ def kernels_for(M: int, K: int, N: int) -> dict:
     return out
 
 
-def sweep(shape: str, M: int, rows: list) -> None:
+def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
     K, N = SHAPES[shape]
     xq, xs, wq, ws = operands(M, K, N, M)
     flops = 2.0 * M * K * N
@@ -103,6 +108,8 @@ def sweep(shape: str, M: int, rows: list) -> None:
                  "tflops": flops / t["median_ms"] / 1e9})
     print(rows[-1], flush=True)
     for name, fn in kernels_for(M, K, N).items():
+        if only and name not in only:
+            continue
         try:
             t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)
         except Exception as e:  # noqa: BLE001 (record what failed, go on)
@@ -114,8 +121,8 @@ def sweep(shape: str, M: int, rows: list) -> None:
 
 
 def table(rows: list) -> None:
-    names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "mgpu", "triton", "dispatch",
-             "xla_bf16"]
+    names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "cublaslt_heur", "cublaslt_swap",
+             "mgpu", "triton", "dispatch", "xla_bf16"]
     print("| shape | M | " + " | ".join(names) + " | cublaslt / xla_fp8_fast | "
           "cublaslt / xla_fp8_precise |")
     print("|" + "---|" * (len(names) + 4))
@@ -135,6 +142,8 @@ def main():
     ap.add_argument("--ms", default="1024,4096,768,256,32,16384")  # the goal's M first
     ap.add_argument("--shapes", default="gate_up,down")
     ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--kernels", default=None,
+                    help="comma-separated subset of the kernels (xla_bf16 always runs)")
     args = ap.parse_args()
     exit_on_sigterm()
     checks, rows = [], []
@@ -146,10 +155,14 @@ def main():
         if not args.check_only and ok:
             for shape in args.shapes.split(","):
                 for M in map(int, args.ms.split(",")):
-                    sweep(shape, M, rows)
+                    sweep(shape, M, rows, set(args.kernels.split(",")) if args.kernels
+                          else None)
     finally:
         table(rows)
-        print("->", write_result("fp8_gemm", {"checks": checks, "rows": rows}))
+        tuning = lt.tuning()
+        print("cuBLASLt algorithm choices:\n" + tuning, flush=True)
+        print("->", write_result("fp8_gemm", {"checks": checks, "rows": rows,
+                                              "cublaslt_tuning": tuning.splitlines()}))
     raise SystemExit(0 if built and all(c["ok"] for c in checks) else 1)
 
 

@@ -17,6 +17,11 @@ Which operand cuBLASLt takes as A (`SWAP`: the weights, writing [M, N] directly,
 activations, writing [N, M], transposed afterwards) and whether it writes f32
 (`F32_OUT`) are probed once by `available()` on a tiny problem, so a cuBLASLt that refuses one
 arrangement still serves the other.
+
+Each shape's algorithm is chosen on its first call: the handler times every block-scaled
+algorithm cuBLASLt's heuristic offers (up to 16) on that call's operands and keeps the
+fastest (`tune=False`: the heuristic's first pick, as before); `tuning()` returns what it
+chose, one line per shape, for the benchmarks' records.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ HEADERS = ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "nv/target"
 LIBRARIES = ("libcublasLt.so", "libcudart.so")
 SWAP = False     # set by available()'s probe: A = activations, output transposed afterwards
 F32_OUT = True   # set by available()'s probe: cuBLASLt writes f32 in this arrangement
+_LIB = None      # the loaded handler library (available())
 
 
 class Unavailable(RuntimeError):
@@ -62,15 +68,29 @@ def supports(M: int, N: int, K: int, out_dtype) -> bool:
             and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
 
 
-def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
+def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None,
+                        tune: bool = True):
     """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
     x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
-    Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`."""
-    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP)
+    Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`.
+    `swap` (default: the probed `SWAP`) and `tune` are for benchmarks that compare them."""
+    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP if swap is None else swap,
+                     tune=tune)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "swap"))
-def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
+def tuning() -> str:
+    """The handler's algorithm choices so far, one line per shape ("" before any)."""
+    if _LIB is None:
+        return ""
+    ptr = _LIB.lacache_cublaslt_tuning()
+    try:
+        return ctypes.string_at(ptr).decode() if ptr else ""
+    finally:
+        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap", "tune"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, tune: bool = True):
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -83,7 +103,7 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
     ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
     shape = (N, M) if swap else (M, N)
     out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
-        xq, x_scale.T, wq, ws, swap=np.int32(swap))
+        xq, x_scale.T, wq, ws, swap=np.int32(swap), tune=np.int32(tune))
     return out.T if swap else out
 
 
@@ -91,17 +111,20 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
 def available() -> bool:
     """Build (or find cached), load and register the handler; False (with one warning) where
     that cannot be done."""
+    global _LIB
     jax.devices()  # the backend first: its cuBLASLt is then mapped and found by find_cuda
     try:
         path = build()
         lib = ctypes.CDLL(str(path))
         lib.lacache_cublaslt_version.restype = ctypes.c_size_t
+        lib.lacache_cublaslt_tuning.restype = ctypes.c_void_p
         version = lib.lacache_cublaslt_version()
         if version < MIN_CUBLASLT:
             raise Unavailable(f"cuBLASLt {version} has no block-scaled FP8 (needs >= "
                               f"{MIN_CUBLASLT})")
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, HANDLER)),
                                     platform="CUDA")
+        _LIB = lib
         probe()
     except (Unavailable, OSError) as e:
         warnings.warn(f"lacache_jax: no cuBLASLt FP8 GEMM ({e}); using the Pallas kernels",
