@@ -2,7 +2,7 @@
 # Issue 23's device calls, time-boxed stages whose partial results survive
 # (bash benchmarks/device_fp8.sh [all|1|2]; all = 1 then 2):
 #   1  environment; build + check the cuBLASLt FFI GEMM, then the GEMMs side by side with
-#      cuBLASLt's per-tensor FP8 (fp8_gemm: tuned, heuristic's pick, other arrangement; stops
+#      cuBLASLt's per-tensor FP8 (fp8_gemm, both operand arrangements; stops
 #      here if the check fails); the GPU tests (FP8, cuBLASLt, Flash-Cache kernel); the FFN,
 #      its parts and the fused quantisation kernels (fp8_ffn)
 #   2  end to end (fp8_e2e): none bf16 against exact + FP8 at prompt 512 and 1024, batch 1
@@ -19,7 +19,7 @@ all|1)
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
   } > "$OUT/env.txt" 2>&1; cut -c1-300 "$OUT/env.txt"
   timeout ${GEMM_S:-200} python3 -m benchmarks.fp8_gemm --ms ${GEMM_MS:-1024,4096} \
-    --kernels ${GEMM_KERNELS:-xla_fp8_fast,xla_fp8_precise,cublaslt,cublaslt_heur,cublaslt_swap} \
+    --kernels ${GEMM_KERNELS:-xla_fp8_fast,xla_fp8_precise,cublaslt,cublaslt_swap} \
     2>&1 | tee "$OUT/fp8_gemm.log" | grep -v "^{" | quiet | tail -24
   grep -q "checks pass: True" "$OUT/fp8_gemm.log" || { echo "cuBLASLt check failed: stop"; exit 1; }
   timeout ${TEST_S:-150} python3 -m pytest -q -s -m gpu tests/test_gpu.py tests/test_fp8_kernels.py \

@@ -16,12 +16,12 @@ blocks padded to a multiple of 4 ([N / 128, round_up(K / 128, 4)]): the wrapper 
 Which operand cuBLASLt takes as A (`SWAP`: the weights, writing [M, N] directly, or the
 activations, writing [N, M], transposed afterwards) and whether it writes f32
 (`F32_OUT`) are probed once by `available()` on a tiny problem, so a cuBLASLt that refuses one
-arrangement still serves the other.
+arrangement still serves the other (both run at the same speed on the H200: RESULTS.md).
 
-Each shape's algorithm is chosen on its first call: the handler times every block-scaled
-algorithm cuBLASLt's heuristic offers (up to 16) on that call's operands and keeps the
-fastest (`tune=False`: the heuristic's first pick, as before); `tuning()` returns what it
-chose, one line per shape, for the benchmarks' records.
+The heuristic's first algorithm is taken without timing others: asked for up to 16, cuBLASLt
+13 offered exactly one block-scaled FP8 algorithm for every shape tried (M 8 to 4096, both FFN
+shapes, bf16 and f32 out; the tuning handler of commit d9e8500, 2026-12-01), so there is
+nothing to choose between.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ HEADERS = ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "nv/target"
 LIBRARIES = ("libcublasLt.so", "libcudart.so")
 SWAP = False     # set by available()'s probe: A = activations, output transposed afterwards
 F32_OUT = True   # set by available()'s probe: cuBLASLt writes f32 in this arrangement
-_LIB = None      # the loaded handler library (available())
 
 
 class Unavailable(RuntimeError):
@@ -68,29 +67,16 @@ def supports(M: int, N: int, K: int, out_dtype) -> bool:
             and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
 
 
-def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None,
-                        tune: bool = True):
+def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None):
     """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
     x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
     Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`.
-    `swap` (default: the probed `SWAP`) and `tune` are for benchmarks that compare them."""
-    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP if swap is None else swap,
-                     tune=tune)
+    `swap` (default: the probed `SWAP`) is for benchmarks that compare the arrangements."""
+    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP if swap is None else swap)
 
 
-def tuning() -> str:
-    """The handler's algorithm choices so far, one line per shape ("" before any)."""
-    if _LIB is None:
-        return ""
-    ptr = _LIB.lacache_cublaslt_tuning()
-    try:
-        return ctypes.string_at(ptr).decode() if ptr else ""
-    finally:
-        ctypes.CDLL(None).free(ctypes.c_void_p(ptr))
-
-
-@functools.partial(jax.jit, static_argnames=("out_dtype", "swap", "tune"))
-def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, tune: bool = True):
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -103,7 +89,7 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, tune: bool = True
     ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
     shape = (N, M) if swap else (M, N)
     out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
-        xq, x_scale.T, wq, ws, swap=np.int32(swap), tune=np.int32(tune))
+        xq, x_scale.T, wq, ws, swap=np.int32(swap))
     return out.T if swap else out
 
 
@@ -111,20 +97,17 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, tune: bool = True
 def available() -> bool:
     """Build (or find cached), load and register the handler; False (with one warning) where
     that cannot be done."""
-    global _LIB
     jax.devices()  # the backend first: its cuBLASLt is then mapped and found by find_cuda
     try:
         path = build()
         lib = ctypes.CDLL(str(path))
         lib.lacache_cublaslt_version.restype = ctypes.c_size_t
-        lib.lacache_cublaslt_tuning.restype = ctypes.c_void_p
         version = lib.lacache_cublaslt_version()
         if version < MIN_CUBLASLT:
             raise Unavailable(f"cuBLASLt {version} has no block-scaled FP8 (needs >= "
                               f"{MIN_CUBLASLT})")
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, HANDLER)),
                                     platform="CUDA")
-        _LIB = lib
         probe()
     except (Unavailable, OSError) as e:
         warnings.warn(f"lacache_jax: no cuBLASLt FP8 GEMM ({e}); using the Pallas kernels",

@@ -17,23 +17,14 @@
 // column-major, i.e. the output buffer is [N, M] row-major and the caller transposes it.
 //
 // State per device (made on first use, kept for the process): a cuBLASLt handle, a workspace
-// and, per (M, N, K, output type, alignment, swap, tune), the operation/layout descriptors and
-// the algorithm, so a shape's algorithm is chosen once. With tune = 1 the first call of a
-// shape times every algorithm the heuristic offers (up to kCandidates, on the call's own
-// operands, before its real product overwrites the output) and keeps the fastest, as XLA's
-// GEMM autotuner does; the heuristic's first pick is not the fastest block-scaled kernel on
-// every shape. Timing needs a stream that is not being captured into a CUDA graph; on one
-// that is, the heuristic's pick is kept. `lacache_cublaslt_tuning()` reports every choice.
+// and, per (M, N, K, output type, alignment), the operation/layout descriptors and the
+// heuristic's algorithm, so a shape's algorithm is chosen once.
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,14 +40,6 @@ namespace {
 constexpr int64_t kGroup = 128;
 // NVIDIA's recommended cuBLASLt workspace on Hopper.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr int kCandidates = 16;  // algorithms asked of the heuristic when tuning
-constexpr int kTimedRuns = 5;    // per candidate, after one untimed run
-
-std::mutex g_tuning_mu;
-std::string& TuningLog() {  // never destroyed, as States()
-  static auto* log = new std::string();
-  return *log;
-}
 
 ffi::Error LtError(cublasStatus_t status, const char* what) {
   return ffi::Error(ffi::ErrorCode::kInternal,
@@ -101,8 +84,8 @@ struct Plan {
   }
 };
 
-// (M, N, K, output type, alignment of all operands in bytes, swap, tune)
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t, int32_t>;
+// (M, N, K, output type, alignment of all operands in bytes, swap)
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t>;
 
 struct DeviceState {
   std::mutex mu;  // guards plans and the scale pointers written into a plan's descriptor
@@ -146,76 +129,11 @@ cublasStatus_t SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t
   return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
 }
 
-// The operands of the first call (a, b, d, stream) serve the timing when `tune`.
-struct Operands {
-  const void* a;
-  const void* b;
-  void* d;
-  cudaStream_t stream;
-};
-
-// Times each offered algorithm on the call's operands and keeps the fastest in plan->algo
-// (the heuristic's first stays on ties or when the stream is being captured).
-ffi::Error Tune(const DeviceState& state, Plan* plan,
-                const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& ops,
-                std::string* report) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(ops.stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    *report += " stream under capture: heuristic's first";
-    return ffi::Error::Success();
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
-  const float alpha = 1.0f, beta = 0.0f;
-  float best = -1.0f, first = -1.0f;
-  int chosen = 0;
-  std::string times;
-  for (int i = 0; i < found; ++i) {
-    auto run = [&] {
-      return cublasLtMatmul(state.handle, plan->desc, &alpha, ops.a, plan->a, ops.b, plan->b,
-                            &beta, ops.d, plan->d, ops.d, plan->d, &results[i].algo,
-                            state.workspace, kWorkspaceBytes, ops.stream);
-    };
-    char cell[32];
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || run() != CUBLAS_STATUS_SUCCESS) {
-      times += " -";
-      continue;
-    }
-    cudaEventRecord(start, ops.stream);
-    bool ok = true;
-    for (int r = 0; r < kTimedRuns && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(stop, ops.stream);
-    float ms = 0.0f;
-    if (!ok || cudaEventSynchronize(stop) != cudaSuccess ||
-        cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) {
-      times += " -";
-      continue;
-    }
-    ms /= kTimedRuns;
-    std::snprintf(cell, sizeof(cell), " %.4f", ms);
-    times += cell;
-    if (i == 0) first = ms;
-    if (best < 0 || ms < best) best = ms, chosen = i;
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  CUDA_CHECK(cudaGetLastError());
-  plan->algo = results[chosen].algo;
-  char tail[96];
-  std::snprintf(tail, sizeof(tail), " chose %d of %d (%.4f ms; heuristic's first %.4f) |", chosen,
-                found, best, first);
-  *report += tail + times + " ms";
-  return ffi::Error::Success();
-}
-
 // The scale pointers are set before the heuristic runs (cuBLASLt checks them there too);
 // each call sets its own again.
 ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
-                    cudaDataType_t out_type, uint32_t alignment, int32_t swap, int32_t tune,
-                    const void* a_scale, const void* b_scale, const Operands& ops,
-                    Plan* plan) {
+                    cudaDataType_t out_type, uint32_t alignment, int32_t swap,
+                    const void* a_scale, const void* b_scale, Plan* plan) {
   const int64_t a_cols = swap ? M : N, b_cols = swap ? N : M;
   const int32_t a_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -247,12 +165,11 @@ ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
       status = cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof(alignment));
     }
   }
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result = {};
   int found = 0;
   if (status == CUBLAS_STATUS_SUCCESS) {
     status = cublasLtMatmulAlgoGetHeuristic(state.handle, plan->desc, plan->a, plan->b,
-                                            plan->d, plan->d, pref, tune ? kCandidates : 1,
-                                            results, &found);
+                                            plan->d, plan->d, pref, 1, &result, &found);
   }
   cublasLtMatmulPreferenceDestroy(pref);
   if (status != CUBLAS_STATUS_SUCCESS) return LtError(status, "cublasLtMatmulAlgoGetHeuristic");
@@ -262,21 +179,7 @@ ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
                           std::to_string(M) + " N=" + std::to_string(N) + " K=" +
                           std::to_string(K) + " (needs Hopper and cuBLAS >= 12.9)");
   }
-  plan->algo = results[0].algo;
-  char line[160];
-  std::snprintf(line, sizeof(line), "M=%lld N=%lld K=%lld swap=%d out=%s:",
-                static_cast<long long>(M), static_cast<long long>(N),
-                static_cast<long long>(K), swap, out_type == CUDA_R_32F ? "f32" : "bf16");
-  std::string report = line;
-  if (tune && found > 1) {
-    if (ffi::Error err = Tune(state, plan, results, found, ops, &report); !err.success()) {
-      return err;
-    }
-  } else {
-    report += tune ? " one algorithm offered" : " heuristic's first (tuning off)";
-  }
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  TuningLog() += report + "\n";
+  plan->algo = result.algo;
   return ffi::Error::Success();
 }
 
@@ -292,7 +195,7 @@ uint32_t Alignment(std::initializer_list<const void*> pointers) {
 
 ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                    ffi::Buffer<ffi::F32> x_scale, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> w_scale,
-                   ffi::Result<ffi::AnyBuffer> out, int32_t swap, int32_t tune) {
+                   ffi::Result<ffi::AnyBuffer> out, int32_t swap) {
   // (The FFI header has no typed buffers of FP8 in every jax version: checked here.)
   if (x.element_type() != ffi::DataType::F8E4M3FN ||
       w.element_type() != ffi::DataType::F8E4M3FN) {
@@ -331,13 +234,13 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   const void* b_scale = swap ? w_scale.typed_data() : x_scale.typed_data();
   void* o_ptr = out->untyped_data();
   const uint32_t alignment = Alignment({a_ptr, b_ptr, o_ptr});
-  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap, tune};
+  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap};
   std::lock_guard<std::mutex> lock(state->mu);
   auto& plan = state->plans[key];
   if (!plan) {
     auto made = std::make_unique<Plan>();
-    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, tune, a_scale,
-                                  b_scale, Operands{a_ptr, b_ptr, o_ptr, stream}, made.get());
+    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, a_scale,
+                                  b_scale, made.get());
         !err.success()) {
       state->plans.erase(key);
       return err;
@@ -365,16 +268,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
                                   .Arg<ffi::AnyBuffer>()         // w [N, K] fp8
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_scale [N/128, K4]
                                   .Ret<ffi::AnyBuffer>()         // out [M, N] / [N, M]
-                                  .Attr<int32_t>("swap")
-                                  .Attr<int32_t>("tune"));
-
-// Every algorithm choice so far, one line per shape (a copy the caller owns: free() it).
-extern "C" char* lacache_cublaslt_tuning() {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  char* out = static_cast<char*>(std::malloc(TuningLog().size() + 1));
-  if (out) std::memcpy(out, TuningLog().c_str(), TuningLog().size() + 1);
-  return out;
-}
+                                  .Attr<int32_t>("swap"));
 
 // cuBLASLt's run-time version (e.g. 130100 for 13.1.0): block scaling needs >= 120900.
 extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
