@@ -13,8 +13,8 @@ Parity target: tests/reference_flash.py (its docstring settles every semantic ch
   (kernels/flash_cache.py) and attends over the whole cache with padding keys masked; budget
   rows without a position write nothing (their column is T: dropped).
 - importance: raw q.k of the window rows against every key, mean over those rows and query
-  heads, summed over layers 2..L-1. By linearity the mean of q.k over rows and heads is
-  (mean q).k, so it costs one [B, T] dot per layer, not the [B, H, W, T] scores.
+  heads, summed over layers 2..L-1: emitted by the attention of the query rows
+  (kernels/window_attention.py) from the scores it computes anyway, no second pass.
 - acceptance: window confidence (softmax probability of the argmax, 0 at or past the
   predicted length once an EOS is accepted), every position >= threshold, at least the most
   confident; the rank order is then re-sorted: older decoded positions by ascending
@@ -46,11 +46,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels.flash_cache import flash_cache
+from kernels.window_attention import window_attention
 from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
-from lacache_jax.model import (Params, _attention_impl, attention, finish_block, qkv,
-                               rms_norm)
+from lacache_jax.model import Params, _attention_impl, finish_block, qkv, rms_norm
 
 IMPORTANCE_FIRST_LAYER = 2  # the released kernel scores layers with index > 1
 
@@ -148,8 +148,10 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
     write_BR = jnp.where(used, cols_BR, T)  # unused budget rows: past the cache, dropped
     tok_BR = jnp.take_along_axis(x_BT, cols_BR, axis=-1)
     cos, sin = cv.rope_at(cols_BR)
+    # Weights of the window rows in the importance: the mean over the window rows present
+    # (fewer than W near the end) and the query heads.
     win_BW = (kind_BR[:, :W] == WINDOW).astype(jnp.float32)
-    n_win_B = jnp.maximum(win_BW.sum(-1), 1.0)
+    weight_BW = win_BW / (jnp.maximum(win_BW.sum(-1, keepdims=True), 1.0) * cfg.n_heads)
     x_BRD = params.embed[tok_BR]
     importance_BT = jnp.zeros((x_BT.shape[0], T), jnp.float32)
     ks, vs = [], []
@@ -160,22 +162,13 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
         ks.append(k_c)
         vs.append(v_c)
         with jax.named_scope("attention"):
-            attn = attention(q, k_c, v_c, cv.valid_BT)
-        if i >= IMPORTANCE_FIRST_LAYER:
-            with jax.named_scope("importance"):
-                importance_BT += window_scores(q[:, :W], win_BW, k_c, n_win_B)
+            if i >= IMPORTANCE_FIRST_LAYER:  # the scores of the same pass, summed per key
+                attn, scores_BT = window_attention(q, k_c, v_c, cv.valid_BT, weight_BW)
+                importance_BT += scores_BT
+            else:
+                attn = window_attention(q, k_c, v_c, cv.valid_BT)
         x_BRD = finish_block(x_BRD, attn, layer, cfg)
     return cv.logits(params, cfg, x_BRD[:, :W]), importance_BT, KVCache(ks, vs)
-
-
-def window_scores(q_BWHK, win_BW, k_BTGK, n_win_B):
-    """Raw q.k of the window rows against every key, mean over the window rows and heads:
-    by linearity the dot of the mean query of each key head's group with the keys."""
-    B, W, H, K = q_BWHK.shape
-    G = k_BTGK.shape[2]
-    q = q_BWHK.astype(jnp.float32) * win_BW[:, :, None, None]
-    q_BGK = q.reshape(B, W, G, H // G, K).sum(axis=(1, 3)) / (n_win_B[:, None, None] * H)
-    return jnp.einsum("bgk,btgk->bt", q_BGK, k_BTGK.astype(jnp.float32))
 
 
 @jax.tree_util.register_dataclass
