@@ -73,8 +73,23 @@ class FlashState:
     nfe_B: jax.Array          # [B] forward passes the row took part in
     steps_B: jax.Array        # [B] decoding steps the row took part in
     revealed_B: jax.Array     # [B] tokens accepted (not the EOS fill)
-    step: jax.Array           # [] steps run
     cache: KVCache | None     # per layer [B, T, G, K]; None when every step recomputes all
+
+
+def drop_columns(st: FlashState, d: int) -> FlashState:
+    """The state of a canvas d columns narrower (slot refill's smaller prompt bucket: the
+    dropped columns are left padding of every row in flight). Column-valued leaves move with
+    their columns: the sentinels T + column (window order) and T (pending rank, no
+    predicted length) become those of the new width."""
+    T = st.x_BT.shape[1]
+    cut = lambda a: a[:, d:]  # noqa: E731
+    return dataclasses.replace(
+        st, x_BT=cut(st.x_BT), decoded_BT=cut(st.decoded_BT),
+        rank_BT=jnp.minimum(cut(st.rank_BT), T - d),
+        wkey_BT=jnp.where(cut(st.wkey_BT) >= T, cut(st.wkey_BT) - 2 * d, cut(st.wkey_BT)),
+        accepted_BT=cut(st.accepted_BT), importance_BT=cut(st.importance_BT),
+        pred_len_B=st.pred_len_B - d,
+        cache=None if st.cache is None else jax.tree.map(cut, st.cache))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +130,7 @@ def init_state(ctx: Ctx, x_BT: jax.Array, keep_cache: bool) -> FlashState:
         accepted_BT=jnp.zeros((B, T), bool), importance_BT=jnp.zeros((B, T), jnp.float32),
         pred_len_B=jnp.full((B,), T, jnp.int32), eos_seen_B=jnp.zeros((B,), bool),
         done_B=jnp.zeros((B,), bool), nfe_B=zeros, steps_B=zeros, revealed_B=zeros,
-        step=jnp.int32(0), cache=cache)
+        cache=cache)
 
 
 def select_queries(st: FlashState, valid_BT, budget: Budget, R: int, everything: bool):
@@ -196,7 +211,9 @@ def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, lo
     wcols = cols_BR[:, :W]
     in_win = kind_BR[:, :W] == WINDOW
     with jax.named_scope("sample"):
-        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, st.step))(keys_B)
+        # The row's own step count: a row draws the same keys alone, in a batch, or in a
+        # slot it entered late (flash_slots.py).
+        step_keys = jax.vmap(jax.random.fold_in)(keys_B, st.steps_B)
         x0 = sampling.sample(logits_BWV, gen.temperature, step_keys)
         conf = sampling.confidence(logits_BWV, x0, "low_confidence", None)
     beyond = st.eos_seen_B[:, None] & (wcols >= st.pred_len_B[:, None])
@@ -259,7 +276,7 @@ def finish(gen: GenerationConfig, st: FlashState, d: Drafted, valid_BT,
         st, x_BT=x, rank_BT=rank.astype(jnp.int32), accepted_BT=d.any_BT,
         importance_BT=importance_BT, done_B=st.done_B | newly_done,
         nfe_B=st.nfe_B + passes * d.active_B, steps_B=st.steps_B + d.active_B,
-        revealed_B=st.revealed_B + d.revealed_B, step=st.step + 1)
+        revealed_B=st.revealed_B + d.revealed_B)
 
 
 # Verify-slot kinds (a row's 2 * window query slots: [tracked | unused | drafts | masks]).
@@ -391,9 +408,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT: jax.Array
     ctx = Ctx.build(params, cfg, gen, pad_B, T)
     budget = Budget.build(gen.flash, gen.gen_length, T)
     st = step(ctx, gen, budget, init_state(ctx, x_BT, not budget.full), keys_B, prefill=True)
-    # Every step of an unfinished row accepts a position, so gen_length steps bound the loop.
+    # Every step of an unfinished row accepts a position, so gen_length steps bound the loop
+    # (every running row has taken part in every step: the longest count is the step count).
     st = jax.lax.while_loop(
-        lambda st: ~st.done_B.all() & (st.step < gen.gen_length),
+        lambda st: ~st.done_B.all() & (st.steps_B.max() < gen.gen_length),
         lambda st: step(ctx, gen, budget, st, keys_B, prefill=False), st)
     if on_block is not None:
         jax.debug.callback(on_block, jnp.int32(1))
