@@ -36,8 +36,9 @@ batches, a benchmark baseline) admits only into an empty state, which is rebuilt
 width when it changes.
 
 Memory: the S-slot state, the K/V cache of S rows at width P + gen_length, is allocated once
-per bucket and updated in place by every call (donated); the prefill's batch-one state is
-the only other cache-sized buffer.
+per bucket and updated in place by every call (donated); besides it, the admission holds one
+row's prefill state (its cache row, 1/S of the slots' cache) and the narrowing a copy of the
+state at the smaller width (once per bucket change).
 """
 
 from __future__ import annotations
