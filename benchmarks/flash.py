@@ -1,7 +1,8 @@
 """Flash-dLLM decoding (lacache_jax/flash.py) at LLaDA-8B shapes with random bf16 weights.
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
-                               [--parts step,dual,update,memory,verify] [--layers N] [--tiny]
+                               [--parts step,dual,update,attention,memory,verify] [--layers N]
+                               [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
                                [--gammas 0.5,0.7,0.8,0.9] [--accept cumprod|agree] [--n 500]
 
@@ -13,6 +14,11 @@
 - dual: threshold decoding with the dual cache (block 32) at the same shapes, ms per step.
 - update: the cache-update path of one layer alone (projection of the query rows, RoPE, K/V
   written into the cache), fused Pallas kernel vs the unfused XLA ops, against its floor.
+- attention: the attention of one layer's query rows against the cache alone, with the
+  importance as its by-product (kernels/window_attention.py): the Pallas kernel with and
+  without the score output, the dense XLA reference, and the path before the by-product
+  (`jax.nn.dot_product_attention`, cuDNN for bf16, plus a second pass (mean window q).k over
+  the keys), against the floor (the K/V cache read once).
 - memory: XLA's memory analysis of the whole flash and dual-cache programs (arguments incl.
   weights, outputs, temporaries) at the memory batch sizes.
 - verify: the cost of Flash-Verify's second pass (2 * window query rows against the cache,
@@ -46,6 +52,7 @@ import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
                                measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
+from kernels import window_attention as wa
 from lacache_jax import flash
 from lacache_jax.cache import Ctx
 from lacache_jax.generate import row_keys
@@ -200,6 +207,61 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
               f"{r['floor_ms'] * 1e3:.1f} us", flush=True)
 
 
+def _attention_then_scores(q, k, v, mask, weight_BW):
+    """The path before the by-product: library attention, then a second pass over the keys
+    (the mean window query per key head dotted with every key)."""
+    B, R, H, K = q.shape
+    G, W = k.shape[2], weight_BW.shape[1]
+    o = jax.nn.dot_product_attention(
+        q, k, v, mask=jnp.broadcast_to(mask[:, None, None, :], (B, 1, R, k.shape[1])),
+        scale=K ** -0.5, implementation="cudnn" if jax.default_backend() == "gpu" else "xla")
+    qw = q[:, :W].astype(jnp.float32) * weight_BW[:, :, None, None]
+    q_BGK = qw.reshape(B, W, G, H // G, K).sum(axis=(1, 3))
+    return o, jnp.einsum("bgk,btgk->bt", q_BGK, k.astype(jnp.float32))
+
+
+def part_attention(args, cfg, ceil, params, rows, n: int = 20):
+    """One layer's query-row attention, `n` chained calls per program (the output feeds the
+    next call's queries, so none is skipped)."""
+    H, G, K = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    T = args.prompt + args.gen
+    R, W = args.window + args.lookahead + args.track, args.window
+    interpret = jax.default_backend() != "gpu"
+    dtype = params.layers[0].w_qkv.dtype
+    kernel = functools.partial(wa.window_attention_pallas, interpret=interpret)
+    variants = {"pallas_scored": kernel, "pallas_plain": lambda *a: (kernel(*a[:4]), None),
+                "xla_ref": wa.window_attention_ref, "library_two_pass": _attention_then_scores}
+    for B in map(int, args.batch.split(",")):
+        ks = jax.random.split(jax.random.key(B), 3)
+        q = jax.random.normal(ks[0], (B, R, H, K), dtype)
+        k, v = (jax.random.normal(kk, (B, T, G, K), dtype) for kk in ks[1:])
+        mask = jnp.ones((B, T), bool)
+        weight = jnp.full((B, W), 1.0 / (W * H), jnp.float32)
+        r = dict(part="attention", B=B, rows=R, keys=T)
+        for name, fn in variants.items():
+            @jax.jit
+            def chained(q, fn=fn):
+                def body(i, carry):
+                    q, acc = carry
+                    o, s = fn(q, k, v, mask, weight)
+                    extra = 0.0 if s is None else s[0, 0]
+                    return o, acc + extra + o[0, 0, 0, 0].astype(jnp.float32)
+                return jax.lax.fori_loop(0, n, body, (q, jnp.float32(0)))
+            jax.block_until_ready(chained(q))
+            times = []
+            for _ in range(args.iters):
+                t0 = time.perf_counter()
+                jax.block_until_ready(chained(q))
+                times.append((time.perf_counter() - t0) * 1e3 / n)
+            r[f"ms_{name}"] = float(np.median(times))
+        nbytes = 2 * (2 * B * T * G * K + 2 * B * R * H * K)
+        r["floor_ms"] = floor_ms(4.0 * B * R * T * H * K, nbytes, ceil)
+        rows.append(r)
+        print(f"attention B={B} R={R} T={T}: " + ", ".join(
+            f"{name} {r[f'ms_{name}'] * 1e3:.1f} us" for name in variants)
+            + f"; floor {r['floor_ms'] * 1e3:.1f} us", flush=True)
+
+
 def part_memory(args, cfg, ceil, params, rows):
     gens = {"flash": lj.GenerationConfig(gen_length=args.gen, threshold=0.9, stop_at_eos=False,
                                          flash=budget_of(args)),
@@ -301,8 +363,9 @@ def part_gamma(args, cfg, ceil, params, rows):
               f"NFE {r['nfe']:.1f}, {r['tokens_per_s']:.0f} tok/s", flush=True)
 
 
-PARTS = {"step": part_step, "dual": part_dual, "update": part_update, "memory": part_memory,
-         "verify": part_verify, "gamma": part_gamma}
+PARTS = {"step": part_step, "dual": part_dual, "update": part_update,
+         "attention": part_attention, "memory": part_memory, "verify": part_verify,
+         "gamma": part_gamma}
 
 
 def main():
@@ -314,7 +377,7 @@ def main():
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--lookahead", type=int, default=48)
     ap.add_argument("--track", type=int, default=64)
-    ap.add_argument("--parts", default="step,dual,update,memory,verify")
+    ap.add_argument("--parts", default="step,dual,update,attention,memory,verify")
     ap.add_argument("--checkpoint", default=None, help="gamma: the task model (default: demo)")
     ap.add_argument("--task", default="arith", help="gamma: the task of the checkpoint")
     ap.add_argument("--gammas", default="0.5,0.7,0.8,0.9", help="gamma: values swept")

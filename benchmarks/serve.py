@@ -1,8 +1,8 @@
 """Slot refill against static batches (issue 16): throughput on variable-length workloads.
 
     python -m benchmarks.serve demo [--checkpoint DIR] [--n 2000] [--slots 64,256]
-                                    [--block 8] [--settings threshold=0.9,cache=dual]
-    python -m benchmarks.serve llada [--n 128] [--slots 32] [--layers 32] [--tiny]
+                                    [--block 8] [--settings threshold=0.9,cache=dual] [--flash]
+    python -m benchmarks.serve llada [--n 128] [--slots 32] [--layers 32] [--tiny] [--flash]
     python -m benchmarks.serve memory [--slots 32] [--prompt 512] [--gen 256] [--layers 32]
                                       [--tiny]
 
@@ -28,6 +28,12 @@ its drawn length (`slots.run(block_limits=)`), in both variants: slot refill vs 
 of S through the same per-block program (a batch runs until its longest row's limit). Tokens/s
 counts the drawn lengths.
 
+`--flash` (demo, llada): Flash-dLLM decoding (`lj.FlashConfig()` defaults, threshold 0.9 or
+the `--settings` one) through its own slot scheduler (lacache_jax/flash_slots.py), refilled at
+the step a row finishes, not at a block end; `--block` does not apply. In `llada` the
+benchmark-only stop rule then ends row i after as many steps as its drawn length (random
+weights accept one token per step, so that is the step that decodes its last drawn token).
+
 `memory`: compiled memory of the static `generate` program for S rows next to the slot
 program's (S slots, prompt bucket = --prompt), LLaDA-8B shapes (abstract weights: nothing is
 allocated; XLA's memory analysis of the compiled programs).
@@ -50,6 +56,7 @@ import numpy as np
 import lacache_jax as lj
 from benchmarks import arith
 from benchmarks.common import exit_on_sigterm, write_result
+from lacache_jax import flash_slots
 from lacache_jax import slots as slot_refill
 
 
@@ -83,8 +90,14 @@ def _static(params, cfg, prompts, gen, keys, S):
     return toks, np.concatenate([np.asarray(o.gen_lengths) for o in outs])
 
 
-def _warm(programs: dict, params, S: int, gen, keys) -> None:
-    """One call of each compiled per-block program (first runs pay one-time costs)."""
+def _warm(programs: dict, params, S: int, gen, keys, cfg) -> None:
+    """One call of each compiled per-block program (first runs pay one-time costs); with
+    flash, a two-step run of S prompts per bucket through its programs."""
+    if gen.flash is not None:
+        for P in programs:
+            flash_slots.run(params, cfg, gen, [np.zeros(P, np.int32)] * S, keys[:S], S,
+                            programs=programs, step_limits=np.full(S, 2))
+        return
     kd = np.asarray(jax.random.key_data(keys))[:1].repeat(S, 0)
     for P, program in programs.items():
         x = np.full((S, P + gen.gen_length), gen.mask_id, np.int32)
@@ -114,25 +127,32 @@ def demo(args, out: dict) -> None:
         return float(np.mean([arith.check(a, b, t) for (a, b), t in zip(problems, texts)]))
 
     out.update(checkpoint=args.checkpoint or "demo_model", settings=args.settings or "fixed",
-               rows=[])
-    for block, S in itertools.product(map(int, args.block.split(",")),
-                                      map(int, args.slots.split(","))):
-        gen = lj.GenerationConfig(gen_length=GEN_LEN, block_length=block, steps=GEN_LEN,
-                                  **_settings(args.settings))
+               flash=args.flash, rows=[])
+    blocks_arg = [None] if args.flash else map(int, args.block.split(","))
+    for block, S in itertools.product(blocks_arg, map(int, args.slots.split(","))):
+        if args.flash:
+            gen = lj.GenerationConfig(gen_length=GEN_LEN, **{"threshold": 0.9,
+                                                             **_settings(args.settings)},
+                                      flash=lj.FlashConfig())
+        else:
+            gen = lj.GenerationConfig(gen_length=GEN_LEN, block_length=block, steps=GEN_LEN,
+                                      **_settings(args.settings))
         rg = gen.resolve(cfg)
         _static(params, cfg, prompts, gen, keys, S)  # compiles every batch shape
         (toks, lens), t_static = _timed(lambda: _static(params, cfg, prompts, gen, keys, S))
         run = lj.compile_generate(params, cfg, prompts, gen, key=keys, slots=S)
-        _warm(run.programs, params, min(S, len(prompts)), rg, keys)
+        _warm(run.programs, params, min(S, len(prompts)), rg, keys, cfg)
         slots_out, t_slots = _timed(run)
         slot_refill.run(params, cfg, rg, rows_in, keys, S, refill=False)  # compiles
         _, t_blocks = _timed(lambda: slot_refill.run(params, cfg, rg, rows_in, keys, S,
                                                      refill=False))
         answer_tokens = int(lens.sum())
         slots_tokens = np.asarray(slots_out.tokens)
-        blocks = np.minimum(lens // block + 1, gen.num_blocks)
+        # Block decoding refills at block ends: its gain is bounded (module docstring).
+        bound = (None if args.flash else
+                 gen.num_blocks / float(np.minimum(lens // block + 1, gen.num_blocks).mean()))
         r = dict(S=S, block_length=block, n=len(prompts), answer_tokens=answer_tokens,
-                 refill_bound=gen.num_blocks / float(blocks.mean()),
+                 refill_bound=bound,
                  static_s=t_static, slots_s=t_slots, static_blocks_s=t_blocks,
                  static_tok_s=answer_tokens / t_static, slots_tok_s=answer_tokens / t_slots,
                  static_blocks_tok_s=answer_tokens / t_blocks, speedup=t_static / t_slots,
@@ -141,9 +161,11 @@ def demo(args, out: dict) -> None:
                  slots_accuracy=accuracy(slots_tokens, np.asarray(slots_out.gen_lengths)),
                  same_tokens=bool((slots_tokens == toks).all()))
         out["rows"].append(r)
-        print(f"block {block:2d} S={S:4d}: static {r['static_tok_s']:8.0f} tok/s, slots "
-              f"{r['slots_tok_s']:8.0f} tok/s ({r['speedup']:.2f}x of at most "
-              f"{r['refill_bound']:.2f}x; static through the block program "
+        limit = "" if bound is None else f" of at most {bound:.2f}x"
+        print(f"{'flash' if block is None else f'block {block:2d}'} S={S:4d}: static "
+              f"{r['static_tok_s']:8.0f} tok/s, slots "
+              f"{r['slots_tok_s']:8.0f} tok/s ({r['speedup']:.2f}x{limit}; static through "
+              f"the slot program "
               f"{r['static_blocks_tok_s']:.0f} tok/s), accuracy {r['static_accuracy']:.3f} / "
               f"{r['slots_accuracy']:.3f}, same tokens {r['same_tokens']}", flush=True)
 
@@ -165,26 +187,34 @@ def llada(args, out: dict) -> None:
     prompts = [rng.integers(0, min(cfg.mask_id, cfg.eos_id), rng.integers(lo, hi + 1))
                .astype(np.int32) for _ in range(args.n)]
     answer = rng.integers(args.answer_range[0], args.answer_range[1] + 1, args.n)
-    gen = lj.GenerationConfig(gen_length=args.gen, block_length=args.block, steps=args.gen,
-                              cache="dual", threshold=0.9, stop_at_eos=False).resolve(cfg)
-    limits = -(-answer // gen.block_length)  # the block holding the drawn length
+    if args.flash:
+        gen = lj.GenerationConfig(gen_length=args.gen, threshold=0.9, stop_at_eos=False,
+                                  flash=lj.FlashConfig()).resolve(cfg)
+        settings = "flash (FlashConfig defaults), threshold 0.9"
+        stop_rule = "benchmark only: row i ends after as many steps as its drawn length"
+        limits = dict(step_limits=answer)  # one token per step with random weights
+    else:
+        gen = lj.GenerationConfig(gen_length=args.gen, block_length=args.block, steps=args.gen,
+                                  cache="dual", threshold=0.9, stop_at_eos=False).resolve(cfg)
+        settings = "dual cache, threshold 0.9"
+        stop_rule = "benchmark only: row i ends after the block holding its drawn length"
+        limits = dict(block_limits=-(-answer // gen.block_length))
+    run = flash_slots.run if args.flash else slot_refill.run
     keys = jax.random.split(jax.random.key(0), args.n)
     out.update(layers=cfg.n_layers, d_model=cfg.d_model, prompt_range=list(args.prompt_range),
                answer_range=list(args.answer_range), gen_length=args.gen,
-               block_length=args.block, settings="dual cache, threshold 0.9", rows=[])
+               block_length=None if args.flash else args.block, settings=settings, rows=[])
     for S in map(int, args.slots.split(",")):
         r = dict(S=S, n=args.n, answer_tokens=int(answer.sum()),
-                 stop_rule="benchmark only: row i ends after the block holding its drawn "
-                           "length (random weights emit no EOS)")
+                 stop_rule=stop_rule + " (random weights emit no EOS)")
         out["rows"].append(r)  # filled as it goes: a timed-out run keeps what it measured
         t0 = time.perf_counter()
         programs = slot_refill.compile_programs(params, cfg, gen, prompts, keys, S)
         r["compile_s"] = time.perf_counter() - t0
-        _warm(programs, params, S, gen, keys)
+        _warm(programs, params, S, gen, keys, cfg)
         for name, refill in (("static", False), ("slots", True)):
-            _, seconds = _timed(lambda: slot_refill.run(
-                params, cfg, gen, prompts, keys, S, refill=refill, programs=programs,
-                block_limits=limits))
+            _, seconds = _timed(lambda: run(params, cfg, gen, prompts, keys, S, refill=refill,
+                                            programs=programs, **limits))
             r[f"{name}_s"], r[f"{name}_tok_s"] = seconds, r["answer_tokens"] / seconds
             print(f"S={S}: {name} {r[f'{name}_tok_s']:.0f} tok/s ({seconds:.1f} s)", flush=True)
         r["speedup"] = r["static_s"] / r["slots_s"]
@@ -222,6 +252,7 @@ def main():
     d.add_argument("--block", default="4,8", help="comma-separated block lengths")
     d.add_argument("--settings", default="", help="GenerationConfig fields, e.g. "
                    "threshold=0.9,cache=dual (default: the fixed schedule, no cache)")
+    d.add_argument("--flash", action="store_true", help="Flash-dLLM decoding")
     g = sub.add_parser("llada")
     g.add_argument("--n", type=int, default=128)
     g.add_argument("--slots", default="32")
@@ -231,6 +262,7 @@ def main():
     g.add_argument("--tiny", action="store_true")
     g.add_argument("--prompt-range", type=int, nargs=2, default=(128, 1024))
     g.add_argument("--answer-range", type=int, nargs=2, default=(32, 512))
+    g.add_argument("--flash", action="store_true", help="Flash-dLLM decoding")
     m = sub.add_parser("memory")
     m.add_argument("--slots", type=int, default=32)
     m.add_argument("--prompt", type=int, default=512)

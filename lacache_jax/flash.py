@@ -13,8 +13,8 @@ Parity target: tests/reference_flash.py (its docstring settles every semantic ch
   (kernels/flash_cache.py) and attends over the whole cache with padding keys masked; budget
   rows without a position write nothing (their column is T: dropped).
 - importance: raw q.k of the window rows against every key, mean over those rows and query
-  heads, summed over layers 2..L-1. By linearity the mean of q.k over rows and heads is
-  (mean q).k, so it costs one [B, T] dot per layer, not the [B, H, W, T] scores.
+  heads, summed over layers 2..L-1: emitted by the attention of the query rows
+  (kernels/window_attention.py) from the scores it computes anyway, no second pass.
 - acceptance: window confidence (softmax probability of the argmax, 0 at or past the
   predicted length once an EOS is accepted), every position >= threshold, at least the most
   confident; the rank order is then re-sorted: older decoded positions by ascending
@@ -46,11 +46,11 @@ import jax
 import jax.numpy as jnp
 
 from kernels.flash_cache import flash_cache
+from kernels.window_attention import window_attention
 from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
-from lacache_jax.model import (Params, _attention_impl, attention, finish_block, qkv,
-                               rms_norm)
+from lacache_jax.model import Params, _attention_impl, finish_block, qkv, rms_norm
 
 IMPORTANCE_FIRST_LAYER = 2  # the released kernel scores layers with index > 1
 
@@ -73,8 +73,23 @@ class FlashState:
     nfe_B: jax.Array          # [B] forward passes the row took part in
     steps_B: jax.Array        # [B] decoding steps the row took part in
     revealed_B: jax.Array     # [B] tokens accepted (not the EOS fill)
-    step: jax.Array           # [] steps run
     cache: KVCache | None     # per layer [B, T, G, K]; None when every step recomputes all
+
+
+def drop_columns(st: FlashState, d: int) -> FlashState:
+    """The state of a canvas d columns narrower (slot refill's smaller prompt bucket: the
+    dropped columns are left padding of every row in flight). Column-valued leaves move with
+    their columns: the sentinels T + column (window order) and T (pending rank, no
+    predicted length) become those of the new width."""
+    T = st.x_BT.shape[1]
+    cut = lambda a: a[:, d:]  # noqa: E731
+    return dataclasses.replace(
+        st, x_BT=cut(st.x_BT), decoded_BT=cut(st.decoded_BT),
+        rank_BT=jnp.minimum(cut(st.rank_BT), T - d),
+        wkey_BT=jnp.where(cut(st.wkey_BT) >= T, cut(st.wkey_BT) - 2 * d, cut(st.wkey_BT)),
+        accepted_BT=cut(st.accepted_BT), importance_BT=cut(st.importance_BT),
+        pred_len_B=st.pred_len_B - d,
+        cache=None if st.cache is None else jax.tree.map(cut, st.cache))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +130,7 @@ def init_state(ctx: Ctx, x_BT: jax.Array, keep_cache: bool) -> FlashState:
         accepted_BT=jnp.zeros((B, T), bool), importance_BT=jnp.zeros((B, T), jnp.float32),
         pred_len_B=jnp.full((B,), T, jnp.int32), eos_seen_B=jnp.zeros((B,), bool),
         done_B=jnp.zeros((B,), bool), nfe_B=zeros, steps_B=zeros, revealed_B=zeros,
-        step=jnp.int32(0), cache=cache)
+        cache=cache)
 
 
 def select_queries(st: FlashState, valid_BT, budget: Budget, R: int, everything: bool):
@@ -148,8 +163,10 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
     write_BR = jnp.where(used, cols_BR, T)  # unused budget rows: past the cache, dropped
     tok_BR = jnp.take_along_axis(x_BT, cols_BR, axis=-1)
     cos, sin = cv.rope_at(cols_BR)
+    # Weights of the window rows in the importance: the mean over the window rows present
+    # (fewer than W near the end) and the query heads.
     win_BW = (kind_BR[:, :W] == WINDOW).astype(jnp.float32)
-    n_win_B = jnp.maximum(win_BW.sum(-1), 1.0)
+    weight_BW = win_BW / (jnp.maximum(win_BW.sum(-1, keepdims=True), 1.0) * cfg.n_heads)
     x_BRD = params.embed[tok_BR]
     importance_BT = jnp.zeros((x_BT.shape[0], T), jnp.float32)
     ks, vs = [], []
@@ -160,22 +177,13 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
         ks.append(k_c)
         vs.append(v_c)
         with jax.named_scope("attention"):
-            attn = attention(q, k_c, v_c, cv.valid_BT)
-        if i >= IMPORTANCE_FIRST_LAYER:
-            with jax.named_scope("importance"):
-                importance_BT += window_scores(q[:, :W], win_BW, k_c, n_win_B)
+            if i >= IMPORTANCE_FIRST_LAYER:  # the scores of the same pass, summed per key
+                attn, scores_BT = window_attention(q, k_c, v_c, cv.valid_BT, weight_BW)
+                importance_BT += scores_BT
+            else:
+                attn = window_attention(q, k_c, v_c, cv.valid_BT)
         x_BRD = finish_block(x_BRD, attn, layer, cfg)
     return cv.logits(params, cfg, x_BRD[:, :W]), importance_BT, KVCache(ks, vs)
-
-
-def window_scores(q_BWHK, win_BW, k_BTGK, n_win_B):
-    """Raw q.k of the window rows against every key, mean over the window rows and heads:
-    by linearity the dot of the mean query of each key head's group with the keys."""
-    B, W, H, K = q_BWHK.shape
-    G = k_BTGK.shape[2]
-    q = q_BWHK.astype(jnp.float32) * win_BW[:, :, None, None]
-    q_BGK = q.reshape(B, W, G, H // G, K).sum(axis=(1, 3)) / (n_win_B[:, None, None] * H)
-    return jnp.einsum("bgk,btgk->bt", q_BGK, k_BTGK.astype(jnp.float32))
 
 
 @jax.tree_util.register_dataclass
@@ -203,7 +211,9 @@ def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, lo
     wcols = cols_BR[:, :W]
     in_win = kind_BR[:, :W] == WINDOW
     with jax.named_scope("sample"):
-        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, st.step))(keys_B)
+        # The row's own step count: a row draws the same keys alone, in a batch, or in a
+        # slot it entered late (flash_slots.py).
+        step_keys = jax.vmap(jax.random.fold_in)(keys_B, st.steps_B)
         x0 = sampling.sample(logits_BWV, gen.temperature, step_keys)
         conf = sampling.confidence(logits_BWV, x0, "low_confidence", None)
     beyond = st.eos_seen_B[:, None] & (wcols >= st.pred_len_B[:, None])
@@ -266,7 +276,7 @@ def finish(gen: GenerationConfig, st: FlashState, d: Drafted, valid_BT,
         st, x_BT=x, rank_BT=rank.astype(jnp.int32), accepted_BT=d.any_BT,
         importance_BT=importance_BT, done_B=st.done_B | newly_done,
         nfe_B=st.nfe_B + passes * d.active_B, steps_B=st.steps_B + d.active_B,
-        revealed_B=st.revealed_B + d.revealed_B, step=st.step + 1)
+        revealed_B=st.revealed_B + d.revealed_B)
 
 
 # Verify-slot kinds (a row's 2 * window query slots: [tracked | unused | drafts | masks]).
@@ -398,9 +408,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT: jax.Array
     ctx = Ctx.build(params, cfg, gen, pad_B, T)
     budget = Budget.build(gen.flash, gen.gen_length, T)
     st = step(ctx, gen, budget, init_state(ctx, x_BT, not budget.full), keys_B, prefill=True)
-    # Every step of an unfinished row accepts a position, so gen_length steps bound the loop.
+    # Every step of an unfinished row accepts a position, so gen_length steps bound the loop
+    # (every running row has taken part in every step: the longest count is the step count).
     st = jax.lax.while_loop(
-        lambda st: ~st.done_B.all() & (st.step < gen.gen_length),
+        lambda st: ~st.done_B.all() & (st.steps_B.max() < gen.gen_length),
         lambda st: step(ctx, gen, budget, st, keys_B, prefill=False), st)
     if on_block is not None:
         jax.debug.callback(on_block, jnp.int32(1))

@@ -108,7 +108,8 @@ def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: Gen
                                   progress=progress)
             return _slot_output(out, rows, gen, config)
         run_slots.programs = programs
-        run_slots.compiled = programs[max(programs)]
+        top = programs[max(programs)]
+        run_slots.compiled = getattr(top, "chunk", top)  # flash: its until-finish program
         return run_slots
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
     compiled = _generate.lower(params, config, gen, mesh, progress is not None, *args).compile()
@@ -155,9 +156,6 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
             raise ValueError("slots and mesh cannot be combined yet: pass one of them")
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
-    if slots is not None and gen.flash is not None:
-        raise ValueError("slots and flash cannot be combined yet (Flash-dLLM's loop has no "
-                         "blocks for the refill to follow): pass one of them")
     gen = gen.resolve(config)
     rows = _prompt_rows(prompts, prompt_lengths, config, gen)
     B, P = len(rows), max(len(r) for r in rows)

@@ -150,8 +150,15 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
     to a compiled `_slot_block` (compile_programs). `progress(rows_done, len(prompts))` is
     called on the host whenever rows finish. `block_limits` (one per prompt; benchmarks only,
     e.g. from a drawn answer length) ends row i after that many blocks, as if it had stopped
-    at EOS there.
+    at EOS there. With `gen.flash` the Flash-dLLM scheduler runs instead (flash_slots.py; no
+    `block_limits`: its rows have no blocks).
     """
+    if gen.flash is not None:
+        if block_limits is not None:
+            raise ValueError("block_limits applies to block decoding, not to gen.flash")
+        from lacache_jax import flash_slots
+        return flash_slots.run(params, cfg, gen, prompts, keys, slots, refill=refill,
+                               programs=programs, progress=progress)
     n, nb = len(prompts), gen.num_blocks
     B = min(int(slots), n)
     cap = cfg.max_seq_len - gen.gen_length
@@ -188,7 +195,11 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
 
 def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
                      prompts: list[np.ndarray], keys: jax.Array, slots: int) -> dict:
-    """The per-block program of every bucket these prompts can use, compiled ahead of time."""
+    """The per-block program of every bucket these prompts can use, compiled ahead of time
+    (with `gen.flash`, flash_slots.compile_programs: a `Programs` per bucket)."""
+    if gen.flash is not None:
+        from lacache_jax import flash_slots
+        return flash_slots.compile_programs(params, cfg, gen, prompts, keys, slots)
     B = min(int(slots), len(prompts))
     cap = cfg.max_seq_len - gen.gen_length
     impl = jax.random.key_impl(keys)

@@ -217,9 +217,6 @@ def test_bad_slots(models):
             lj.compile_generate(params, CFG, [[1, 2]], gen, slots=bad)
     with pytest.raises(ValueError, match="slots and mesh cannot be combined"):
         lj.generate(params, CFG, [[1, 2]], gen, slots=2, mesh=lj.make_mesh(1, 1))
-    flash = lj.GenerationConfig(gen_length=8, threshold=0.9, flash=lj.FlashConfig(window=4))
-    with pytest.raises(ValueError, match="slots and flash cannot be combined"):
-        lj.generate(params, CFG, [[1, 2]], flash, slots=2)
     with pytest.raises(ValueError, match=r"prompts\[1\] contains the mask id"):
         lj.generate(params, CFG, [[1, 2], [CFG.mask_id]], gen, slots=2)
     with pytest.raises(ValueError, match=r"key must be one key or one per row \(2\)"):
