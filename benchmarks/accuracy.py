@@ -108,8 +108,7 @@ def evaluate(params, cfg: lj.ModelConfig, tok: Tokenizer, problems, settings: di
     gen = generation_config(t, settings)
     prompts = [tok.encode(t.prompt(p)) for p in problems]
     keys = jax.random.split(key, len(prompts))
-    # Slot refill (`slots` rows in flight) except for Flash-dLLM, which does not refill yet.
-    refill = slots if slots and gen.flash is None else None
+    refill = slots or None  # slot refill (`slots` rows in flight), Flash-dLLM included
     run = lj.compile_generate(params, cfg, prompts, gen, key=keys, slots=refill)
     t0 = time.perf_counter()
     out = jax.block_until_ready(run())
