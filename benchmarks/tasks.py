@@ -37,6 +37,7 @@ class Task:
     special_ids: Callable[[], dict]
     mask: str = arith.MASK
     eos: str = arith.EOS
+    compute: str = "fp32"  # training's forward-pass dtype (train_demo --compute)
 
 
 ARITH = Task(
@@ -73,7 +74,8 @@ def chain_task(name: str, spec: chain.Spec) -> Task:
         prompt=chain.prompt_text, answer=chain.answer_text, check=chain.check,
         sample=functools.partial(chain.sample, spec=spec),
         draw=functools.partial(chain.draw, spec=spec),
-        write_tokenizer=chain.write_tokenizer, special_ids=chain.special_ids)
+        write_tokenizer=chain.write_tokenizer, special_ids=chain.special_ids,
+        compute="bf16")
 
 
 CHAIN = chain_task("chain", chain.SPEC)

@@ -14,7 +14,9 @@ replacement) from the training split; building one overlaps the previous step's 
 Building a `chain` batch in Python takes longer than the GPU's step (0.13 s against ~0.03 s
 on the H200: the first chain run was host-bound at 7.5 steps/s), so `--workers N` builds
 them in N processes, batch i from its own seed (the same batches for any N; N = 0 keeps the
-single stream the demo model was trained with).
+single stream the demo model was trained with). The same runs made ~8 steps/s together on the
+GPU, about 50 TFLOP/s: fp32 matmuls at the CUDA-core rate; `chain` therefore runs its forward
+pass in bf16 (fp32 master weights and loss; `--compute`), the demo stays fp32 as trained.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
@@ -74,7 +76,11 @@ def encode_batch(problems, encode, eos_id: int, task: str | tasks.Task = "arith"
     return tokens, pad
 
 
-def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int = PROMPT_LEN):
+def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int = PROMPT_LEN,
+             compute=jnp.float32):
+    """`compute`: the dtype the forward pass runs in (fp32 master weights are cast to it, so
+    the gradients reach them in fp32; the cross-entropy is fp32 either way)."""
+    params = jax.tree.map(lambda a: a.astype(compute), params)
     B, T = tokens_BT.shape
     col = jnp.arange(T)
     answer = jnp.broadcast_to(col >= prompt_len, (B, T))
@@ -91,10 +97,12 @@ def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int
     return per_token.sum() / B
 
 
-def make_train_step(cfg: lj.ModelConfig, optimizer, prompt_len: int = PROMPT_LEN):
+def make_train_step(cfg: lj.ModelConfig, optimizer, prompt_len: int = PROMPT_LEN,
+                    compute=jnp.float32):
     @jax.jit
     def step(params, opt_state, tokens, pad, key, lr):
-        loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key, prompt_len)
+        loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key, prompt_len,
+                                                   compute)
         opt_state.hyperparams["learning_rate"] = lr
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -145,10 +153,12 @@ def prefetched(task: str, batch: int, eos_id: int, seed: int, workers: int, star
 
 def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: int = 0,
           progress: bool = True, minutes: float | None = None,
-          task: str | tasks.Task = "arith", log_every: int = 50, workers: int = 0):
+          task: str | tasks.Task = "arith", log_every: int = 50, workers: int = 0,
+          compute: str | None = None):
     """Returns (params in fp32, losses every `log_every` steps and at the last, steps run).
     With `minutes`, `steps` is chosen to fit that much training time. `workers` > 0 builds
-    the batches in that many processes (a registered task by name only)."""
+    the batches in that many processes (a registered task by name only). `compute` ("fp32"
+    or "bf16"; default: the task's) is the forward pass's dtype."""
     if (steps is None) == (minutes is None):
         raise ValueError("give exactly one of steps and minutes")
     t = tasks.get(task)
@@ -171,7 +181,8 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
     optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
                                                       weight_decay=0.01)
     opt_state = optimizer.init(params)
-    step = make_train_step(cfg, optimizer, t.prompt_len)
+    dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[compute or t.compute]
+    step = make_train_step(cfg, optimizer, t.prompt_len, dtype)
     keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
     if minutes is not None:  # time throwaway steps on copies (the first one compiles)
         p, o = params, opt_state
@@ -204,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=None, help="default: the task's")
     ap.add_argument("--layers", type=int, default=None, help="default: the task's")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compute", choices=["fp32", "bf16"], default=None,
+                    help="the forward pass's dtype (default: the task's)")
     ap.add_argument("--workers", type=int, default=0,
                     help="processes building the batches (0: in this one, the demo's stream)")
     ap.add_argument("--eval", type=int, default=0, metavar="N",
@@ -220,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is None and args.minutes is None:
         args.steps = t.steps
     params, losses, steps = train(cfg, args.steps, batch, lr, seed=args.seed,
-                                  minutes=args.minutes, task=t, workers=args.workers)
+                                  minutes=args.minutes, task=t, workers=args.workers,
+                                  compute=args.compute)
     print(f"{t.name}: trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {batch} in "
           f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print("loss every 50 steps: " + " ".join(f"{x:.3f}" for x in losses))

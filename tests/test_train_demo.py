@@ -134,3 +134,32 @@ def test_mode_table_baselines_and_missing_plot(tmp_path, monkeypatch, capsys):
     assert accuracy.plot(rows, tmp_path / "p.png", "t") is None
     assert "matplotlib is not installed" in capsys.readouterr().out
     assert not (tmp_path / "p.png").exists()
+
+
+def test_worker_batches_are_numbered_and_the_same_from_a_process_pool():
+    """Batch i depends on (task, seed, i) only, whichever process builds it: what makes a run
+    with --workers reproducible for any worker count."""
+    cfg = train_demo.tasks.model_config("chain-d2")
+    a = train_demo.numbered_batch("chain-d2", 4, cfg.eos_id, 0, 3)
+    other = train_demo.numbered_batch("chain-d2", 4, cfg.eos_id, 0, 4)
+    assert not np.array_equal(a[0], other[0])
+    stream = train_demo.prefetched("chain-d2", 4, cfg.eos_id, 0, workers=1, start=3)
+    try:
+        got = next(stream)
+    finally:
+        stream.close()
+    np.testing.assert_array_equal(got[0], a[0])
+    np.testing.assert_array_equal(got[1], a[1])
+
+
+def test_bf16_compute_runs_the_matmuls_in_bf16():
+    cfg = train_demo.demo_config(n_layers=1)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    tokens = jnp.zeros((2, train_demo.PROMPT_LEN + train_demo.GEN_LEN), jnp.int32)
+    pad = jnp.zeros((2,), jnp.int32)
+    dots = lambda compute: {
+        str(e.invars[0].aval.dtype) for e in jax.make_jaxpr(
+            lambda p: train_demo.sft_loss(p, cfg, tokens, pad, jax.random.key(0),
+                                          compute=compute))(params).jaxpr.eqns
+        if e.primitive.name == "pjit" or e.primitive.name == "dot_general"}
+    assert "bfloat16" in dots(jnp.bfloat16) and "bfloat16" not in dots(jnp.float32)
