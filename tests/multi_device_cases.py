@@ -209,6 +209,24 @@ def hlo_cases() -> None:
     emit(case="hlo_control/fp8_down_by_rows", moves=moves, collectives=colls)
 
 
+def benchmark_case() -> None:
+    """benchmarks/multi_gpu.py --tiny, tensor parallel with the FP8 FFN on 2 devices (its
+    result file goes to $OUT, which the test points at a temporary directory)."""
+    from benchmarks import multi_gpu
+    path = multi_gpu.main(["--tiny", "--gpus", "2", "--batch", "none", "--tp", "dual+fp8",
+                           "--iters", "1", "--hlo"])
+    rows = json.loads(path.read_text())["rows"]
+    cfg = lj.tiny(**multi_gpu.TINY)
+    params = lj.quantize_ffn(lj.init_params(cfg, jax.random.key(0), jnp.bfloat16))
+    # What each of 2 devices should hold: half of every matrix (FP8 copies and their
+    # scales included), the whole embedding and norms (replicated).
+    split = sum(a.nbytes // 2 if a.ndim == 2 else a.nbytes for a in jax.tree.leaves(params))
+    emit(case="benchmark_tiny", rows=[{k: r[k] for k in (
+        "gpus", "setting", "weight_gb_per_gpu", "streamed_gb_per_gpu", "ms_per_step")}
+        | {"collectives": r["hlo"]["collectives"]} for r in rows],
+        expected_bytes_per_gpu=split + params.embed.nbytes // 2)
+
+
 def main() -> None:
     assert len(jax.devices()) == 4, jax.devices()
     params = sharp(lj.init_params(CFG, jax.random.key(0), jnp.float32))
@@ -218,6 +236,7 @@ def main() -> None:
     ffn_cases(params)
     load_case(params, fp8_params)
     hlo_cases()
+    benchmark_case()
 
 
 if __name__ == "__main__":

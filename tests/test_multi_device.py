@@ -1,7 +1,8 @@
 """Data and tensor parallelism on 4 fake CPU devices (tests/multi_device_cases.py, run once in
 a subprocess: XLA_FLAGS must be set before JAX starts): tokens identical to one device in every
 cache mode, with threshold decoding and with the FP8 FFN, whose copies are split over the model
-axis like the bf16 FFN; and the tensor-parallel generate program moves no weight."""
+axis like the bf16 FFN; the tensor-parallel generate program moves no weight; and
+benchmarks/multi_gpu.py runs in its --tiny mode."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def cases() -> dict[str, dict]:
+def cases(tmp_path_factory) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "OUT": str(tmp_path_factory.mktemp("benchmark_out"))}
     done = subprocess.run([sys.executable, "-m", "tests.multi_device_cases"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -73,6 +75,18 @@ def test_tensor_parallel_program_moves_no_weight(cases, ffn):
         assert r["one_device_collectives"] == []
         assert r["moves"] == r["one_device_moves"], r
         assert r["same"]  # and the two programs give the same tokens
+
+
+def test_multi_gpu_benchmark_runs_tiny(cases):
+    """benchmarks/multi_gpu.py --tiny --tp dual+fp8 on 2 fake devices: it runs, each device
+    holds half of every matrix, the FP8 copies included, and its program gathers none."""
+    (row,) = cases["benchmark_tiny"]["rows"]
+    assert row["gpus"] == 2 and row["setting"] == "dual+fp8" and row["ms_per_step"] > 0
+    assert round(row["weight_gb_per_gpu"] * 1e9) == cases["benchmark_tiny"][
+        "expected_bytes_per_gpu"]
+    # Streamed per step: the FP8 FFN in place of the bf16 one it leaves unread.
+    assert row["streamed_gb_per_gpu"] < row["weight_gb_per_gpu"]
+    assert row["collectives"] == []
 
 
 def test_weight_move_count_sees_a_mismatched_layout(cases):
