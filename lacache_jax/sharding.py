@@ -29,10 +29,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
+from kernels.fp8_matmul import GROUP as FP8_BLOCK  # the FP8 FFN's weight-scale block
 from lacache_jax.config import ModelConfig
 
 DATA, MODEL = "data", "model"
-FP8_BLOCK = 128  # the FP8 FFN's weight-scale block (kernels/fp8_matmul.py GROUP)
 
 
 def make_mesh(data: int | None = None, model: int = 1, devices=None) -> jax.sharding.Mesh:
@@ -139,8 +139,9 @@ def group_rows(w_NK: jax.Array, parts: tuple[int, ...], n: int, inverse: bool = 
 
 def tp_layout(params: Any, cfg: ModelConfig, n: int) -> Any:
     """Params whose fused Q/K/V and gate/up columns are grouped for `n` model shards
-    (Layer.tp): a contiguous column shard then holds whole heads and matching gate/up halves,
-    so the partitioner needs no per-step regrouping collective. Same function, other order."""
+    (Layer.tp), and the FP8 copies' gate/up rows and block scales likewise (FP8FFN.tp): a
+    contiguous shard then holds whole heads and matching gate/up halves, so the partitioner
+    needs no per-step regrouping collective. Same function, other order."""
     qkv_parts = (cfg.n_heads * cfg.head_dim, *(2 * (cfg.n_kv_heads * cfg.head_dim,)))
     ffn_parts = (cfg.d_ff, cfg.d_ff)
     scale_parts = (cfg.d_ff // FP8_BLOCK,) * 2
