@@ -15,6 +15,11 @@ bitcasts, broadcasts and arithmetic. An in-place dynamic-update-slice into a lar
 (a KV cache) is listed too: the text does not say which updates XLA performs in place, so the
 listed shape is what tells a cache write from a weight copy. Large activations count as well,
 so choose `min_bytes` above the activations of the run (batch 1: the smallest weight matrix).
+
+Under tensor parallelism the same listing with `ops=COLLECTIVE_OPS` finds collectives as
+large as a weight shard: an all-gather or all-to-all of a weight (a layout the partitioner
+has to repair) where only activation-sized all-reduces belong. Shapes in a partitioned module
+are per device, so compare them with the weights' per-device shards.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ import re
 MOVE_OPS = frozenset({
     "copy", "copy-start", "concatenate", "transpose", "reshape", "convert", "bitcast-convert",
     "dynamic-update-slice", "dynamic-slice", "slice", "pad", "reverse", "gather", "scatter",
+})
+
+# Collectives as printed before and after XLA splits them into async pairs (`*-start` carries
+# the result; its `*-done` would count the same transfer twice).
+COLLECTIVE_OPS = frozenset({
+    "all-gather", "all-gather-start", "all-to-all", "all-reduce", "all-reduce-start",
+    "collective-permute", "collective-permute-start", "reduce-scatter", "ragged-all-to-all",
+    "collective-broadcast",
 })
 
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
@@ -145,22 +158,24 @@ def _loop_depths(comps: dict[str, list[_Instr]], entry: str) -> dict[str, int]:
     return depths
 
 
-def _fused_moves(comps: dict[str, list[_Instr]], comp: str, min_bytes: int) -> set[str]:
-    """Opcodes of the moves of at least `min_bytes` inside a fused computation (and the
-    fusions nested in it)."""
-    ops: set[str] = set()
+def _fused_moves(comps: dict[str, list[_Instr]], comp: str, min_bytes: int,
+                 ops: frozenset[str] = MOVE_OPS) -> set[str]:
+    """Opcodes in `ops` of at least `min_bytes` inside a fused computation (and the fusions
+    nested in it)."""
+    found: set[str] = set()
     for ins in comps.get(comp, []):
-        if ins.opcode in MOVE_OPS and array_bytes(ins.type) >= min_bytes:
-            ops.add(ins.opcode)
+        if ins.opcode in ops and array_bytes(ins.type) >= min_bytes:
+            found.add(ins.opcode)
         if ins.opcode == "fusion":
             for _, callee in ins.callees:
-                ops |= _fused_moves(comps, callee, min_bytes)
-    return ops
+                found |= _fused_moves(comps, callee, min_bytes, ops)
+    return found
 
 
-def weight_sized_moves(hlo_text: str, min_bytes: int) -> MoveReport:
+def weight_sized_moves(hlo_text: str, min_bytes: int,
+                       ops: frozenset[str] = MOVE_OPS) -> MoveReport:
     """Every move (module docstring) whose result holds at least `min_bytes` bytes, with the
-    while-loop depth it runs at."""
+    while-loop depth it runs at; `ops=COLLECTIVE_OPS` lists collectives instead."""
     if min_bytes <= 0:
         raise ValueError(f"min_bytes must be positive, got {min_bytes}")
     comps, entry = parse_module(hlo_text)
@@ -173,10 +188,10 @@ def weight_sized_moves(hlo_text: str, min_bytes: int) -> MoveReport:
             nbytes = array_bytes(ins.type)
             if nbytes < min_bytes:
                 continue
-            if ins.opcode in MOVE_OPS:
+            if ins.opcode in ops:
                 opcode = ins.opcode
             elif ins.opcode == "fusion":
-                fused = set().union(*(_fused_moves(comps, c, min_bytes)
+                fused = set().union(*(_fused_moves(comps, c, min_bytes, ops)
                                       for a, c in ins.callees if a == "calls"))
                 if not fused:
                     continue

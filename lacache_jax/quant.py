@@ -5,7 +5,9 @@ read fastest). Activations: one scale per 1 x 128 group along K. `scale = amax /
 clipped to +-448. The per-token and per-tensor activation scalings exist for the paper's
 ablation only. The FFN runs on the kernels of `kernels/fp8_matmul.py` (per-group scaled GEMM)
 and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), which hold their
-pure-jnp references and dispatch (Pallas on GPU, references elsewhere).
+pure-jnp references and dispatch (Pallas on GPU, references elsewhere). Under tensor
+parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout and the
+placement are sharding.py's).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-expo
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
 from kernels.fused_quant import (GROUP, group_scale, quantize_groups, rms_normed,
                                  rmsnorm_quant, swiglu_quant, to_fp8)
-from lacache_jax.sharding import DATA, shard_kernel
-
+from lacache_jax import sharding
+from lacache_jax.sharding import DATA, MODEL, shard_kernel
 
 
 def quantize_weight(w_KN: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -44,11 +46,13 @@ def dequantize_weight(q_NK: jax.Array, scale: jax.Array) -> jax.Array:
     return (blocks * scale[:, None, :, None]).reshape(N, K).T
 
 
-def quantize_act(x: jax.Array, granularity: str = "group") -> tuple[jax.Array, jax.Array]:
+def quantize_act(x: jax.Array, granularity: str = "group",
+                 axis_name: str | None = None) -> tuple[jax.Array, jax.Array]:
     """[..., K] activations -> (fp8 [..., K], fp32 scales [..., K / 128]).
 
     `granularity`: "group" (1 x 128, ours), or for the ablation "token" (one scale per row)
-    and "tensor" (one scale overall), both broadcast to the group layout.
+    and "tensor" (one scale overall), both broadcast to the group layout. `axis_name`: the
+    mesh axis K is split over inside `shard_map` (the row or tensor amax spans all of it).
     """
     if granularity == "group":
         return quantize_groups(x)
@@ -58,11 +62,14 @@ def quantize_act(x: jax.Array, granularity: str = "group") -> tuple[jax.Array, j
     groups = x.astype(jnp.float32).reshape(*x.shape[:-1], K // GROUP, GROUP)
     amax = jnp.abs(groups).max(axis=-1)
     if granularity == "token":
-        amax = jnp.broadcast_to(amax.max(axis=-1, keepdims=True), amax.shape)
+        top = amax.max(axis=-1, keepdims=True)
     elif granularity == "tensor":
-        amax = jnp.broadcast_to(amax.max(), amax.shape)
+        top = amax.max()
     else:
         raise ValueError(f"granularity must be 'group', 'token' or 'tensor', got {granularity!r}")
+    if axis_name is not None:
+        top = jax.lax.pmax(top, axis_name)
+    amax = jnp.broadcast_to(top, amax.shape)
     scale = group_scale(amax)
     return to_fp8(groups, scale[..., None]).reshape(x.shape), scale
 
@@ -77,12 +84,16 @@ def dequantize_act(q: jax.Array, scale: jax.Array) -> jax.Array:
 @dataclasses.dataclass
 class FP8FFN:
     """One layer's FFN weights in FP8, K-major, with their 128 x 128 block scales."""
-    gate_up: jax.Array        # [2F, D] float8_e4m3fn
+    gate_up: jax.Array        # [2F, D] float8_e4m3fn: rows gate | up (see `tp`)
     gate_up_scale: jax.Array  # [2F / 128, D / 128]
     down: jax.Array           # [D, F]
     down_scale: jax.Array     # [D / 128, F / 128]
     # Activation scaling: "group" (1 x 128, fused kernels); "token"/"tensor" for the ablation.
     granularity: str = dataclasses.field(default="group", metadata={"static": True})
+    # Row layout of gate_up and its scales, as Layer.tp for w_gate_up's columns: `tp` groups,
+    # group j holding gate | up of FFN columns j*F/tp ... (sharding.tp_layout). Kept here so
+    # the FFN needs nothing but its weights.
+    tp: int = dataclasses.field(default=1, metadata={"static": True})
 
 
 def check_fp8_ffn_dims(d_model: int, d_ff: int) -> None:
@@ -112,8 +123,11 @@ def quantize_ffn(params: Any, skip: Iterable[int] = (0,), granularity: str = "gr
         if i in skip:
             layers.append(dataclasses.replace(layer, ffn8=None))
             continue
+        # The bf16 columns' layout carries over to the quantised rows (each 128-row block
+        # lies inside one group when d_ff / tp is a multiple of 128).
+        sharding.check_fp8_mesh(layer.w_down.shape[0], layer.tp)
         w8 = quantize_ffn_layer(layer.w_gate_up, layer.w_down, granularity)
-        layers.append(dataclasses.replace(layer, ffn8=w8))
+        layers.append(dataclasses.replace(layer, ffn8=dataclasses.replace(w8, tp=layer.tp)))
     return dataclasses.replace(params, layers=layers)
 
 
@@ -126,20 +140,54 @@ def quantize_ffn_layer(w_gate_up, w_down, granularity: str = "group") -> FP8FFN:
 def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.Array:
     """RMSNorm + SwiGLU FFN with per-group FP8 matmuls (fp32 accumulation), on un-normed x:
     the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
-    Under a mesh the kernels run per row shard, FP8 weights replicated (sharding.py)."""
+    Under a mesh the kernels run per row shard and, over a model axis, per shard of the FFN
+    columns (Megatron: gate/up by output rows, down by its K columns, scales with their
+    blocks; `sharding.fp8_specs`), the partial down products summed by one all-reduce."""
     D = x_BLD.shape[-1]
     rows = PS(DATA, None, None)
-    fn = shard_kernel(lambda x, n, w: _ffn_fp8_rows(x.reshape(-1, D), n, eps, w).reshape(x.shape),
-                      (rows, PS(), PS()), rows)
-    return fn(x_BLD, norm_D, w)
+    mesh = sharding.active_mesh()
+    n = 1 if mesh is None else mesh.shape[MODEL]
+    if w.tp % n:
+        raise ValueError(f"FP8 FFN weights in the layout of {w.tp} column groups cannot run "
+                         f"on a model axis of {n}: place them with sharding.shard_params")
+    if n == 1:
+        fn = lambda x, nrm, w: _ffn_fp8_rows(x.reshape(-1, D), nrm, eps, w, w.tp, x.dtype)
+        specs = PS()
+    else:
+        def fn(x, nrm, w):
+            # This shard's share of the down product, summed over the shards in fp32: the
+            # single-device GEMM accumulates all of K in fp32 before its one rounding.
+            part = _ffn_fp8_rows(x.reshape(-1, D), nrm, eps, w, w.tp // n, jnp.float32,
+                                 MODEL)
+            return jax.lax.psum(part, MODEL).astype(x.dtype)
+        specs = dataclasses.replace(w, **sharding.fp8_specs())
+    run = shard_kernel(lambda x, nrm, w: fn(x, nrm, w).reshape(x.shape),
+                       (rows, PS(), specs), rows)
+    return run(x_BLD, norm_D, w)
 
 
-def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.Array:
+def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups: int,
+                  out_dtype, axis_name: str | None = None) -> jax.Array:
+    """One shard's FFN on rows x [M, D]: its gate/up rows hold `groups` column groups
+    (gate | up each), its down the matching K columns; [M, D] in `out_dtype`. `axis_name`:
+    the mesh axis the FFN columns are split over (for the ablation's row/tensor scales)."""
+
+    def gate_then_up(gu_M2F):
+        # Several groups in this shard (a layout for more shards than run it): all gates,
+        # then all ups, in FFN column order, as the fused SwiGLU and down's K expect.
+        if groups == 1:
+            return gu_M2F
+        M = gu_M2F.shape[0]
+        return gu_M2F.reshape(M, groups, 2, -1).swapaxes(1, 2).reshape(M, -1)
+
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
-        aq, as_ = swiglu_quant(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
+        gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
+        aq, as_ = swiglu_quant(gate_up)
     else:
         hq, hs = quantize_act(rms_normed(x, norm_D, eps), w.granularity)
-        gate, up = jnp.split(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype), 2, -1)
-        aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity)
-    return fp8_matmul(aq, as_, w.down, w.down_scale, x.dtype)
+        gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
+        gate, up = jnp.split(gate_up, 2, -1)
+        aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity,
+                               axis_name)
+    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)
