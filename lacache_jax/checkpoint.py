@@ -245,7 +245,7 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
     if mesh is not None:
         sharding_lib.check_mesh(mesh, config)
-        specs = sharding_lib.group_specs(config)
+        specs = sharding_lib.group_specs(config, mesh.shape[sharding_lib.MODEL])
     single = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def sharding(name, array):
