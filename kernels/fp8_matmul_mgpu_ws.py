@@ -125,6 +125,11 @@ class WsConfig:
         raise AssertionError("2 stages always fit")
 
 
+def _interpret_params():
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams()
+
+
 def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.wg_rows not in (WAVE, 2 * WAVE):
         raise ValueError(f"wg_rows must be 64 or 128, got {c.wg_rows}")
@@ -150,38 +155,54 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
 
-def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows):
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret):
     """One K group on one consumer warpgroup: per 64-row wave, the group's FP8 wgmma into a
     fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    row = plgpu.Layout.WGMMA.reduce(1)  # one value per accumulator row
+
+    def load_rows(ref):  # one value per accumulator row (the interpreter has no layouts)
+        if interpret:
+            return ref[...]
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1))
     # 64 copies of the tile's one w scale, loaded in the row layout: multiplying it into the
     # row scales makes the promotion one multiply-add per element (DeepGEMM's scale_a *
     # scale_b). Loaded before the wgmmas are issued: used only after they are waited for.
-    w_rows = plgpu.load(ws_smem.at[0], (), layout=row)
+    w_rows = load_rows(ws_smem.at[0])
     out = []
     for h, acc_sum in enumerate(sums):
         rows = pl.ds(wg * wg_rows + h * WAVE, WAVE)
-        s = plgpu.load(xs_smem.at[0, rows], (), layout=row) * w_rows
+        s = load_rows(xs_smem.at[0, rows]) * w_rows
 
         def wave(acc, rows=rows, acc_sum=acc_sum, s=s):
             plgpu.wgmma(acc, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
             part = plgpu.wgmma_accumulator_load(acc, wait_n=0)
             return acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0])
+        if interpret:  # no transposed wgmma operand there: the same product in fp32
+            part = jax.lax.dot_general(x_smem[rows].astype(jnp.float32),
+                                       w_smem[...].astype(jnp.float32),
+                                       (((1,), (1,)), ((), ())))
+            out.append(acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0]))
+            continue
         out.append(pl.run_scoped(wave, plgpu.ACC((WAVE, BLOCK_N), jnp.float32)))
     return tuple(out)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "config", "sm_count"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "config", "sm_count", "interpret"))
 def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
-                       config: WsConfig | None = None, sm_count: int = 132):
+                       config: WsConfig | None = None, sm_count: int = 132,
+                       interpret: bool = False):
     """DeepGEMM's recipe in Pallas Mosaic GPU (module docstring); same contract as
     `fp8_matmul_ref`. `config` default: `WsConfig.get_default(M, N, K, sm_count, out_dtype)`.
 
     Any M (x is padded to the cluster's rows); N a multiple of 128 (256 with a cluster along
     N); K a multiple of 128. The x scales are passed transposed ([G, M]: a group's scales are
     one TMA row) and the w scales as 64 copies per block ([G, N / 2]: one 256-byte TMA row
-    per group and tile, loaded in the accumulator's row layout)."""
+    per group and tile, loaded in the accumulator's row layout).
+
+    `interpret`: run in Pallas' Mosaic GPU interpreter (on the CPU: TMA, barriers, clusters
+    simulated; the scales read without the row layout, and each wave's product an fp32 dot in
+    place of the wgmma: the interpreter models neither the layouts nor a transposed wgmma
+    operand)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
@@ -222,14 +243,16 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
             pipeline_state=state)
 
     def zeros():  # built inside the kernel: kernels capture no constants
-        return plgpu.layout_cast(jnp.zeros((WAVE, tn), jnp.float32), plgpu.Layout.WGMMA)
+        z = jnp.zeros((WAVE, tn), jnp.float32)
+        return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
 
     def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem):
         wg = jax.lax.axis_index("wg")
         cta = jax.lax.axis_index("cluster")
 
         def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
-            return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows)
+            return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
+                                 interpret)
 
         def store(sums, ms, ns):
             pieces = tn // c.epi_cols
@@ -284,5 +307,6 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
         scratch_types=[plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), out_dtype, transforms=out_tiled)],
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
-        cluster_names=("cluster",), num_threads=3, thread_name="wg")(xq, xs_GM, wq, ws_GN)
+        cluster_names=("cluster",), num_threads=3, thread_name="wg",
+        interpret=_interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
     return out if Mp == M else out[:M]
