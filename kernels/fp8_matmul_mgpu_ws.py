@@ -24,7 +24,7 @@ The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
   START / STEADY; we drain it after the last tile), so the next tile's first loads overlap
   this tile's last wgmmas and its epilogue, as DeepGEMM's persistent loop does.
 - Epilogue: each wave's 64 x 128 fp32 sum is cast, written to swizzled SMEM in `epi_cols`-wide
-  pieces (two slots per warpgroup, alternating) and stored by TMA.
+  pieces (`epi_slots` slots per warpgroup, taken in turn) and stored by TMA.
 
 Registers (why 128-row warpgroups are done as two 64-row waves): a wgmma accumulator of
 128 x 128 fp32 is 128 registers per thread, and the running sums of 128 rows another 128:
@@ -33,25 +33,31 @@ accumulator: 128 (sums) + 64 (accumulator) + scales and addresses, about 200, as
 `final_accum[kNumMWaves]` + `accum` does. The price: within a warpgroup the second wave's wgmma
 waits for the first wave's promotion; the other warpgroup's wgmmas fill that gap.
 
-Shared memory per stage: x 32 KiB + w 16 KiB + scales 1.25 KiB = 49.3 KiB; 4 stages = 197 KiB,
-plus the epilogue slots (2 warpgroups x 2 slots x 64 x `epi_cols`: 32 KiB bf16 at 64 columns)
-is 229 KiB: over Hopper's 227 KiB, so the default is 3 stages (bf16 out, 64 columns: 180 KiB;
-f32 out 196 KiB). `tests/test_fp8_mgpu_ws.py` lowers every default on the CPU.
+Shared memory per stage: x 32 KiB + w 16 KiB + scales 1.25 KiB = 49.25 KiB; 4 stages = 197
+KiB, so the epilogue gets one 8 KiB slot per warpgroup (64 bf16 or 32 f32 columns): 213 KiB
+of Hopper's 227 (two slots: 229 KiB, refused by the lowering). `get_default` takes the deepest
+pipeline that fits and divides the K groups (4 for both FFN GEMMs: 32 and 96 groups).
 
-Expected on the H200 (not measured yet: no run of this kernel has been on a GPU): the wgmma
-work per group and warpgroup is 2 x 64 x 128 x 128 MACs, ~500 tensor-core cycles; its
-promotion 64 FFMAs per thread per wave, ~128 issue cycles per SM sub-partition for both
-waves, hidden behind the other warpgroup's wgmmas. DeepGEMM reaches 1350+ TFLOP/s with this
-structure; our hope is >= 1150 TFLOP/s (issue 23's goal) at M >= 1024 on both FFN GEMMs,
-against 675-697 TFLOP/s of `fp8_matmul_mgpu` and 1034-1094 of cuBLASLt's block-scaled GEMM.
-The next device session must check first, in order:
-1. Correctness: `pytest -m gpu tests/test_fp8_mgpu_ws.py` (a wrong barrier phase in the
-   steady pipeline or the multicast hangs or reads stale tiles: the test has a second draw).
-2. Spills: set `XLA_FLAGS` / `MOSAIC_GPU_DUMP_PTXAS=1` (ptxas -v) and `MOSAIC_GPU_DUMP_SASS=1`
-   for one call; the consumer part must show no local memory (`LDL`/`STL`, stack frame 0),
-   the promotion must be `FFMA` after each `QGMMA` group's `WARPGROUP.DEPBAR` wait.
-3. Speed: `python -m benchmarks.fp8_gemm --ms 1024,4096 --kernels cublaslt,xla_fp8_precise,
-   mgpu,mgpu_ws`, then `--mgpu-ws-sweep` at gate/up M 4096 to pick the knobs.
+Expected on the H200 (not measured: this kernel has never run on a GPU; on the CPU it lowers
+for CUDA and runs right in Pallas' Mosaic GPU interpreter without clusters, see
+tests/test_fp8_mgpu_ws.py): per group and warpgroup the wgmmas are 2 x 64 x 128 x 128 MACs,
+~500 tensor-core cycles at the FP8 rate; the promotion 64 FFMAs per thread and wave, ~128 issue
+cycles per SM sub-partition for both waves, to hide behind the other warpgroup's wgmmas.
+DeepGEMM reaches 1350+ TFLOP/s with this structure; the goal is >= 1150 TFLOP/s (issue 23) at
+M >= 1024 on both FFN GEMMs, against 675-697 of `fp8_matmul_mgpu` and 1034-1094 of cuBLASLt's
+block-scaled GEMM. Risks: the serial waves (if the tensor cores idle, try `wg_rows=64`: 128 x
+128 tiles, the 4 stages then cost 33 KiB each), the one-slot epilogue, the multicast.
+The next device session must check, in this order (each under `timeout`: a wrong barrier
+phase in the steady pipeline or the cluster hangs rather than fails):
+1. Correctness: `pytest -m gpu tests/test_fp8_mgpu_ws.py` (two random draws per shape, so a
+   stale tile fails the second).
+2. Spills and the promotion's code: `MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1
+   MOSAIC_GPU_DUMP_TO=<dir>` for one call: ptxas must report no spill stores/loads and a 0
+   byte stack frame (no `LDL`/`STL` in the SASS); each group should show `QGMMA`s, a
+   `WARPGROUP.DEPBAR`/wait, then `FFMA`s (not `FMUL` + `FADD`) on the accumulator.
+3. Speed: `python -m benchmarks.fp8_gemm --ms 1024,4096 --kernels
+   cublaslt,xla_fp8_precise,mgpu,mgpu_ws`, then `--mgpu-ws-sweep gate_up:4096` and
+   `down:4096` to pick the defaults.
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ class WsConfig:
         """DeepGEMM's choice for large M: 256 x 128 tiles, clusters of 2 sharing x where N
         allows (the FFN GEMMs: N 4096 and 24576), a snake of 8 tiles along M, the steady
         pipeline, and the deepest pipeline that fits in shared memory with the K group count
-        a multiple of it (4 stages of 49.3 KiB need the epilogue in one 16 KiB slot per
+        a multiple of it (4 stages of 49.25 KiB leave room for one 8 KiB epilogue slot per
         warpgroup: 64 bf16 or 32 f32 columns). With fewer tiles than SMs at 256 rows and at
         most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
@@ -305,7 +311,8 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
 
     out = plgpu.kernel(
         kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
-        scratch_types=[plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), out_dtype, transforms=out_tiled)],
+        scratch_types=[plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), out_dtype,
+                                  transforms=out_tiled)],
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
         cluster_names=("cluster",), num_threads=3, thread_name="wg",
         interpret=_interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
