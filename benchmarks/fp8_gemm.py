@@ -3,12 +3,15 @@ shapes (gate/up K 4096 N 24576; down K 12288 N 4096), in one run (issue 23's goa
 TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
 
     python -m benchmarks.fp8_gemm [--ms 1024,4096,768,256,32,16384] [--shapes gate_up,down]
-        [--check-only]
+        [--check-only] [--kernels cublaslt,xla_fp8_precise,mgpu_ws]
+    python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
 
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
 per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
 and without it (`Precision.HIGHEST`: `xla_fp8_precise`); ours through cuBLASLt's block scaling
-(`cublaslt`; `cublaslt_swap`: the other operand arrangement), the Mosaic GPU kernel (`mgpu`, its default pipeline for the shape), the Triton
+(`cublaslt`; `cublaslt_swap`: the other operand arrangement), the Mosaic GPU kernel (`mgpu`,
+its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe (`mgpu_ws`,
+`WsConfig.get_default`; `--mgpu-ws-sweep gate_up:4096` times only its knobs), the Triton
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
@@ -19,6 +22,7 @@ unwritten or stale tile shows even where the norm would hide it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 
 import jax
@@ -29,6 +33,7 @@ from benchmarks.common import exit_on_sigterm, time_chained, write_result
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+from kernels.fp8_matmul_mgpu_ws import WsConfig, fp8_matmul_mgpu_ws
 from kernels.fp8_matmul_triton import fp8_matmul_pallas
 from lacache_jax.quant import quantize_act, quantize_weight
 
@@ -86,6 +91,9 @@ def kernels_for(M: int, K: int, N: int) -> dict:
     if not big:
         cfg = MgpuConfig.get_default(M, N, K, sm_count())
         out["mgpu"] = functools.partial(fp8_matmul_mgpu, config=cfg)
+        out["mgpu_ws"] = functools.partial(
+            fp8_matmul_mgpu_ws, config=WsConfig.get_default(M, N, K, sm_count()),
+            sm_count=sm_count())
         out["dispatch"] = fp8_matmul
     if M <= 256:
         out["triton"] = fp8_matmul_pallas
@@ -117,9 +125,42 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
         print(rows[-1], flush=True)
 
 
+# Knobs of `fp8_matmul_mgpu_ws` timed by --mgpu-ws-sweep, each a change from the default: the
+# cluster's shared operand, no cluster, one 64-row wave per warpgroup, the per-tile pipeline,
+# 3 stages with a double-buffered epilogue (3 divides no gate/up K group count: per tile),
+# wider snake bands, the other snake direction.
+WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
+            dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"))
+
+
+def ws_sweep(spec: str, rows: list) -> None:
+    """`--mgpu-ws-sweep SHAPE:M`: `fp8_matmul_mgpu_ws` at one shape over `WS_SWEEP` (each a
+    change from `WsConfig.get_default`), beside cuBLASLt's block-scaled GEMM."""
+    shape, M = spec.split(":")
+    M, (K, N) = int(M), SHAPES[shape]
+    xq, xs, wq, ws = operands(M, K, N, M)
+    flops = 2.0 * M * K * N
+    base = WsConfig.get_default(M, N, K, sm_count())
+    fns = {"cublaslt": lt.fp8_matmul_cublaslt} if lt.available() else {}
+    for kw in WS_SWEEP:
+        cfg = dataclasses.replace(base, **kw)
+        fns[f"mgpu_ws {kw}"] = functools.partial(fp8_matmul_mgpu_ws, config=cfg,
+                                                 sm_count=sm_count())
+    for name, fn in fns.items():
+        row = dict(shape=shape, M=M, K=K, N=N, kernel=name)
+        try:
+            t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=20)
+        except Exception as e:  # noqa: BLE001 (record what failed, go on)
+            row["error"] = str(e)[:300]
+        else:
+            row.update(ms=t["median_ms"], tflops=flops / t["median_ms"] / 1e9)
+        rows.append(row)
+        print(row, flush=True)
+
+
 def table(rows: list) -> None:
-    names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "cublaslt_swap", "mgpu", "triton",
-             "dispatch", "xla_bf16"]
+    names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "cublaslt_swap", "mgpu", "mgpu_ws",
+             "triton", "dispatch", "xla_bf16"]
     print("| shape | M | " + " | ".join(names) + " | cublaslt / xla_fp8_fast | "
           "cublaslt / xla_fp8_precise |")
     print("|" + "---|" * (len(names) + 4))
@@ -141,8 +182,17 @@ def main():
     ap.add_argument("--check-only", action="store_true")
     ap.add_argument("--kernels", default=None,
                     help="comma-separated subset of the kernels (xla_bf16 always runs)")
+    ap.add_argument("--mgpu-ws-sweep", default=None, metavar="SHAPE:M",
+                    help="only time fp8_matmul_mgpu_ws's knobs at one shape, e.g. gate_up:4096")
     args = ap.parse_args()
     exit_on_sigterm()
+    if args.mgpu_ws_sweep:
+        rows = []
+        try:
+            ws_sweep(args.mgpu_ws_sweep, rows)
+        finally:
+            print("->", write_result("fp8_gemm_ws_sweep", {"rows": rows}))
+        return
     checks, rows = [], []
     built = lt.available()
     print("cublaslt arrangement: swap", lt.SWAP, "f32 out", lt.F32_OUT, flush=True)

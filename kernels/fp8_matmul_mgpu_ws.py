@@ -1,0 +1,319 @@
+"""The per-group FP8 GEMM (contract: `kernels/fp8_matmul.py::fp8_matmul_ref`) lowered through
+Pallas' Mosaic GPU backend at DeepGEMM's recipe (Hopper only), with its knobs (`WsConfig`).
+
+What it owns: `WsConfig` (tile, pipeline, cluster and tile-order settings, `get_default`) and
+`fp8_matmul_mgpu_ws`. Shapes: x [M, K] fp8 e4m3 with x_scale [M, K/128]; w [N, K] fp8 e4m3
+(K-major) with w_scale [N/128, K/128]; out [M, N].
+
+The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
+- A CTA computes a 256 x 128 (M x N) output tile: two consumer warpgroups of `wg_rows` = 128
+  rows each and one producer warpgroup issuing TMA (`emit_pipeline_warp_specialized`, which
+  lowers the producer to 40 registers and raises the consumers to 232 with `setmaxnreg`).
+- One pipeline step is one 128-wide K group: x tile [256, 128], w tile [128, 128], the
+  group's 256 x scales and its one w scale, `stages` steps in flight.
+- Promotion every group, as the reference does: per 64-row wave, an FP8 wgmma sums the group
+  into a fresh fp32 accumulator (64 x 128: 64 registers per thread); then the wave's row
+  scale s = x_scale[m, g] * w_scale[n / 128, g] (the tile is exactly one 128-column weight
+  block, so its w scale is one number per group) folds it into the running sum:
+  `out += acc * s`, one FFMA per accumulator element.
+- Clusters of 2 CTAs side by side along N (`cluster_dim="n"`: both read the same x tile, which
+  TMA multicasts to the pair; its L2 -> SMEM traffic is halved) or along M (the w tile shared).
+- Persistent: `ctas` CTAs (one per SM) walk the output tiles in a planar snake order
+  (`snake_dim`, groups of `snake_width` tiles), so neighbours in time share x rows or w columns
+  in L2. `steady`: the TMA pipeline runs on across a CTA's tiles (Pallas' pipeline_state
+  START / STEADY; we drain it after the last tile), so the next tile's first loads overlap
+  this tile's last wgmmas and its epilogue, as DeepGEMM's persistent loop does.
+- Epilogue: each wave's 64 x 128 fp32 sum is cast, written to swizzled SMEM in `epi_cols`-wide
+  pieces (`epi_slots` slots per warpgroup, taken in turn) and stored by TMA.
+
+Registers (why 128-row warpgroups are done as two 64-row waves): a wgmma accumulator of
+128 x 128 fp32 is 128 registers per thread, and the running sums of 128 rows another 128:
+256 is over the 232 a consumer gets and would spill. Two waves of 64 rows share one 64-register
+accumulator: 128 (sums) + 64 (accumulator) + scales and addresses, about 200, as DeepGEMM's
+`final_accum[kNumMWaves]` + `accum` does. The price: within a warpgroup the second wave's wgmma
+waits for the first wave's promotion; the other warpgroup's wgmmas fill that gap.
+
+Shared memory per stage: x 32 KiB + w 16 KiB + scales 1.25 KiB = 49.25 KiB; 4 stages = 197
+KiB, so the epilogue gets one 8 KiB slot per warpgroup (64 bf16 or 32 f32 columns): 213 KiB
+of Hopper's 227 (two slots: 229 KiB, refused by the lowering). `get_default` takes the deepest
+pipeline that fits and divides the K groups (4 for both FFN GEMMs: 32 and 96 groups).
+
+Expected on the H200 (not measured: this kernel has never run on a GPU; on the CPU it lowers
+for CUDA and runs right in Pallas' Mosaic GPU interpreter without clusters, see
+tests/test_fp8_mgpu_ws.py): per group and warpgroup the wgmmas are 2 x 64 x 128 x 128 MACs,
+~500 tensor-core cycles at the FP8 rate; the promotion 64 FFMAs per thread and wave, ~128 issue
+cycles per SM sub-partition for both waves, to hide behind the other warpgroup's wgmmas.
+DeepGEMM reaches 1350+ TFLOP/s with this structure; the goal is >= 1150 TFLOP/s (issue 23) at
+M >= 1024 on both FFN GEMMs, against 675-697 of `fp8_matmul_mgpu` and 1034-1094 of cuBLASLt's
+block-scaled GEMM. Risks: the serial waves (if the tensor cores idle, try `wg_rows=64`: 128 x
+128 tiles, the 4 stages then cost 33 KiB each), the one-slot epilogue, the multicast.
+The next device session must check, in this order (each under `timeout`: a wrong barrier
+phase in the steady pipeline or the cluster hangs rather than fails):
+1. Correctness: `pytest -m gpu tests/test_fp8_mgpu_ws.py` (two random draws per shape, so a
+   stale tile fails the second).
+2. Spills and the promotion's code: `MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1
+   MOSAIC_GPU_DUMP_TO=<dir>` for one call: ptxas must report no spill stores/loads and a 0
+   byte stack frame (no `LDL`/`STL` in the SASS); each group should show `QGMMA`s, a
+   `WARPGROUP.DEPBAR`/wait, then `FFMA`s (not `FMUL` + `FADD`) on the accumulator.
+3. Speed: `python -m benchmarks.fp8_gemm --ms 1024,4096 --kernels
+   cublaslt,xla_fp8_precise,mgpu,mgpu_ws`, then `--mgpu-ws-sweep gate_up:4096` and
+   `down:4096` to pick the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels import fp8_matmul as fm
+
+GROUP = 128
+WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
+BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
+SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
+
+
+@dataclasses.dataclass(frozen=True)
+class WsConfig:
+    """Knobs of `fp8_matmul_mgpu_ws` (hashable: a static jit argument)."""
+    wg_rows: int = 128            # rows per consumer warpgroup: 64 (one wave) or 128 (two)
+    stages: int = 4               # K groups (TMA steps) in flight
+    cluster: int = 2              # CTAs per cluster: 1 or 2
+    cluster_dim: str = "n"        # the pair's neighbour: "n" shares (multicasts) x, "m" shares w
+    snake_dim: str = "m"          # the tile order's minor dimension ("m" or "n")
+    snake_width: int = 8          # tiles along `snake_dim` per band of the snake
+    ctas: int | None = None       # persistent CTAs; None: the SM count (rounded to the cluster)
+    epi_cols: int = 64            # output columns per epilogue TMA store (32, 64 or 128)
+    epi_slots: int = 1            # SMEM slots per warpgroup for the epilogue stores (1 or 2)
+    steady: bool = True           # carry the TMA pipeline over a CTA's tiles
+
+    @property
+    def block_m(self) -> int:
+        return 2 * self.wg_rows
+
+    def smem_bytes(self, out_dtype=jnp.bfloat16) -> int:
+        """Shared memory the kernel asks for (pipeline buffers + epilogue slots, no
+        barriers)."""
+        x_scales = self.block_m * 4
+        per_stage = self.block_m * GROUP + BLOCK_N * GROUP + x_scales + WAVE * 4
+        return self.stages * per_stage + 2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(
+            out_dtype).itemsize
+
+    @classmethod
+    def get_default(cls, M: int, N: int, K: int, sm_count: int = 132,
+                    out_dtype=jnp.bfloat16) -> WsConfig:
+        """DeepGEMM's choice for large M: 256 x 128 tiles, clusters of 2 sharing x where N
+        allows (the FFN GEMMs: N 4096 and 24576), a snake of 8 tiles along M, the steady
+        pipeline, and the deepest pipeline that fits in shared memory with the K group count
+        a multiple of it (4 stages of 49.25 KiB leave room for one 8 KiB epilogue slot per
+        warpgroup: 64 bf16 or 32 f32 columns). With fewer tiles than SMs at 256 rows and at
+        most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
+        session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
+        reasoning by its numbers."""
+        groups = K // GROUP
+        base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
+        tiles = -(-M // base.block_m) * (N // BLOCK_N)
+        if tiles < sm_count and M <= WAVE * 2:
+            base = dataclasses.replace(base, wg_rows=WAVE)
+        item = jnp.dtype(out_dtype).itemsize
+        for steady in (True, False):
+            for stages in (4, 3, 2):
+                for slots, cols in ((2, 64), (1, 64), (1, 32)):
+                    c = dataclasses.replace(base, stages=stages, epi_slots=slots,
+                                            epi_cols=min(cols, 128 // item), steady=steady)
+                    if (c.smem_bytes(out_dtype) <= SMEM_BYTES - 1024  # 1 KiB: barriers
+                            and not (steady and groups % stages)):
+                        return c
+        raise AssertionError("2 stages always fit")
+
+
+def _interpret_params():
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams()
+
+
+def _check_config(c: WsConfig, N: int, K: int) -> None:
+    if c.wg_rows not in (WAVE, 2 * WAVE):
+        raise ValueError(f"wg_rows must be 64 or 128, got {c.wg_rows}")
+    if c.cluster not in (1, 2) or c.cluster_dim not in ("m", "n"):
+        raise ValueError(f"cluster must be 1 or 2 and cluster_dim 'm' or 'n', got "
+                         f"{c.cluster}, {c.cluster_dim!r}")
+    if c.snake_dim not in ("m", "n") or c.snake_width < 1:
+        raise ValueError(f"snake_dim must be 'm' or 'n' and snake_width >= 1, got "
+                         f"{c.snake_dim!r}, {c.snake_width}")
+    if c.epi_cols not in (32, 64, 128) or c.epi_slots not in (1, 2):
+        raise ValueError(f"epi_cols must be 32, 64 or 128 and epi_slots 1 or 2, got "
+                         f"{c.epi_cols}, {c.epi_slots}")
+    if c.stages < 2:
+        raise ValueError(f"stages must be at least 2, got {c.stages}")
+    cluster_n = BLOCK_N * (c.cluster if c.cluster_dim == "n" else 1)
+    if N % cluster_n:
+        raise ValueError(f"N {N} must be a multiple of {cluster_n} (128 columns per CTA, "
+                         f"cluster {c.cluster} along {c.cluster_dim})")
+    if c.steady and (K // GROUP) % c.stages:
+        raise ValueError(f"steady pipeline: stages {c.stages} must divide the {K // GROUP} "
+                         f"K groups (the slots must line up from tile to tile)")
+    if c.ctas is not None and c.ctas < c.cluster:
+        raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
+
+
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret):
+    """One K group on one consumer warpgroup: per 64-row wave, the group's FP8 wgmma into a
+    fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def load_rows(ref):  # one value per accumulator row (the interpreter has no layouts)
+        if interpret:
+            return ref[...]
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1))
+    # 64 copies of the tile's one w scale, loaded in the row layout: multiplying it into the
+    # row scales makes the promotion one multiply-add per element (DeepGEMM's scale_a *
+    # scale_b). Loaded before the wgmmas are issued: used only after they are waited for.
+    w_rows = load_rows(ws_smem.at[0])
+    out = []
+    for h, acc_sum in enumerate(sums):
+        rows = pl.ds(wg * wg_rows + h * WAVE, WAVE)
+        s = load_rows(xs_smem.at[0, rows]) * w_rows
+
+        def wave(acc, rows=rows, acc_sum=acc_sum, s=s):
+            plgpu.wgmma(acc, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
+            part = plgpu.wgmma_accumulator_load(acc, wait_n=0)
+            return acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0])
+        if interpret:  # no transposed wgmma operand there: the same product in fp32
+            part = jax.lax.dot_general(x_smem[rows].astype(jnp.float32),
+                                       w_smem[...].astype(jnp.float32),
+                                       (((1,), (1,)), ((), ())))
+            out.append(acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0]))
+            continue
+        out.append(pl.run_scoped(wave, plgpu.ACC((WAVE, BLOCK_N), jnp.float32)))
+    return tuple(out)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "config", "sm_count", "interpret"))
+def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
+                       config: WsConfig | None = None, sm_count: int = 132,
+                       interpret: bool = False):
+    """DeepGEMM's recipe in Pallas Mosaic GPU (module docstring); same contract as
+    `fp8_matmul_ref`. `config` default: `WsConfig.get_default(M, N, K, sm_count, out_dtype)`.
+
+    Any M (x is padded to the cluster's rows); N a multiple of 128 (256 with a cluster along
+    N); K a multiple of 128. The x scales are passed transposed ([G, M]: a group's scales are
+    one TMA row) and the w scales as 64 copies per block ([G, N / 2]: one 256-byte TMA row
+    per group and tile, loaded in the accumulator's row layout).
+
+    `interpret`: run in Pallas' Mosaic GPU interpreter (on the CPU: TMA, barriers, clusters
+    simulated; the scales read without the row layout, and each wave's product an fp32 dot in
+    place of the wgmma: the interpreter models neither the layouts nor a transposed wgmma
+    operand)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    fm._check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    N = wq.shape[0]
+    c = config or WsConfig.get_default(M, N, K, sm_count, out_dtype)
+    _check_config(c, N, K)
+    G, bm, tn, waves = K // GROUP, c.block_m, BLOCK_N, c.wg_rows // WAVE
+    pair_m = c.cluster == 2 and c.cluster_dim == "m"
+    pair_n = c.cluster == 2 and c.cluster_dim == "n"
+    cluster_m = bm * (2 if pair_m else 1)
+    Mp = pl.cdiv(M, cluster_m) * cluster_m
+    if Mp != M:
+        xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
+        x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
+    xs_GM = x_scale.T
+    ws_GN = jnp.repeat(w_scale.T, WAVE, axis=1)  # [G, N / 128 * 64]
+    m_iters, n_iters = Mp // cluster_m, N // (tn * (2 if pair_n else 1))
+    clusters = min((c.ctas or sm_count) // c.cluster, m_iters * n_iters)
+
+    swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
+    tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+    out_bits = jnp.dtype(out_dtype).itemsize * 8
+    out_swizzle = plgpu.find_swizzle(c.epi_cols * out_bits)
+    out_tiled = (plgpu.TilingTransform((8, out_swizzle * 8 // out_bits)),
+                 plgpu.SwizzleTransform(out_swizzle))
+    share_x = ("cluster",) if pair_n else ()  # the pair multicasts what both of them read
+    share_w = ("cluster",) if pair_m else ()
+    in_specs = [
+        plgpu.BlockSpec((bm, GROUP), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
+        plgpu.BlockSpec((1, bm), lambda g: (g, 0), collective_axes=share_x),
+        plgpu.BlockSpec((tn, GROUP), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
+        plgpu.BlockSpec((1, WAVE), lambda g: (g, 0), collective_axes=share_w)]
+
+    def pipeline(body, context, state=None):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(G,), memory_registers=40, max_concurrent_steps=c.stages,
+            wg_axis="wg", num_compute_wgs=2, in_specs=in_specs, compute_context=context,
+            pipeline_state=state)
+
+    def zeros():  # built inside the kernel: kernels capture no constants
+        z = jnp.zeros((WAVE, tn), jnp.float32)
+        return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
+
+    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem):
+        wg = jax.lax.axis_index("wg")
+        cta = jax.lax.axis_index("cluster")
+
+        def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
+            return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
+                                 interpret)
+
+        def store(sums, ms, ns):
+            pieces = tn // c.epi_cols
+            for h, acc_sum in enumerate(sums):
+                for p in range(pieces):
+                    slot = o_smem.at[wg, (h * pieces + p) % c.epi_slots]
+                    cols = pl.ds(p * c.epi_cols, c.epi_cols)
+                    # the slot's previous store must have read it
+                    plgpu.wait_smem_to_gmem(c.epi_slots - 1, wait_read_only=True)
+                    slot[...] = acc_sum[:, p * c.epi_cols:(p + 1) * c.epi_cols].astype(
+                        out_dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(slot, o_gmem.at[ms, ns].at[
+                        pl.ds(wg * c.wg_rows + h * WAVE, WAVE), cols])
+
+        def ignore(*_, **__):
+            return None
+        allocs = pipeline(ignore, ignore).get_allocations(x_gmem, xs_gmem, w_gmem, ws_gmem)
+
+        @functools.partial(pl.run_scoped, allocations=allocs, collective_axes="wg")
+        def _(allocations):
+            @plgpu.nd_loop((m_iters * n_iters,), collective_axes="cluster_grid")
+            def _(info):
+                (lin,) = info.index
+                mi, ni = plgpu.planar_snake(lin, (m_iters, n_iters),
+                                            0 if c.snake_dim == "m" else 1, c.snake_width)
+                if pair_m:
+                    mi = 2 * mi + cta
+                if pair_n:
+                    ni = 2 * ni + cta
+                ms, ns = pl.ds(mi * bm, bm), pl.ds(ni * tn, tn)
+                state = None
+                if c.steady:  # the first tile fills the pipeline, later ones run on
+                    state = jnp.where(info.local_index == 0, plgpu.PipelinePipeline.START,
+                                      plgpu.PipelinePipeline.STEADY).astype(jnp.int32)
+
+                def context(run):
+                    store(run((zeros(),) * waves), ms, ns)
+                pipeline(body, context, state)(
+                    x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns],
+                    ws_gmem.at[:, pl.ds(ni * WAVE, WAVE)], allocations=allocations)
+
+            if c.steady:  # drain: what STOP would do after the last tile (every CTA has one)
+                @pl.when(wg == 2)
+                def _():
+                    [consumed] = allocations["flat_consumed_barrier_refs"]
+                    for s in range(c.stages):
+                        plgpu.barrier_wait(consumed.at[s])
+        plgpu.wait_smem_to_gmem(0)
+
+    out = plgpu.kernel(
+        kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
+        scratch_types=[plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), out_dtype,
+                                  transforms=out_tiled)],
+        grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
+        cluster_names=("cluster",), num_threads=3, thread_name="wg",
+        interpret=_interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
+    return out if Mp == M else out[:M]
