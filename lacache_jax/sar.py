@@ -135,16 +135,22 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
     """The block's first step (the policy's first forward), its later steps, the EOS stop."""
     gen, cv, policy, ctx = loop.gen, loop.canvas, loop.policy, loop.ctx
     blk = open_block(loop, st, keys_B)
-    first = lambda x, cache: policy.first(ctx, x, blk.keep_BT, blk.s)
-    st = loop.strategy(loop, st, blk, 0, first)
+    i0 = 0
+    if not policy.later_is_first:
+        first = lambda x, cache: policy.first(ctx, x, blk.keep_BT, blk.s)
+        st, i0 = loop.strategy(loop, st, blk, 0, first), 1
+    # Otherwise step 0 runs in the loop too (always: as the first step does), so the program
+    # holds one copy of the forward, not two (compile time; DPad's compact canvas has one per
+    # block).
 
     def body(carry):
         st, i = carry
         later = lambda x, cache: policy.step(ctx, x, blk.keep_BT, blk.s, cache, i)
         return loop.strategy(loop, st, blk, i, later), i + 1
 
-    st, _ = jax.lax.while_loop(lambda c: (c[1] < gen.block_length) & has_work(loop, c[0], blk.s),
-                               body, (st, jnp.int32(1)))
+    st, _ = jax.lax.while_loop(
+        lambda c: (c[1] == 0) | ((c[1] < gen.block_length) & has_work(loop, c[0], blk.s)),
+        body, (st, jnp.int32(i0)))
     if gen.stop_at_eos:
         finished = ~st.done_B & (cv.cut(st.x_BT, blk.s) == gen.eos_id).any(-1)
         col = jnp.arange(st.x_BT.shape[1])
