@@ -110,8 +110,7 @@ def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
     def on_view(view: View):
         logits, c = _forward(ctx, view.canvas, view.take(x_BT), view.keep_BL, s, kv)
         if c is not None:
-            shape = (*ctx.canvas.pos_MT.shape, ctx.cfg.n_kv_heads, ctx.cfg.head_dim)
-            zero = lambda a: jnp.zeros(shape, a.dtype)
+            zero = lambda a: jnp.zeros(_kv_shape(ctx), a.dtype)
             c = KVCache([view.put(zero(k), k) for k in c.k], [view.put(zero(v), v) for v in c.v])
         return logits, c
     return ctx.compact.run(ctx.canvas, keep_BT, s, on_view)
