@@ -68,7 +68,9 @@ def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
     flops, nbytes = step_cost(cfg, gen, B, P)
     floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes, REFERENCE_CEILINGS)
     ms_step = latency / nfe * 1e3
-    return dict(latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
+    mem = run.compiled.memory_analysis()  # per-block programs (lax.switch) share temp space?
+    return dict(temp_gib=None if mem is None else mem.temp_size_in_bytes / 2**30,
+                latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
                 rows_per_block=[list(r) for r in block_rows(gen, P)],
                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
                 ms_per_step=ms_step, floor_ms=floor, x_floor=ms_step / floor,
@@ -153,8 +155,8 @@ def report(args, cfg, ceil, rows):
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
     print("| B | prompt | cache | decoding | fp8 FFN | DPad | latency s | tokens/s | NFE | "
           "ms/step | × no DPad | floor ms (measured / reference) | "
-          "× floor (measured / reference) | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "× floor (measured / reference) | compile s | XLA temp GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = {_key(r): r["ms_per_step"] for r in rows if r["dpad"] is None}
     for r in rows:
         ratio = (f"{r['ms_per_step'] / plain[_key(r)]:.2f}"
@@ -164,7 +166,8 @@ def report(args, cfg, ceil, rows):
               f"{r['latency_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | {ratio} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "
-              f"{r['x_ref_floor']:.2f} | {r['compile_s']:.0f} |")
+              f"{r['x_ref_floor']:.2f} | {r['compile_s']:.0f} | "
+              f"{'' if r['temp_gib'] is None else format(r['temp_gib'], '.2f')} |")
 
 
 def _key(r: dict) -> tuple:

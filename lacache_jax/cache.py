@@ -8,17 +8,18 @@ cache pytree and owns every forward that reads or writes it; the SAR loop (sar.p
 with `s` the block's first column (a scalar, or one per row [B] under slot refill: each row's
 block is then cut, written and attended at its own column), `keep_BT` the keys the block sees
 (padding and DPad's dropped suffix removed), `i` the step within the block, and logits for the
-block's rows only. Shapes are static under jit, so a policy whose forwards shrink block by
-block dispatches on the block index to one program per block (`lax.switch`).
+block's rows only. Shapes are static under jit: a policy whose later forwards shrink block
+by block says so (`static_later(ctx)`), and the loop then runs each block's later steps in a
+program of its own (`lax.switch` over the blocks) with `s` a Python int. (A switch per step
+instead would copy the cache out of the conditional at every step.)
 
   policy   first forward of a block               later forwards
   none     full forward                           full forward
   exact    full forward; fill layer 0's LaCache   layer 0: embed/norm/QKV/RoPE of [s, e) only,
            (embeddings, q/k/v, FACache state)     FACache reuse; layers >= 1 full. Lossless.
   prefix   full forward, keep every K/V           queries [s, T) against cached K/V before s
-                                                  (one program per block; per-row starts:
-                                                  the static window [P, T), rows before s
-                                                  dropped)
+                                                  (static s; per-row starts: the static
+                                                  window [P, T), rows before s dropped)
   dual     full forward, keep every K/V           queries [s, e); their K/V overwrite the cache
   dual + refresh_interval r: a full forward instead at steps i % r == 0 (`DualRefresh`).
 
@@ -137,6 +138,9 @@ class NoCache:
     """Every forward recomputes the whole canvas (with DPad: the compact canvas)."""
     later_is_first = True  # the loop may run every step through `step` (one program)
 
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
+
     def init(self, ctx: Ctx):
         return None
 
@@ -156,6 +160,9 @@ class KVPolicy:
     """Shared by the Fast-dLLM caches: every layer's K/V kept from the block's first forward."""
     later_is_first = False
 
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
+
     def init(self, ctx: Ctx):
         return KVCache.zeros(ctx.cfg, *ctx.canvas.pos_MT.shape, ctx.params.dtype)
 
@@ -166,27 +173,27 @@ class KVPolicy:
 class PrefixCache(KVPolicy):
     """Fast-dLLM prefix cache: later steps query the block and the suffix.
 
-    With one block start, a later step queries [s, T) only, in one program per block
-    (`lax.switch`); with DPad, the block and the kept suffix only (static slots
-    `CompactPlan.later_slots`), falling back to the masked window when a row kept more. Per-row
-    starts (slot refill) query the static window [P, T) and drop the rows before s."""
+    With one block start, a later step queries [s, T) only: the loop runs the block's later
+    steps in one program per block with s a Python int (`static_later`). With DPad, the block
+    and the kept suffix only (static slots `CompactPlan.later_slots`, any block), falling back
+    to the masked window when a row kept more. Per-row starts (slot refill) query the static
+    window [P, T) and drop the rows before s."""
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return ctx.compact is None
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
-        cv, plan = ctx.canvas, ctx.compact
-        if jnp.ndim(s) == 1:
+        plan = ctx.compact
+        if isinstance(s, int):  # the loop's per-block program (`static_later`)
+            return self._step_from(ctx, x_BT, keep_BT, s, cache)
+        if plan is None or jnp.ndim(s) == 1:
             return self._step_window(ctx, x_BT, keep_BT, s, cache)
-        if plan is not None:
-            compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c)
-            if plan.bounded:
-                return compact(x_BT, cache)
-            return jax.lax.cond(plan.overflow(keep_BT, s, plan.later_slots),
-                                lambda x, c: self._step_window(ctx, x, keep_BT, s, c),
-                                compact, x_BT, cache)
-        P, bl = cv.prompt_len, cv.block_len
-        nb = (cv.valid_BT.shape[1] - P) // bl
-        return jax.lax.switch((s - P) // bl, [
-            lambda x, c, j=j: self._step_from(ctx, x, keep_BT, P + j * bl, c)
-            for j in range(nb)], x_BT, cache)
+        compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c)
+        if plan.bounded:
+            return compact(x_BT, cache)
+        return jax.lax.cond(plan.overflow(keep_BT, s, plan.later_slots),
+                            lambda x, c: self._step_window(ctx, x, keep_BT, s, c),
+                            compact, x_BT, cache)
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
@@ -314,6 +321,9 @@ class ExactCache:
     outside the block are filled at its first forward and reused, so later forwards compute
     layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none."""
     later_is_first = False
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:

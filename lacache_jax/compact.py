@@ -73,12 +73,15 @@ class CompactPlan:
 
     @classmethod
     def build(cls, gen: GenerationConfig, P: int) -> "CompactPlan | None":
-        """None without DPad."""
+        """None without DPad, or when no block's compact canvas would be narrower than the
+        canvas (its slots hold the whole suffix: gathers and scatters for nothing)."""
         if gen.dpad is None:
             return None
         T, bl = P + gen.gen_length, gen.block_length
         n_suffix = [T - (P + (k + 1) * bl) for k in range(gen.num_blocks)]
         kept = tuple(sampling.dpad_capacity(gen.dpad, n) for n in n_suffix)
+        if kept == tuple(n_suffix):
+            return None
         most = tuple(sampling.dpad_most_kept(gen.dpad, n) for n in n_suffix)
         return cls(P, bl, T, kept, kept == most)
 
