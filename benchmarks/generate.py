@@ -2,11 +2,19 @@
 
     python -m benchmarks.generate [--batch 1,8] [--modes none,exact,prefix,dual]
                                   [--decoding fixed,threshold] [--prompt 512,1024]
+                                  [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
+                                  [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
 tokens/s, NFE, ms per step and the per-step floor max(FLOPs / peak, bytes / bandwidth), with
 the ceilings measured in the same run. stop_at_eos is off so all runs do the same work.
+
+Each row also reports the rows its forwards compute per block (`cache.block_rows`: the first
+forward's columns, a later forward's query rows): prefix queries [s, T), DPad's compact canvas
+[0, e) plus the kept suffix slots. `--dpad both` runs every configuration without and with
+DPad suffix dropout (same weights, prompts and run), so one call measures what it saves.
+`--tiny` runs a tiny random model (lj.tiny, fp32) instead: a CPU check of the harness.
 """
 
 from __future__ import annotations
@@ -15,16 +23,20 @@ import argparse
 import itertools
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               time_run, write_result)
+                               measure_ceilings, time_run, write_result)
+from lacache_jax.cache import block_rows
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
-    """(FLOPs, bytes) of one later step of a block, averaged over a block's steps, where the
-    first step of each block is a full forward. Bytes: weights + the KV cache read."""
+    """(FLOPs, bytes) of one step, averaged over every block's steps, where the first step of
+    each block is a full forward (over DPad's compact canvas with DPad) and later steps query
+    the rows `block_rows` gives. Bytes: weights + the KV cache read."""
     T = P + gen.gen_length
     D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
     proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
@@ -33,16 +45,16 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
         attn = 2 * keys * cfg.n_heads * K
         return 2.0 * B * (queries * cfg.n_layers * (proj + attn) + gen.block_length * D * V)
 
-    full = flops(T, T)
-    later = {"none": full, "exact": full, "prefix": flops(gen.gen_length, T),
-             "dual": flops(gen.block_length, T)}[gen.cache]
     spb = gen.steps_per_block
-    per_step = (full + (spb - 1) * later) / spb
+    per_block = []
+    for first, later in block_rows(gen, P):
+        keys = first if gen.cache == "none" else T  # caches keep the whole canvas's columns
+        per_block.append((flops(first, first) + (spb - 1) * flops(later, keys)) / spb)
     kv_bytes = 0 if gen.cache == "none" else 2 * cfg.n_layers * B * T * cfg.n_kv_heads * K * 2
     weight_bytes = 2.0 * cfg.n_params
     if gen.fp8_ffn:  # FFN weights of layers >= 1 are read as FP8 (1 byte) instead of bf16
         weight_bytes -= (cfg.n_layers - 1) * 3 * D * F
-    return per_step, weight_bytes + kv_bytes
+    return float(np.mean(per_block)), weight_bytes + kv_bytes
 
 
 def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
@@ -56,7 +68,10 @@ def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
     flops, nbytes = step_cost(cfg, gen, B, P)
     floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes, REFERENCE_CEILINGS)
     ms_step = latency / nfe * 1e3
-    return dict(latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
+    mem = run.compiled.memory_analysis()  # per-block programs (lax.switch) share temp space?
+    return dict(temp_gib=None if mem is None else mem.temp_size_in_bytes / 2**30,
+                latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
+                rows_per_block=[list(r) for r in block_rows(gen, P)],
                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
                 ms_per_step=ms_step, floor_ms=floor, x_floor=ms_step / floor,
                 ref_floor_ms=ref_floor, x_ref_floor=ms_step / ref_floor,
@@ -75,9 +90,20 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--fp8-ffn", default="off", choices=["off", "on", "both"],
                     help="FP8 FFN in layers >= 1 (weights quantised once, on the device)")
+    ap.add_argument("--dpad", default="off", choices=["off", "on", "both"],
+                    help="DPad suffix dropout; both: every configuration without, then with")
+    ap.add_argument("--dpad-strategy", default="gaussian", choices=["gaussian", "uniform"])
+    ap.add_argument("--dpad-window", type=int, default=256)
+    ap.add_argument("--dpad-keep", type=int, default=32, help="uniform: positions kept")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
 
-    cfg, ceil, params = llada_8b_setup(args.layers)
+    if args.tiny:
+        cfg = lj.tiny(max_seq_len=4096, **({"n_layers": args.layers} if args.layers else {}))
+        ceil, params = measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    else:
+        cfg, ceil, params = llada_8b_setup(args.layers)
     if args.fp8_ffn != "off":
         params = lj.quantize_ffn(params)
     rows, baseline = [], {}
@@ -90,44 +116,63 @@ def main():
 
 def measure_all(args, cfg, ceil, params, rows, baseline):
     fp8s = {"off": [False], "on": [True], "both": [False, True]}[args.fp8_ffn]
-    for B, P, decoding, mode, fp8 in itertools.product(
+    dpad = lj.DPadConfig(strategy=args.dpad_strategy, window=args.dpad_window,
+                         keep=args.dpad_keep)
+    dpads = {"off": [None], "on": [dpad], "both": [None, dpad]}[args.dpad]
+    for B, P, decoding, mode, fp8, dp in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
-            args.decoding.split(","), args.modes.split(","), fp8s):
+            args.decoding.split(","), args.modes.split(","), fp8s, dpads):
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
             threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
-            fp8_ffn=fp8)
+            fp8_ffn=fp8, dpad=dp)
         r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
-        if mode == "none" and not fp8:
+        if mode == "none" and not fp8 and dp is None:
             baseline[B, P, decoding] = tokens
         # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
-        r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, same_tokens_as_none=(
-            float(np.mean(tokens == baseline[B, P, decoding]))
-            if (B, P, decoding) in baseline else None))
+        r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8,
+                 dpad=None if dp is None else dp.strategy, same_tokens_as_none=(
+                     float(np.mean(tokens == baseline[B, P, decoding]))
+                     if (B, P, decoding) in baseline and dp is None else None))
         rows.append(r)
-        print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} {r['latency_s']:6.2f} s  "
+        rows_txt = ", ".join(f"{a}/{b}" for a, b in r["rows_per_block"])
+        print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} dpad {r['dpad'] or 'off'} "
+              f"{r['latency_s']:6.2f} s  "
               f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  same tokens as none "
-              f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s", flush=True)
+              f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s\n"
+              f"    rows per block (first forward / later query rows): {rows_txt}", flush=True)
 
 
 def report(args, cfg, ceil, rows):
+    dpad = (None if args.dpad == "off" else
+            dict(strategy=args.dpad_strategy, window=args.dpad_window, keep=args.dpad_keep))
     path = write_result("generate", {"config": cfg.to_dict(), "ceilings": ceil,
-                                     "gen": args.gen,
-                                     "block": args.block, "rows": rows})
+                                     "gen": args.gen, "block": args.block, "dpad": dpad,
+                                     "tiny": args.tiny, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
-    print("| B | prompt | cache | decoding | fp8 FFN | latency s | tokens/s | NFE | ms/step | "
-          "floor ms (measured / reference) | × floor (measured / reference) | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| B | prompt | cache | decoding | fp8 FFN | DPad | latency s | tokens/s | NFE | "
+          "ms/step | × no DPad | floor ms (measured / reference) | "
+          "× floor (measured / reference) | compile s | XLA temp GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    plain = {_key(r): r["ms_per_step"] for r in rows if r["dpad"] is None}
     for r in rows:
+        ratio = (f"{r['ms_per_step'] / plain[_key(r)]:.2f}"
+                 if r["dpad"] is not None and _key(r) in plain else "")
         print(f"| {r['B']} | {r['prompt']} | {r['cache']} | {r['decoding']} | "
-              f"{'yes' if r['fp8_ffn'] else 'no'} | "
+              f"{'yes' if r['fp8_ffn'] else 'no'} | {r['dpad'] or 'off'} | "
               f"{r['latency_s']:.2f} | "
-              f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | "
+              f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | {ratio} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "
-              f"{r['x_ref_floor']:.2f} | {r['compile_s']:.0f} |")
+              f"{r['x_ref_floor']:.2f} | {r['compile_s']:.0f} | "
+              f"{'' if r['temp_gib'] is None else format(r['temp_gib'], '.2f')} |")
+
+
+def _key(r: dict) -> tuple:
+    """A row's configuration without its DPad setting."""
+    return r["B"], r["prompt"], r["cache"], r["decoding"], r["fp8_ffn"]
 
 
 if __name__ == "__main__":

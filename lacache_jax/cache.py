@@ -8,15 +8,28 @@ cache pytree and owns every forward that reads or writes it; the SAR loop (sar.p
 with `s` the block's first column (a scalar, or one per row [B] under slot refill: each row's
 block is then cut, written and attended at its own column), `keep_BT` the keys the block sees
 (padding and DPad's dropped suffix removed), `i` the step within the block, and logits for the
-block's rows only.
+block's rows only. Shapes are static under jit: a policy whose later forwards shrink block
+by block says so (`static_later(ctx)`), and the loop then runs each block's later steps in a
+program of its own (`lax.switch` over the blocks) with `s` a Python int. (A switch per step
+instead would copy the cache out of the conditional at every step.)
 
   policy   first forward of a block               later forwards
   none     full forward                           full forward
   exact    full forward; fill layer 0's LaCache   layer 0: embed/norm/QKV/RoPE of [s, e) only,
            (embeddings, q/k/v, FACache state)     FACache reuse; layers >= 1 full. Lossless.
-  prefix   full forward, keep every K/V           queries [P, T) against cached K/V before s
+  prefix   full forward, keep every K/V           queries [s, T) against cached K/V before s
+                                                  (static s; per-row starts: the static
+                                                  window [P, T), rows before s dropped)
   dual     full forward, keep every K/V           queries [s, e); their K/V overwrite the cache
   dual + refresh_interval r: a full forward instead at steps i % r == 0 (`DualRefresh`).
+
+With DPad (one block start), full forwards run on the compact canvas (compact.py): [0, e)
+and the kept suffix only, one program per block; prefix's later steps query the block and the
+kept suffix only. Caches keep the canvas layout; DPad's dropped columns are masked keys. Exact
+keeps the masked full canvas (its FACache kernel state follows the canvas's own columns).
+`policy.rows(P, T, block_len, k, plan)` gives block k's (first forward's columns, a later
+forward's query rows) for benchmarks (`block_rows`); `later_is_first` says every forward is
+the first one (the loop then traces one forward, not two).
 
 A new policy is one class here plus an entry in `POLICIES`.
 """
@@ -31,7 +44,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as PS
 
 from kernels.cached_attention import FAState, cached_attention
+from lacache_jax import sampling
 from lacache_jax.canvas import Canvas
+from lacache_jax.compact import CompactPlan, View
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params, finish_block, qkv, rms_norm, run_blocks
 from lacache_jax.sharding import DATA, MODEL, shard_kernel
@@ -71,24 +86,47 @@ class LaCache:
 
 @dataclasses.dataclass(frozen=True)
 class Ctx:
-    """What a forward needs besides tokens and cache: weights, shapes and the canvas."""
+    """What a forward needs besides tokens and cache: weights, shapes, the canvas and, with
+    DPad, the compact canvas's static widths (compact.py)."""
     params: Params
     cfg: ModelConfig
     canvas: Canvas
+    compact: CompactPlan | None = None
 
     @classmethod
     def build(cls, params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B: jax.Array,
               T: int) -> "Ctx":
-        return cls(params, cfg, Canvas.build(pad_B, T, cfg, gen))
+        return cls(params, cfg, Canvas.build(pad_B, T, cfg, gen),
+                   CompactPlan.build(gen, T - gen.gen_length))
 
 
-def full_forward(ctx: Ctx, x_BT, keep_BT, s):
-    """All rows through all layers; returns the block's logits and every layer's K/V."""
-    cv = ctx.canvas
+def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
+    """All rows through all layers; returns the block's logits and every layer's K/V (None
+    without `kv`). With DPad and one block start, only the compact canvas's columns run
+    (compact.py); their K/V are written back at their canvas columns, the rest left zero
+    (those keys are masked)."""
+    if ctx.compact is None or jnp.ndim(s) == 1:
+        return _forward(ctx, ctx.canvas, x_BT, keep_BT, s, kv)
+
+    def on_view(view: View):
+        logits, c = _forward(ctx, view.canvas, view.take(x_BT), view.keep_BL, s, kv)
+        if c is not None:
+            zero = lambda a: jnp.zeros(_kv_shape(ctx), a.dtype)
+            c = KVCache([view.put(zero(k), k) for k in c.k], [view.put(zero(v), v) for v in c.v])
+        return logits, c
+    return ctx.compact.run(ctx.canvas, keep_BT, s, on_view)
+
+
+def _forward(ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, kv: bool):
     cos, sin = cv.rope()
     h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BT)], ctx.params.layers, ctx.cfg,
                            cos, sin, cv.dup(keep_BT))
-    return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s)), KVCache(ks, vs)
+    return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s)), KVCache(ks, vs) if kv else None
+
+
+def _width(T: int, k: int, plan: CompactPlan | None) -> int:
+    """Columns of block k's full forward."""
+    return T if plan is None else plan.width(k)
 
 
 def _kv_shape(ctx: Ctx):
@@ -97,20 +135,33 @@ def _kv_shape(ctx: Ctx):
 
 
 class NoCache:
-    """Every forward recomputes the whole canvas."""
+    """Every forward recomputes the whole canvas (with DPad: the compact canvas)."""
+    later_is_first = True  # the loop may run every step through `step` (one program)
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
 
     def init(self, ctx: Ctx):
         return None
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
-        return full_forward(ctx, x_BT, keep_BT, s)[0], None
+        return full_forward(ctx, x_BT, keep_BT, s, kv=False)[0], None
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
         return self.first(ctx, x_BT, keep_BT, s)
 
+    @staticmethod
+    def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
+        w = _width(T, k, plan)
+        return w, w
+
 
 class KVPolicy:
     """Shared by the Fast-dLLM caches: every layer's K/V kept from the block's first forward."""
+    later_is_first = False
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
 
     def init(self, ctx: Ctx):
         return KVCache.zeros(ctx.cfg, *ctx.canvas.pos_MT.shape, ctx.params.dtype)
@@ -120,11 +171,76 @@ class KVPolicy:
 
 
 class PrefixCache(KVPolicy):
-    """Fast-dLLM prefix cache: later steps query the block and the suffix."""
+    """Fast-dLLM prefix cache: later steps query the block and the suffix.
+
+    With one block start, a later step queries [s, T) only: the loop runs the block's later
+    steps in one program per block with s a Python int (`static_later`). With DPad, the block
+    and the kept suffix only (static slots `CompactPlan.later_slots`, any block), falling back
+    to the masked window when a row kept more. Per-row starts (slot refill) query the static
+    window [P, T) and drop the rows before s."""
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return ctx.compact is None
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
-        # Static query window [P, T): rows before s are computed and ignored; their keys come
-        # from the cache, as do all keys before s (see DESIGN.md on static shapes).
+        plan = ctx.compact
+        if isinstance(s, int):  # the loop's per-block program (`static_later`)
+            return self._step_from(ctx, x_BT, keep_BT, s, cache)
+        if plan is None or jnp.ndim(s) == 1:
+            return self._step_window(ctx, x_BT, keep_BT, s, cache)
+        compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c)
+        if plan.bounded:
+            return compact(x_BT, cache)
+        return jax.lax.cond(plan.overflow(keep_BT, s, plan.later_slots),
+                            lambda x, c: self._step_window(ctx, x, keep_BT, s, c),
+                            compact, x_BT, cache)
+
+    @staticmethod
+    def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
+        later = T - (P + k * block_len) if plan is None else block_len + plan.later_slots
+        return _width(T, k, plan), later
+
+    @staticmethod
+    def _run(ctx: Ctx, cv: Canvas, x_BQ, keep_BT, cache, write):
+        """Queries `x_BQ` at `cv`'s columns through every layer; `write(c, new)` puts their
+        K/V into the canvas-layout cache they attend to. Returns (hidden, new cache)."""
+        def kv_fn(i):
+            def put(c, new):
+                with jax.named_scope("cache_update"):
+                    return write(c, new)
+            return lambda k, v: (put(cache.k[i], k), put(cache.v[i], v))
+        cos, sin = cv.rope()
+        h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BQ)], ctx.params.layers,
+                               ctx.cfg, cos, sin, ctx.canvas.dup(keep_BT),
+                               [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+        return h, KVCache(ks, vs)
+
+    def _step_from(self, ctx: Ctx, x_BT, keep_BT, s: int, cache):
+        """Queries [s, T) for a static s: no row is computed to be thrown away. Their K/V
+        overwrite the cache from column s, which every later step rewrites anyway, so the
+        cache is updated in place instead of copied."""
+        cv = ctx.canvas
+        sub = cv.tail(s)
+        write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
+        h, cache = self._run(ctx, sub, x_BT[:, s:], keep_BT, cache, write)
+        return cv.logits(ctx.params, ctx.cfg, h[:, :cv.block_len]), cache
+
+    def _step_compact(self, ctx: Ctx, x_BT, keep_BT, s, cache):
+        """DPad: queries the block [s, s + block_len) and the kept suffix (static slots, empty
+        ones masked); their K/V are scattered into the cache at their columns."""
+        cv, bl = ctx.canvas, ctx.canvas.block_len
+        B = x_BT.shape[0]
+        cols = jnp.concatenate([s + jnp.broadcast_to(jnp.arange(bl, dtype=jnp.int32), (B, bl)),
+                                sampling.dpad_columns(keep_BT, s + bl, ctx.compact.later_slots)],
+                               axis=1)
+        view = View.at(cv, keep_BT, cols)
+        h, cache = self._run(ctx, view.canvas, view.take(x_BT), keep_BT, cache, view.put)
+        return cv.logits(ctx.params, ctx.cfg, h[:, :bl]), cache
+
+    @staticmethod
+    def _step_window(ctx: Ctx, x_BT, keep_BT, s, cache):
+        """The static query window [P, T) for any start (scalar or per row): rows before s
+        are computed and ignored; their keys, like all keys before s, come from the cache."""
         cv = ctx.canvas
         P = cv.prompt_len
         s_M1 = jnp.reshape(cv.model_s(s), (-1, 1))  # [1, 1], or [M, 1] per row
@@ -158,6 +274,10 @@ class DualCache(KVPolicy):
                                ctx.params.layers, ctx.cfg, cos, sin, cv.dup(keep_BT),
                                [kv_fn(i) for i in range(ctx.cfg.n_layers)])
         return cv.logits(ctx.params, ctx.cfg, h), KVCache(ks, vs)
+
+    @staticmethod
+    def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
+        return _width(T, k, plan), block_len
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +320,14 @@ class ExactCache:
     """LaCache (REFERENCE.md §7): layer 0's embeddings, q/k/v and FACache state of the columns
     outside the block are filled at its first forward and reused, so later forwards compute
     layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none."""
+    later_is_first = False
+
+    def static_later(self, ctx: Ctx) -> bool:
+        return False
+
+    @staticmethod
+    def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
+        return T, T  # layers >= 1 (no compaction); layer 0's later queries are the block
 
     def init(self, ctx: Ctx):
         cfg, (M, T) = ctx.cfg, ctx.canvas.pos_MT.shape
@@ -257,3 +385,12 @@ POLICIES: dict[str, Callable[[GenerationConfig], Any]] = {
 
 def policy_for(gen: GenerationConfig):
     return POLICIES[gen.cache](gen)
+
+
+def block_rows(gen: GenerationConfig, P: int) -> list[tuple[int, int]]:
+    """Each block's (columns of its first forward, query rows of a later forward) in a
+    generation whose rows share the block start, prompt width P; DPad's compact widths at
+    their static slots (compact.py)."""
+    policy, plan = policy_for(gen), CompactPlan.build(gen, P)
+    T = P + gen.gen_length
+    return [policy.rows(P, T, gen.block_length, k, plan) for k in range(gen.num_blocks)]

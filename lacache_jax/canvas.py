@@ -12,6 +12,10 @@ A block start `s` is a scalar (every row at the same block: `generate`, one dyna
 per row, `s_B` (slot refill, slots.py: rows in flight are at different blocks): `cut`, `put`
 and `rope` then slice each row at its own column (vmapped dynamic slices), and the model rows
 under CFG share their row's start (`model_s`).
+
+A compact canvas (`gather`) is the same canvas restricted to some columns per row, each
+keeping its RoPE position, validity and prompt flag: DPad's [0, block end) and kept suffix
+(compact.py). Its first columns are the canvas's own, so a block keeps its columns in it.
 """
 
 from __future__ import annotations
@@ -97,6 +101,22 @@ class Canvas:
         """RoPE tables of the given columns, per row: cos, sin [B, R, K/2] (no CFG rows)."""
         take = lambda t: jnp.take_along_axis(t, cols_BR[..., None], axis=1)
         return take(self.cos_MTk), take(self.sin_MTk)
+
+    def tail(self, s: int) -> "Canvas":
+        """The canvas from column s on (a static start)."""
+        return dataclasses.replace(
+            self, valid_BT=self.valid_BT[:, s:], prompt_BT=self.prompt_BT[:, s:],
+            pos_MT=self.pos_MT[:, s:], cos_MTk=self.cos_MTk[:, s:], sin_MTk=self.sin_MTk[:, s:])
+
+    def gather(self, cols_BL: jax.Array) -> "Canvas":
+        """The canvas restricted to the given columns of each row [B, L], in that order: a
+        compact canvas of width L with the original RoPE positions."""
+        take = lambda a, c: jnp.take_along_axis(a, c, axis=1)
+        cols_ML = self.dup(cols_BL)
+        return dataclasses.replace(
+            self, valid_BT=take(self.valid_BT, cols_BL), prompt_BT=take(self.prompt_BT, cols_BL),
+            pos_MT=take(self.pos_MT, cols_ML), cos_MTk=take(self.cos_MTk, cols_ML[..., None]),
+            sin_MTk=take(self.sin_MTk, cols_ML[..., None]))
 
     def logits(self, params: Params, cfg: ModelConfig, h_MQD: jax.Array) -> jax.Array:
         """LM head on the block's rows only (logit truncation), fp32, CFG combined: [B, Q, V]."""

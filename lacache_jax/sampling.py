@@ -1,6 +1,8 @@
 """What to reveal at a step: schedules, Gumbel sampling, confidence, the reveal rules (a
 name -> rule table: fixed, threshold, factor), DPad's kept suffix. Pure functions over the
-current block's rows ([B, Q] with Q = block_length)."""
+current block's rows ([B, Q] with Q = block_length), except DPad's, which speak in canvas
+columns ([B, T]): the kept set, its static size bound (`dpad_capacity`) and the kept
+columns as gather indices (`dpad_columns`) for the compact canvas (sar.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ import jax.numpy as jnp
 from lacache_jax.config import DPadConfig
 
 _DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
+# A row keeps more suffix positions than `dpad_capacity` with at most this probability per
+# block; the block then runs on the full masked canvas instead (sar.py), so the bound costs
+# speed when exceeded, never tokens.
+DPAD_TAIL = 1e-6
 
 
 def transfer_schedule(n_masked_B: jax.Array, steps: int) -> jax.Array:
@@ -129,3 +135,59 @@ def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
     """Per-row keys of the DPad draw for block `block` (one index, or one per row [B])."""
     stream = jax.vmap(lambda k: jax.random.fold_in(k, _DPAD_STREAM))(keys_B)
     return jax.vmap(jax.random.fold_in)(stream, jnp.broadcast_to(block, stream.shape))
+
+
+def dpad_keep_probs(dpad: DPadConfig, n: int) -> list[float]:
+    """Keep probability of each of the first n suffix distances (0 past the window), as
+    `dpad_keep` draws them; uniform: the share `keep / window` (its count is fixed anyway)."""
+    out = []
+    for d in range(n):
+        if d >= dpad.window:
+            p = 0.0
+        elif dpad.strategy == "gaussian":
+            z = dpad.k * d / (dpad.window - 1)
+            p = dpad.scale * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+        else:
+            p = dpad.keep / dpad.window
+        out.append(min(1.0, p))
+    return out
+
+
+def dpad_most_kept(dpad: DPadConfig, n_suffix: int) -> int:
+    """The most suffix positions a block can keep out of the `n_suffix` after it."""
+    n = min(dpad.window, n_suffix)
+    return min(dpad.keep, n) if dpad.strategy == "uniform" else n
+
+
+def dpad_capacity(dpad: DPadConfig, n_suffix: int, tail: float | None = None) -> int:
+    """A static bound on the suffix positions a block keeps out of the `n_suffix` after it.
+
+    Uniform keeps exactly min(keep, window, n_suffix): the bound is exact. Gaussian keeps a
+    sum of independent draws, so any count up to min(window, n_suffix) can occur; the bound is
+    the count's (1 - tail) quantile (`DPAD_TAIL` by default) from its exact distribution (a
+    convolution over the distances, float64). A block whose count exceeds it falls back to
+    the masked full canvas (sar.py): tokens never depend on the bound.
+    """
+    n = dpad_most_kept(dpad, n_suffix)
+    if dpad.strategy == "uniform":
+        return n
+    tail = DPAD_TAIL if tail is None else tail
+    pmf = [1.0]  # distribution of the kept count over the distances seen so far
+    for p in dpad_keep_probs(dpad, n):
+        pmf = [a * (1 - p) + b * p for a, b in zip(pmf + [0.0], [0.0] + pmf)]
+    above = 1.0  # P(count > c) for c = -1, 0, 1, ...
+    for c, q in enumerate(pmf):
+        above -= q
+        if above <= tail:
+            return c
+    return n
+
+
+def dpad_columns(keep_BT: jax.Array, e, capacity: int) -> jax.Array:
+    """The first `capacity` kept columns at or after the block end `e` (an int or a traced
+    scalar), in column order, per row: [B, capacity] int32; empty slots hold T (past the
+    canvas)."""
+    T = keep_BT.shape[1]
+    col = jnp.arange(T, dtype=jnp.int32)
+    score = jnp.where(keep_BT & (col >= e), col, T)  # T: not a kept suffix column
+    return jnp.sort(score, axis=-1)[:, :capacity]

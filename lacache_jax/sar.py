@@ -13,6 +13,12 @@ and their remaining columns are filled with EOS.
 `run_block` also takes one block index per row (`LoopState.block` [B]): slot refill
 (slots.py) runs one block of rows that are at different blocks, each from its own column
 `s_B = P + k_B * block_length`, with its own block keys and DPad draw `fold_in(key, k_B)`.
+
+Static shapes: a policy whose later forwards shrink block by block (prefix: queries [s, T))
+gets each block's later steps in a program of their own, `lax.switch` over the blocks with s a
+Python int (`static_later`). The switch wraps the whole step loop, not each step, so the cache
+crosses a conditional once per block and is updated in place inside. DPad's compact canvas
+needs no switch here: the policies dispatch their full forwards per block (compact.py).
 """
 
 from __future__ import annotations
@@ -135,16 +141,31 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
     """The block's first step (the policy's first forward), its later steps, the EOS stop."""
     gen, cv, policy, ctx = loop.gen, loop.canvas, loop.policy, loop.ctx
     blk = open_block(loop, st, keys_B)
-    first = lambda x, cache: policy.first(ctx, x, blk.keep_BT, blk.s)
-    st = loop.strategy(loop, st, blk, 0, first)
+    i0 = 0
+    if not policy.later_is_first:
+        first = lambda x, cache: policy.first(ctx, x, blk.keep_BT, blk.s)
+        st, i0 = loop.strategy(loop, st, blk, 0, first), 1
+    # Otherwise step 0 runs in the loop too (always: as the first step does), so the program
+    # holds one copy of the forward, not two (compile time; DPad's compact canvas has one per
+    # block).
 
-    def body(carry):
-        st, i = carry
-        later = lambda x, cache: policy.step(ctx, x, blk.keep_BT, blk.s, cache, i)
-        return loop.strategy(loop, st, blk, i, later), i + 1
+    def later_steps(st: LoopState, blk: Block) -> LoopState:
+        def body(carry):
+            st, i = carry
+            later = lambda x, cache: policy.step(ctx, x, blk.keep_BT, blk.s, cache, i)
+            return loop.strategy(loop, st, blk, i, later), i + 1
 
-    st, _ = jax.lax.while_loop(lambda c: (c[1] < gen.block_length) & has_work(loop, c[0], blk.s),
-                               body, (st, jnp.int32(1)))
+        return jax.lax.while_loop(
+            lambda c: (c[1] == 0) | ((c[1] < gen.block_length) & has_work(loop, c[0], blk.s)),
+            body, (st, jnp.int32(i0)))[0]
+
+    if jnp.ndim(blk.s) == 0 and policy.static_later(ctx):
+        # One program per block, its start a Python int (cache.py: `static_later`).
+        starts = [cv.prompt_len + k * gen.block_length for k in range(gen.num_blocks)]
+        st = jax.lax.switch(st.block, [
+            lambda st, s=s: later_steps(st, dataclasses.replace(blk, s=s)) for s in starts], st)
+    else:
+        st = later_steps(st, blk)
     if gen.stop_at_eos:
         finished = ~st.done_B & (cv.cut(st.x_BT, blk.s) == gen.eos_id).any(-1)
         col = jnp.arange(st.x_BT.shape[1])

@@ -1,0 +1,146 @@
+"""Issue 20's CPU side: rows a forward computes. The prefix cache's later steps query [s, T)
+in one program per block, DPad runs its full forwards on the compact canvas ([0, e) and the
+kept suffix) and prefix's later steps on the block and the kept suffix; a gaussian draw that
+overflows its static slots falls back to the masked full canvas with the same tokens; the
+static slot bound; the benchmark's DPad side-by-side switch on a tiny config."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lacache_jax as lj
+from lacache_jax import cache, sampling, sar
+from lacache_jax.config import tiny
+
+CFG = tiny(n_layers=1, n_heads=4, n_kv_heads=2)  # one layer: these tests count rows, compile less
+G, BL = 16, 8
+PROMPTS = [[7, 8, 9, 10, 11], list(range(20, 29)), list(range(100, 113))]  # P = 13, T = 29
+P = max(map(len, PROMPTS))
+T = P + G
+STARTS = [P + k * BL for k in range(G // BL)]
+UNIFORM = lj.DPadConfig(strategy="uniform", window=10, keep=4)
+
+
+@pytest.fixture(scope="module")
+def params():
+    # Larger weights than init's default make the outputs depend visibly on the context.
+    return lj.init_params(CFG, jax.random.key(0), jnp.float32, std=0.3)
+
+
+def _generate(params, monkeypatch, **kw):
+    """(tokens, nfe, rows traced, rows executed) of sar.run under a fresh jit: every forward's
+    query rows, as `cache.run_blocks` receives them, at trace time and as they run."""
+    traced, executed = set(), []
+    real = cache.run_blocks
+
+    def recording(x_BLD, *args, **kwargs):
+        L = x_BLD.shape[1]
+        traced.add(L)
+        jax.debug.callback(lambda: executed.append(L))
+        return real(x_BLD, *args, **kwargs)
+    monkeypatch.setattr(cache, "run_blocks", recording)
+    gen = lj.GenerationConfig(gen_length=G, block_length=BL, steps=G, stop_at_eos=False,
+                              **kw).resolve(CFG)
+    x = np.full((len(PROMPTS), T), CFG.mask_id, np.int32)
+    pad = np.array([P - len(r) for r in PROMPTS], np.int32)
+    for b, r in enumerate(PROMPTS):
+        x[b, :pad[b]], x[b, pad[b]:P] = CFG.pad_id, r
+    keys = jax.random.split(jax.random.key(3), len(PROMPTS))
+    run = jax.jit(lambda p, x, pad, keys: sar.run(p, CFG, gen, x, pad, keys))
+    st = jax.block_until_ready(run(params, jnp.asarray(x), jnp.asarray(pad), keys))
+    return np.asarray(st.x_BT), np.asarray(st.nfe_B), traced, set(executed)
+
+
+def _widths(dpad):
+    """Uniform DPad's compact widths: [0, e) plus min(keep, window, T - e) kept columns."""
+    return {s + BL + min(dpad.keep, dpad.window, T - s - BL) for s in STARTS}
+
+
+CASES = {  # cache, dpad -> the query rows of every forward (old code: T and T - P only)
+    "prefix": (dict(cache="prefix"), {T} | {T - s for s in STARTS}),
+    "none_dpad": (dict(dpad=UNIFORM), _widths(UNIFORM)),
+    "dual_dpad": (dict(cache="dual", dpad=UNIFORM), _widths(UNIFORM) | {BL}),
+}  # prefix with DPad: test_gaussian_overflow_... below
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forwards_compute_only_the_rows_they_use(params, monkeypatch, case):
+    """Fails if per-block prefix shapes or DPad's compact canvas are silently off: forwards
+    then run T or T - P rows, whatever the block."""
+    kw, rows = CASES[case]
+    tokens, nfe, traced, executed = _generate(params, monkeypatch, **kw)
+    assert traced == rows and executed == rows
+    assert (nfe == G).all()  # one token per step, every step counted
+
+
+def test_gaussian_overflow_runs_the_masked_canvas_with_the_same_tokens(params, monkeypatch):
+    """DPAD_TAIL = 1 makes every block's slot bound 0, so every block whose rows kept a suffix
+    column overflows and runs the masked full canvas (the computation before compaction):
+    full-width first forwards, later steps on the prefix window [P, T). Same tokens as the
+    compact run, under CFG (model rows 2B) with ragged prompts. The prefix cache is the
+    policy with both fallbacks (first forward and later step)."""
+    dpad = lj.DPadConfig(window=10)
+    kw = dict(cache="prefix", dpad=dpad, cfg_scale=1.0)
+    compact, nfe, _, ran_compact = _generate(params, monkeypatch, **kw)
+    slots = [sampling.dpad_capacity(dpad, T - s - BL) for s in STARTS]
+    assert slots[0] < min(dpad.window, T - STARTS[0] - BL)  # block 0 can overflow
+    assert ran_compact == {s + BL + n for s, n in zip(STARTS, slots)} | {BL + max(slots)}
+    monkeypatch.setattr(sampling, "DPAD_TAIL", 1.0)
+    masked, nfe_masked, _, ran_masked = _generate(params, monkeypatch, **kw)
+    # The last block keeps no suffix (nothing to overflow): its later steps query the block.
+    assert ran_masked == {T, T - P, BL}
+    np.testing.assert_array_equal(compact, masked)
+    np.testing.assert_array_equal(nfe, nfe_masked)
+
+
+def test_dpad_capacity():
+    """Uniform: exactly min(keep, window, n). Gaussian: the (1 - tail) quantile of the kept
+    count, checked against dpad_keep's own draws."""
+    for n in (0, 3, 8, 30):
+        assert sampling.dpad_capacity(UNIFORM, n) == min(4, 10, n)
+    dpad = lj.DPadConfig(window=64)
+    keys = jax.random.split(jax.random.key(1), 4000)
+    counts = np.asarray(sampling.dpad_keep(dpad, keys, jnp.int32(10), 100))[:, 10:].sum(1)
+    cap = sampling.dpad_capacity(dpad, 90, tail=0.05)
+    # 4000 draws: the standard error of a 5% frequency is 0.0034; 4 sigma either side.
+    assert np.mean(counts > cap) <= 0.05 + 0.014
+    assert np.mean(counts > cap - 1) >= 0.05 - 0.014
+    assert sampling.dpad_capacity(dpad, 90) <= 64  # default tail: still a bound under window
+
+
+def test_block_rows():
+    """The rows the benchmark reports (prompt 512, gen 256, block 32): prefix queries shrink
+    from 256 by one block per block; dual queries the block."""
+    gen = lj.GenerationConfig(gen_length=256, block_length=32, steps=256, cache="prefix")
+    assert cache.block_rows(gen, 512) == [(768, 256 - 32 * k) for k in range(8)]
+    dual = lj.GenerationConfig(gen_length=256, block_length=32, steps=256, cache="dual",
+                               dpad=lj.DPadConfig(strategy="uniform", keep=32))
+    widths = [512 + 32 * (k + 1) + min(32, 256 - 32 * (k + 1)) for k in range(8)]
+    assert cache.block_rows(dual, 512) == [(w, 32) for w in widths]
+
+
+def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys):
+    """`python -m benchmarks.generate --tiny --dpad both` measures each configuration without
+    and with DPad and reports the rows its forwards compute per block."""
+    from benchmarks import generate as bench
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr("sys.argv", ["generate", "--tiny", "--layers", "1", "--batch", "1",
+                                     "--modes", "none", "--decoding", "fixed", "--prompt", "16",
+                                     "--gen", "16", "--block", "8", "--iters", "1",
+                                     "--dpad", "both", "--dpad-strategy", "uniform",
+                                     "--dpad-keep", "2"])
+    bench.main()
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert [r["dpad"] for r in rows] == [None, "uniform"]
+    T = 16 + 16
+    assert rows[0]["rows_per_block"] == [[T, T], [T, T]]
+    # DPad keeps 2 suffix columns after block 0 (ending at 24) and none after the last.
+    assert rows[1]["rows_per_block"] == [[24 + 2, 24 + 2], [T, T]]
+    assert all(r["nfe"] == 16 and r["ms_per_step"] > 0 for r in rows)
+    out = capsys.readouterr().out
+    assert "rows per block" in out and "× no DPad" in out
