@@ -99,8 +99,14 @@ def test_ctrl_c_is_held_until_the_write_is_done(tmp_path, monkeypatch):
         written.append(sorted(p.name for p in directory.iterdir()))
 
     monkeypatch.setattr(ocp.Checkpointer, "save", save_interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        lj.save(tmp_path / "ck", CFG, params)
+    # Python's own handler, whatever this process inherited: a shell without job control
+    # starts background jobs with SIGINT ignored, and an ignored SIGINT raises nothing.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lj.save(tmp_path / "ck", CFG, params)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert len(written) == 1 and "_CHECKPOINT_METADATA" in written[0], written
     assert list(tmp_path.iterdir()) == []
 
