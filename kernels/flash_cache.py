@@ -15,7 +15,6 @@ elsewhere).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 
@@ -23,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from kernels.forced import Forced
 
 
 def _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp):
@@ -190,27 +191,15 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     return (q[:M].reshape(B, R, n_heads, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K))
 
 
-_FORCED: list[str] = []
-
-
-@contextlib.contextmanager
-def implementation(name: str):
-    """Force `flash_cache`'s choice while tracing ("pallas" or "ref"): for benchmarks that
-    compare the fused kernel with the unfused XLA path inside the whole decoder."""
-    if name not in ("pallas", "ref"):
-        raise ValueError(f"implementation must be 'pallas' or 'ref', got {name!r}")
-    _FORCED.append(name)
-    try:
-        yield
-    finally:
-        _FORCED.pop()
+# Benchmarks force the kernel or the reference while tracing (kernels/forced.py).
+implementation = Forced("flash_cache")
 
 
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
     """Dispatch: the Pallas kernel on GPU (per data shard under a mesh), the reference
     elsewhere and whenever tensor parallelism splits the heads (tp > 1)."""
-    use = _FORCED[-1] if _FORCED else (
+    use = implementation.choice(
         "pallas" if jax.default_backend() == "gpu" and tp == 1 else "ref")
     if use == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,

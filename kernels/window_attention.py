@@ -20,7 +20,6 @@ the raw scores, summed over query tiles and heads outside); `window_attention` d
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -28,6 +27,8 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from kernels.forced import Forced
 
 LOG2E = math.log2(math.e)
 # Finite stand-in for -inf (as kernels/cached_attention.py): exp2 of differences stays defined.
@@ -176,26 +177,14 @@ def _pallas_heads(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None, *,
     return o if not scored else (o, outs[1].sum(axis=0)[..., :T])
 
 
-_FORCED: list[str] = []
-
-
-@contextlib.contextmanager
-def implementation(name: str):
-    """Force `window_attention`'s choice while tracing ("pallas" or "ref"): for benchmarks
-    that compare the kernel with the dense XLA path inside the whole decoder."""
-    if name not in ("pallas", "ref"):
-        raise ValueError(f"implementation must be 'pallas' or 'ref', got {name!r}")
-    _FORCED.append(name)
-    try:
-        yield
-    finally:
-        _FORCED.pop()
+# Benchmarks force the kernel or the reference while tracing (kernels/forced.py).
+implementation = Forced("window_attention")
 
 
 def window_attention(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
     """Dispatch: the Pallas kernel on GPU (per (row shard, head shard) under a mesh, the
     per-head scores summed over heads by XLA outside it), the reference elsewhere."""
-    use = _FORCED[-1] if _FORCED else ("pallas" if jax.default_backend() == "gpu" else "ref")
+    use = implementation.choice("pallas" if jax.default_backend() == "gpu" else "ref")
     if use == "ref":
         return window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     from jax.sharding import PartitionSpec as PS
