@@ -103,6 +103,20 @@ def cached_attention_ref(q, k, v, key_mask, s, e, state: FAState | None = None, 
 
 # --- Pallas kernel ------------------------------------------------------------------------
 
+def online_softmax_step(carry, qk, ok, v, precision):
+    """One key tile of FlashAttention's online softmax (base 2): carry (acc, m, l), qk the
+    tile's scaled scores in log2 units [bq, bk], ok its valid keys [bk], v its values."""
+    acc, m, l = carry
+    qk = jnp.where(ok[None, :], qk, MASKED)
+    m_new = jnp.maximum(m, qk.max(axis=-1))
+    corr = jnp.exp2(m - m_new)
+    p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
+    l = l * corr + p.sum(axis=-1)
+    acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
+                                        preferred_element_type=jnp.float32)
+    return acc, m_new, l
+
+
 def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale, block_k):
     """Online softmax of query tile `q` over key tiles [lo, hi), keeping the keys outside the
     block (`keys="u"`), inside it ("c") or all of them ("all"); carry = (acc, m, l)."""
@@ -110,7 +124,6 @@ def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale,
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
     def body(t, carry):
-        acc, m, l = carry
         k = k_ref[pl.ds(t * block_k, block_k), :]
         v = v_ref[pl.ds(t * block_k, block_k), :]
         kpos = t * block_k + jnp.arange(block_k)
@@ -119,14 +132,7 @@ def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale,
         if keys != "all":
             ok = ok & (in_c if keys == "c" else ~in_c)
         qk = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * scale
-        qk = jnp.where(ok[None, :], qk, MASKED)
-        m_new = jnp.maximum(m, qk.max(axis=-1))
-        corr = jnp.exp2(m - m_new)
-        p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
-        l = l * corr + p.sum(axis=-1)
-        acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
-                                            preferred_element_type=jnp.float32)
-        return acc, m_new, l
+        return online_softmax_step(carry, qk, ok, v, precision)
     # A while loop whose bound is a closed-over constant, not a carried value: the Triton
     # lowering turns `fori`-shaped loops (bound in the carry) into scf.for and emits bounds
     # of mismatched types when they are run-time values (seen on jax 0.11.2).

@@ -28,11 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels.cached_attention import LOG2E, MASKED, online_softmax_step
 from kernels.forced import Forced
-
-LOG2E = math.log2(math.e)
-# Finite stand-in for -inf (as kernels/cached_attention.py): exp2 of differences stays defined.
-MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW):
@@ -99,21 +96,13 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, w_ref, o_ref, *s_ref, scale, block_k,
     w = w_ref[...]
 
     def body(t, carry):
-        acc, m, l = carry
         keys = pl.ds(t * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
         ok = mask_ref[keys] != 0
         raw = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision)
         if s_ref:
             s_ref[0][keys] = jnp.where(ok, jnp.sum(raw * w[:, None], axis=0), 0.0)
-        qk = jnp.where(ok[None, :], raw * scale, MASKED)
-        m_new = jnp.maximum(m, qk.max(axis=-1))
-        corr = jnp.exp2(m - m_new)
-        p = jnp.where(ok[None, :], jnp.exp2(qk - m_new[:, None]), 0.0)
-        l = l * corr + p.sum(axis=-1)
-        acc = acc * corr[:, None] + jnp.dot(p.astype(v.dtype), v, precision=precision,
-                                            preferred_element_type=jnp.float32)
-        return acc, m_new, l
+        return online_softmax_step(carry, raw * scale, ok, v, precision)
     bq, K = q.shape
     carry = (jnp.zeros((bq, K), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
              jnp.zeros((bq,), jnp.float32))
