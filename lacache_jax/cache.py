@@ -134,6 +134,20 @@ def _kv_shape(ctx: Ctx):
     return (*cv.pos_MT.shape, cfg.n_kv_heads, cfg.head_dim)
 
 
+def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write):
+    """Query rows (model-row token ids `rows_MQ` at RoPE `cos`/`sin`) through every layer,
+    attending to the canvas-layout cache into which `write(c, new)` puts each layer's new
+    K/V. Returns (hidden, the written cache)."""
+    def kv_fn(i):
+        def put(c, new):
+            with jax.named_scope("cache_update"):
+                return write(c, new)
+        return lambda k, v: (put(cache.k[i], k), put(cache.v[i], v))
+    h, ks, vs = run_blocks(ctx.params.embed[rows_MQ], ctx.params.layers, ctx.cfg, cos, sin,
+                           ctx.canvas.dup(keep_BT), [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+    return h, KVCache(ks, vs)
+
+
 class NoCache:
     """Every forward recomputes the whole canvas (with DPad: the compact canvas)."""
     later_is_first = True  # the loop may run every step through `step` (one program)
@@ -200,21 +214,6 @@ class PrefixCache(KVPolicy):
         later = T - (P + k * block_len) if plan is None else block_len + plan.later_slots
         return _width(T, k, plan), later
 
-    @staticmethod
-    def _run(ctx: Ctx, cv: Canvas, x_BQ, keep_BT, cache, write):
-        """Queries `x_BQ` at `cv`'s columns through every layer; `write(c, new)` puts their
-        K/V into the canvas-layout cache they attend to. Returns (hidden, new cache)."""
-        def kv_fn(i):
-            def put(c, new):
-                with jax.named_scope("cache_update"):
-                    return write(c, new)
-            return lambda k, v: (put(cache.k[i], k), put(cache.v[i], v))
-        cos, sin = cv.rope()
-        h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BQ)], ctx.params.layers,
-                               ctx.cfg, cos, sin, ctx.canvas.dup(keep_BT),
-                               [kv_fn(i) for i in range(ctx.cfg.n_layers)])
-        return h, KVCache(ks, vs)
-
     def _step_from(self, ctx: Ctx, x_BT, keep_BT, s: int, cache):
         """Queries [s, T) for a static s: no row is computed to be thrown away. Their K/V
         overwrite the cache from column s, which every later step rewrites anyway, so the
@@ -222,7 +221,9 @@ class PrefixCache(KVPolicy):
         cv = ctx.canvas
         sub = cv.tail(s)
         write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
-        h, cache = self._run(ctx, sub, x_BT[:, s:], keep_BT, cache, write)
+        cos, sin = sub.rope()
+        h, cache = query_layers(ctx, sub.model_rows(x_BT[:, s:]), cos, sin, keep_BT, cache,
+                                write)
         return cv.logits(ctx.params, ctx.cfg, h[:, :cv.block_len]), cache
 
     def _step_compact(self, ctx: Ctx, x_BT, keep_BT, s, cache):
@@ -234,7 +235,9 @@ class PrefixCache(KVPolicy):
                                 sampling.dpad_columns(keep_BT, s + bl, ctx.compact.later_slots)],
                                axis=1)
         view = View.at(cv, keep_BT, cols)
-        h, cache = self._run(ctx, view.canvas, view.take(x_BT), keep_BT, cache, view.put)
+        cos, sin = view.canvas.rope()
+        h, cache = query_layers(ctx, view.canvas.model_rows(view.take(x_BT)), cos, sin,
+                                keep_BT, cache, view.put)
         return cv.logits(ctx.params, ctx.cfg, h[:, :bl]), cache
 
     @staticmethod
@@ -245,16 +248,12 @@ class PrefixCache(KVPolicy):
         P = cv.prompt_len
         s_M1 = jnp.reshape(cv.model_s(s), (-1, 1))  # [1, 1], or [M, 1] per row
         fresh = (jnp.arange(cv.pos_MT.shape[1])[None, :] >= s_M1)[:, :, None, None]
-
-        def kv_fn(i):
-            def mix(c, new):
-                with jax.named_scope("cache_update"):
-                    return jnp.where(fresh, c.at[:, P:].set(new), c)
-            return lambda k, v: (mix(cache.k[i], k), mix(cache.v[i], v))
+        mix = lambda c, new: jnp.where(fresh, c.at[:, P:].set(new), c)
         cos, sin = cv.rope()
-        h, _, _ = run_blocks(ctx.params.embed[cv.model_rows(x_BT)[:, P:]], ctx.params.layers,
-                             ctx.cfg, cos[:, P:], sin[:, P:], cv.dup(keep_BT),
-                             [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+        # The mixed K/V serve this step's attention only: the cache stays as the first
+        # forward left it.
+        h, _ = query_layers(ctx, cv.model_rows(x_BT)[:, P:], cos[:, P:], sin[:, P:], keep_BT,
+                            cache, mix)
         return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s - P)), cache
 
 
@@ -263,17 +262,10 @@ class DualCache(KVPolicy):
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
         cv = ctx.canvas
-
-        def kv_fn(i):
-            def write(c, new):
-                with jax.named_scope("cache_update"):
-                    return cv.put(c, new, s)
-            return lambda k, v: (write(cache.k[i], k), write(cache.v[i], v))
         cos, sin = cv.rope(s)
-        h, ks, vs = run_blocks(ctx.params.embed[cv.cut(cv.model_rows(x_BT), s)],
-                               ctx.params.layers, ctx.cfg, cos, sin, cv.dup(keep_BT),
-                               [kv_fn(i) for i in range(ctx.cfg.n_layers)])
-        return cv.logits(ctx.params, ctx.cfg, h), KVCache(ks, vs)
+        h, cache = query_layers(ctx, cv.cut(cv.model_rows(x_BT), s), cos, sin, keep_BT, cache,
+                                lambda c, new: cv.put(c, new, s))
+        return cv.logits(ctx.params, ctx.cfg, h), cache
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
