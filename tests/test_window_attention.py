@@ -96,8 +96,11 @@ def test_kernel_on_gpu(B, R, W):
     q, k, v, mask, w = operands(B, R, 768, 32, 32, 128, W, dtype=jnp.bfloat16, seed=B)
     o_r, s_r = window_attention_ref(q, k, v, mask, w)
     o, s = window_attention_pallas(q, k, v, mask, w)
-    # bf16 outputs: one bf16 ulp (2^-8 relative) of the largest |o| from the tiled softmax;
-    # scores: fp32 sums of bf16 products in another order, ~1e-5 of |q.k| ~ 11.
+    # bf16 outputs: the tiled softmax rounds unnormalised probabilities to bf16 where the
+    # reference rounds normalised ones, so the fp32 results differ by far less than an ulp, but
+    # their bf16 roundings may land one ulp apart: one ulp of the largest |o|, at most 2^-7 of
+    # it (8 significant bits; 2^-8 was too tight: 2^-9 apart at |o| = 0.38 in interpret mode
+    # at B 4). Scores: fp32 sums of bf16 products in another order, ~1e-5 of |q.k| ~ 11.
     np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o_r, np.float32),
-                               rtol=0, atol=2.0 ** -8 * float(jnp.abs(o_r).max()))
+                               rtol=0, atol=2.0 ** -7 * float(jnp.abs(o_r).max()))
     np.testing.assert_allclose(np.asarray(s), np.asarray(s_r), rtol=0, atol=1e-3)
