@@ -2,13 +2,15 @@
 
     python -m benchmarks.check_results
 
-A result counts as cited by its full name or by its short form `-HHMMSS.json` (RESULTS.md
-writes "`-222233.json`" after the full name of a sibling). Exits 1 and lists what is missing;
+A result counts as cited by its full name, by its short form `-HHMMSS.json` (RESULTS.md
+writes "`-222233.json`" after the full name of a sibling) or by a `results/...*...` pattern
+(the logs of one run, `chain-...-run2-train-*.log`), which must match at least one file. Exits 1 and lists what is missing;
 the figures themselves are checked by reading them against the files.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import sys
 from pathlib import Path
@@ -18,11 +20,15 @@ HERE = Path(__file__).parent
 
 def problems(results_md: str, names: list[str]) -> list[str]:
     """Lines describing cited-but-missing and present-but-uncited result files."""
-    cited = set(re.findall(r"results/([\w.\-]+\.(?:json|log))", results_md))
+    cited = set(re.findall(r"results/([\w.\-]+\.(?:json|log))(?![\w*])", results_md))
+    patterns = set(re.findall(r"results/([\w.\-]*\*[\w.\-*]*)", results_md))
     out = [f"cited but missing: results/{n}" for n in sorted(cited - set(names))]
+    out += [f"cited but missing: results/{p}" for p in sorted(patterns)
+            if not fnmatch.filter(names, p)]
     for n in sorted(names):
         short = re.search(r"(-\d{6}\.json)$", n)
-        if n in results_md or (short and short.group(1) in results_md):
+        if n in results_md or (short and short.group(1) in results_md) \
+                or any(fnmatch.fnmatch(n, p) for p in patterns):
             continue
         out.append(f"not cited: results/{n}")
     return out
