@@ -1,6 +1,7 @@
 """Flash-dLLM decoding (lacache_jax/flash.py) at LLaDA-8B shapes with random bf16 weights.
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
+                               [--update-blocks 128:128:8:3,64:128:4:4]
                                [--parts step,dual,update,attention,memory,verify] [--layers N]
                                [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
@@ -177,9 +178,15 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         cols = jnp.broadcast_to(jnp.arange(R, dtype=jnp.int32) * (T // R), (B, R))
         cos, sin = rope_tables(cols, K, cfg.rope_theta)
         r = dict(part="update", B=B, rows=R)
-        for impl in ("pallas", "ref"):
-            fn = (functools.partial(fc.flash_cache_pallas, interpret=interpret)
-                  if impl == "pallas" else fc.flash_cache_ref)
+        # --update-blocks: the kernel's tiles to try beside its default (issue 17: at batch 1
+        # the fused step ran slower than the unfused one; 96 programs streaming the weights
+        # with 2 stages in flight is the suspect).
+        blocks = {f"pallas_{b}": fc.BlockSizes(*map(int, b.split(":")))
+                  for b in filter(None, args.update_blocks.split(","))}
+        impls = {"pallas": None, **blocks, "ref": None}
+        for impl, block in impls.items():
+            fn = (fc.flash_cache_ref if impl == "ref" else
+                  functools.partial(fc.flash_cache_pallas, interpret=interpret, block=block))
 
             @functools.partial(jax.jit, donate_argnums=(1, 2))
             def chained(h, k, v, fn=fn):
@@ -204,7 +211,9 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         rows.append(r)
         print(f"update B={B} R={R}: fused {r['ms_pallas'] * 1e3:.1f} us, unfused "
               f"{r['ms_ref'] * 1e3:.1f} us ({r['fused_speedup']:.2f}x), floor "
-              f"{r['floor_ms'] * 1e3:.1f} us", flush=True)
+              f"{r['floor_ms'] * 1e3:.1f} us" + "".join(
+                  f"; tiles {b} {r[f'ms_pallas_{b}'] * 1e3:.1f} us"
+                  for b in (k.removeprefix("pallas_") for k in blocks)), flush=True)
 
 
 def _attention_then_scores(q, k, v, mask, weight_BW):
@@ -384,6 +393,8 @@ def main():
     ap.add_argument("--accept", default="cumprod", help="gamma: acceptance rule")
     ap.add_argument("--n", type=int, default=500, help="gamma: held-out problems")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
+    ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES,...",
+                    help="update: flash_cache tiles timed beside the default")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--tiny", action="store_true",
                     help="small config and shapes: checks the script on CPU")
