@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> str | None:
     args = ap.parse_args(argv)
     runs = [parse_run(s, args.gen) for s in args.runs.split(",")]
     if args.tiny:
-        cfg = lj.tiny(max_seq_len=4096)
+        # widths of 128 multiples: the FP8 FFN's 128 x 128 weight blocks
+        cfg = lj.tiny(max_seq_len=4096, d_model=128, d_ff=256)
         ceil, params = measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.float32)
     else:
         cfg, ceil, params = llada_8b_setup(args.layers)

@@ -23,3 +23,13 @@ def test_projection_counts_whole_batches_at_one_token_per_step():
     assert p["projected_s"] == pytest.approx(42 * 256 * 0.1)
     assert p["projected_with_compile_s"] == pytest.approx(42 * 256 * 0.1 + 30)
     assert not p["bound"] and project({**r, "decoding": "threshold"}, 1319, 256)["bound"]
+
+
+def test_tiny_run_goes_through_both_default_runs(capsys):
+    """The script end to end on a tiny model (the default runs include the FP8 FFN, which
+    refuses widths that are not multiples of 128): one line per run."""
+    from benchmarks.eval_time import main
+    main(["--tiny", "--items", "10", "--prompt", "16", "--gen", "32", "--block", "16",
+          "--runs", "4:exact:fixed:0:4,2:dual:threshold:1"])
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("B=")]
+    assert len(lines) == 2 and "one-token-per-step bound" in lines[1]
