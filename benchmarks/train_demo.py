@@ -18,6 +18,12 @@ them in N processes, batch i from its own seed (the same batches for any N; N = 
 single stream the demo model was trained with). The same runs made ~8 steps/s together on the
 GPU, about 50 TFLOP/s: fp32 matmuls at the CUDA-core rate; `chain` therefore runs its forward
 pass in bf16 (fp32 master weights and loss; `--compute`), the demo stays fp32 as trained.
+The bf16 run then made 3.8 steps/s alone on the GPU, slower than the fp32 runs' ~4 each with
+three sharing it: in bf16 the attention goes to cuDNN, which takes the padded prompts' key
+mask as a full [B, 1, L, S] bias, where fp32 ran XLA's. So on the GPU a bf16 run times a few
+steps of each attention on one batch, device only, and trains with the faster
+(`--attention auto`); with `--minutes` it also prints the device-only rate beside the rate
+with the batches streamed, so a log says which of the two bounds the run.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
@@ -32,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -47,7 +54,7 @@ from tqdm.auto import tqdm
 
 import lacache_jax as lj
 from benchmarks import tasks
-from lacache_jax.model import forward_hidden, lm_head
+from lacache_jax.model import attention_implementation, forward_hidden, lm_head
 from lacache_jax.tokenizer import Tokenizer
 
 PROMPT_LEN = tasks.ARITH.prompt_len  # the demo's canvas: 16 + 64
@@ -99,11 +106,15 @@ def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int
 
 
 def make_train_step(cfg: lj.ModelConfig, optimizer, prompt_len: int = PROMPT_LEN,
-                    compute=jnp.float32):
+                    compute=jnp.float32, attention: str | None = None):
+    """`attention`: "cudnn" or "xla" forces the attention implementation (on the GPU in half
+    precision; elsewhere it is XLA's anyway); None keeps the model's default."""
     @jax.jit
     def step(params, opt_state, tokens, pad, key, lr):
-        loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key, prompt_len,
-                                                   compute)
+        with (contextlib.nullcontext() if attention is None
+              else attention_implementation(attention)):  # while tracing, each retrace too
+            loss, grads = jax.value_and_grad(sft_loss)(params, cfg, tokens, pad, key,
+                                                       prompt_len, compute)
         opt_state.hyperparams["learning_rate"] = lr
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -115,7 +126,8 @@ def lr_at(i: int, steps: int, peak: float) -> float:
     warm = min(200, steps // 20 + 1)
     if i < warm:
         return peak * (i + 1) / warm
-    return 0.5 * peak * (1 + np.cos(np.pi * (i - warm) / max(1, steps - warm)))
+    # A Python float both ways: a NumPy scalar would be a second jit signature (a recompile).
+    return float(0.5 * peak * (1 + np.cos(np.pi * (i - warm) / max(1, steps - warm))))
 
 
 @functools.cache
@@ -152,16 +164,44 @@ def prefetched(task: str, batch: int, eos_id: int, seed: int, workers: int, star
         pool.shutdown(cancel_futures=True)
 
 
+ATTENTION = ("auto", "cudnn", "xla")
+
+
+def attention_candidates(attention: str, dtype) -> list[str]:
+    """The implementations `auto` chooses between: both only where they differ (the GPU in
+    half precision; elsewhere the model runs XLA's whatever is asked)."""
+    if attention != "auto":
+        return [attention]
+    if jax.default_backend() == "gpu" and dtype != jnp.float32:
+        return ["cudnn", "xla"]
+    return ["auto"]
+
+
+def device_rate(step, params, opt_state, batch, key, n: int = 10) -> float:
+    """Steps per second of `step` on one batch already on the device (compiles first)."""
+    tokens, pad = jax.device_put(batch)
+    p, o, _ = step(params, opt_state, tokens, pad, key, 0.0)
+    jax.block_until_ready(p)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        p, o, _ = step(p, o, tokens, pad, key, 0.0)
+    jax.block_until_ready(p)
+    return n / (time.perf_counter() - t0)
+
+
 def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: int = 0,
           progress: bool = True, minutes: float | None = None,
           task: str | tasks.Task = "arith", log_every: int = 50, workers: int = 0,
-          compute: str | None = None):
+          compute: str | None = None, attention: str = "auto"):
     """Returns (params in fp32, losses every `log_every` steps and at the last, steps run).
     With `minutes`, `steps` is chosen to fit that much training time. `workers` > 0 builds
     the batches in that many processes (a registered task by name only). `compute` ("fp32"
-    or "bf16"; default: the task's) is the forward pass's dtype."""
+    or "bf16"; default: the task's) is the forward pass's dtype. `attention`: "cudnn", "xla"
+    or "auto" (where the two differ, the faster on a few timed steps)."""
     if (steps is None) == (minutes is None):
         raise ValueError("give exactly one of steps and minutes")
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
     t = tasks.get(task)
     if cfg.max_seq_len < t.prompt_len + t.gen_len:
         raise ValueError(f"cfg.max_seq_len={cfg.max_seq_len} is shorter than the {t.name} "
@@ -183,8 +223,19 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
                                                       weight_decay=0.01)
     opt_state = optimizer.init(params)
     dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[compute or t.compute]
-    step = make_train_step(cfg, optimizer, t.prompt_len, dtype)
     keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
+    make = lambda a: make_train_step(cfg, optimizer, t.prompt_len, dtype,
+                                     None if a == "auto" else a)
+    candidates = attention_candidates(attention, dtype)
+    if len(candidates) > 1 or minutes is not None:  # device-only rates on one batch
+        fixed = next_batch()
+        rates = {a: device_rate(make(a), params, opt_state, fixed, keys(2**31 - 1))
+                 for a in candidates}
+        attention = max(rates, key=rates.get)
+        print(f"{t.name}: device only, one batch: "
+              + ", ".join(f"{a} attention {r:.1f} steps/s" for a, r in rates.items())
+              + (f"; training with {attention}" if len(rates) > 1 else ""), flush=True)
+    step = make(attention)
     deadline = None
     if minutes is not None:  # time throwaway steps on copies (the first one compiles)
         # Start the clock once the batches the workers queued during compilation are used
@@ -200,8 +251,9 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
         jax.block_until_ready(p)
         rate = 20 / (time.perf_counter() - t0)
         steps = max(1, int(minutes * 60 * rate))
-        print(f"{t.name}: {rate:.1f} steps/s timed, {steps} steps for {minutes} minutes",
-              flush=True)
+        print(f"{t.name}: {rate:.1f} steps/s timed with the batches streamed "
+              f"({'host' if rate < 0.8 * rates[attention] else 'device'}-bound), {steps} steps "
+              f"for {minutes} minutes", flush=True)
         rng = random.Random(seed)
         # A safety net, not the schedule: a run that falls behind its estimate stops (short
         # of its learning-rate schedule's end, and says so) rather than overrun its box.
@@ -237,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compute", choices=["fp32", "bf16"], default=None,
                     help="the forward pass's dtype (default: the task's)")
+    ap.add_argument("--attention", choices=ATTENTION, default="auto",
+                    help="attention in training (auto: on the GPU in bf16, the faster of "
+                         "cudnn and xla on a few timed steps)")
     ap.add_argument("--workers", type=int, default=0,
                     help="processes building the batches (0: in this one, the demo's stream)")
     ap.add_argument("--eval", type=int, default=0, metavar="N",
@@ -254,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         args.steps = t.steps
     params, losses, steps = train(cfg, args.steps, batch, lr, seed=args.seed,
                                   minutes=args.minutes, task=t, workers=args.workers,
-                                  compute=args.compute)
+                                  compute=args.compute, attention=args.attention)
     print(f"{t.name}: trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {batch} in "
           f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print("loss every 50 steps: " + " ".join(f"{x:.3f}" for x in losses))

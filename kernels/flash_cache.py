@@ -9,8 +9,8 @@ q | k | v, or `tp` column groups of them: lacache_jax/model.py Layer.tp); cos/si
 fp32 RoPE tables at the rows' positions; cols [B, R] int32 cache column of each row, >= T for
 rows that must not write (padding of the static query budget); caches k/v [B, T, G, K].
 Returns (q [B, R, H, K] rotated, k cache, v cache). `flash_cache_ref` is the pure-jnp
-reference with the same signature; `flash_cache` dispatches (Pallas on GPU, reference
-elsewhere).
+reference with the same signature; `flash_cache` dispatches (Pallas on GPU up to
+FUSED_MAX_ROWS query rows, reference elsewhere and above).
 """
 
 from __future__ import annotations
@@ -83,10 +83,23 @@ class BlockSizes:
 
     @classmethod
     def get_default(cls, M: int, D: int) -> "BlockSizes":
-        # One row tile for a batch-1 step (R <= 128 rows): the weights stream once.
+        # One row tile for a batch-1 step (R <= 128 rows): the weights stream once. Depth 64
+        # with 4 stages: at R 128, D 4096 on the H200 it ran 53.6 us where 128-deep chunks
+        # with 2 stages ran 85.2 and 3 stages 58.4 (benchmarks/RESULTS.md, fourth session).
         rows = min(128, max(16, 1 << max(M - 1, 0).bit_length()))
-        depth = next(d for d in (128, 64, 32, 16, 8) if D % d == 0)
-        return cls(rows, depth, 8 if rows == 128 else 4, 2)
+        depth = next(d for d in (64, 32, 16, 8) if D % d == 0)
+        return cls(rows, depth, 8 if rows == 128 else 4, 4)
+
+
+# Above this many query rows (B R) the separate XLA ops are faster: the weights are read once
+# either way, and XLA's GEMM beats the kernel's projection loop at large M (H200, R 128: fused
+# 1.33x faster than unfused at B 1, 1.14x slower at B 32; the crossing between is unmeasured).
+FUSED_MAX_ROWS = 512
+
+
+def use_kernel(M: int, tp: int) -> bool:
+    """Whether `flash_cache` runs the Pallas kernel for M = B R query rows (on a GPU)."""
+    return jax.default_backend() == "gpu" and tp == 1 and M <= FUSED_MAX_ROWS
 
 
 def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v_ref, *,
@@ -197,10 +210,11 @@ implementation = Forced("flash_cache")
 
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
-    """Dispatch: the Pallas kernel on GPU (per data shard under a mesh), the reference
-    elsewhere and whenever tensor parallelism splits the heads (tp > 1)."""
-    use = implementation.choice(
-        "pallas" if jax.default_backend() == "gpu" and tp == 1 else "ref")
+    """Dispatch: the Pallas kernel on GPU (per data shard under a mesh) up to
+    FUSED_MAX_ROWS query rows in all, the reference elsewhere, above that and whenever
+    tensor parallelism splits the heads (tp > 1)."""
+    M = h_BRD.shape[0] * h_BRD.shape[1]
+    use = implementation.choice("pallas" if use_kernel(M, tp) else "ref")
     if use == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                                n_heads=n_heads, tp=tp)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kernels.forced import Forced
 from kernels.fused_quant import rms_normed
 from lacache_jax import quant
 from lacache_jax.config import ModelConfig
@@ -155,10 +156,15 @@ def apply_rope(x_BLHK: jax.Array, cos_BLk: jax.Array, sin_BLk: jax.Array) -> jax
     return rotated.astype(x_BLHK.dtype)
 
 
+# `with attention_implementation("xla"): ...` while tracing overrides the default below (the
+# training step picks whichever of the two runs its padded-key-mask backward faster).
+attention_implementation = Forced("attention", choices=("cudnn", "xla"))
+
+
 def _attention_impl(dtype) -> str:
     # cuDNN fused attention on GPU for half types; XLA elsewhere (CPU, fp32 parity runs).
     if jax.default_backend() == "gpu" and dtype in (jnp.bfloat16, jnp.float16):
-        return "cudnn"
+        return attention_implementation.choice("cudnn")
     return "xla"
 
 

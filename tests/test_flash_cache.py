@@ -112,4 +112,16 @@ def test_kernel_on_gpu(B, R):
         # bf16 operands, fp32 accumulation in both; summation order over 1024 terms may move
         # the bf16 rounding of the projection by an ulp (2^-8), rotated into two outputs.
         np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
-    assert dataclasses.asdict(BlockSizes.get_default(B * R, 1024))["depth"] == 128
+    assert dataclasses.asdict(BlockSizes.get_default(B * R, 1024))["depth"] == 64
+
+
+def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
+    """The fused kernel wins at batch 1 and loses at batch 32 on the H200 (R 128): the
+    dispatch uses it only up to FUSED_MAX_ROWS query rows, on one head group."""
+    from kernels import flash_cache as fc
+    monkeypatch.setattr(fc.jax, "default_backend", lambda: "gpu")
+    assert fc.use_kernel(128, 1) and fc.use_kernel(fc.FUSED_MAX_ROWS, 1)
+    assert not fc.use_kernel(fc.FUSED_MAX_ROWS + 1, 1) and not fc.use_kernel(32 * 128, 1)
+    assert not fc.use_kernel(128, 2)
+    monkeypatch.setattr(fc.jax, "default_backend", lambda: "cpu")
+    assert not fc.use_kernel(128, 1)

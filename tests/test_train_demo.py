@@ -163,3 +163,27 @@ def test_bf16_compute_runs_the_matmuls_in_bf16():
                                           compute=compute))(params).jaxpr.eqns
         if e.primitive.name == "pjit" or e.primitive.name == "dot_general"}
     assert "bfloat16" in dots(jnp.bfloat16) and "bfloat16" not in dots(jnp.float32)
+
+
+def test_attention_choice_reaches_the_model_and_bad_names_are_refused(monkeypatch):
+    """bf16 training on the GPU can force XLA's attention over cuDNN's (see train_demo's
+    docstring); elsewhere the model runs XLA's whatever is forced."""
+    import pytest
+
+    from lacache_jax import model
+    monkeypatch.setattr(model.jax, "default_backend", lambda: "gpu")
+    assert model._attention_impl(jnp.bfloat16) == "cudnn"
+    with model.attention_implementation("xla"):
+        assert model._attention_impl(jnp.bfloat16) == "xla"
+    assert model._attention_impl(jnp.float32) == "xla"
+    assert train_demo.attention_candidates("auto", jnp.bfloat16) == ["cudnn", "xla"]
+    assert train_demo.attention_candidates("auto", jnp.float32) == ["auto"]
+    monkeypatch.setattr(model.jax, "default_backend", lambda: "cpu")
+    with model.attention_implementation("cudnn"):
+        assert model._attention_impl(jnp.bfloat16) == "xla"
+    with pytest.raises(ValueError, match="one of"):
+        with model.attention_implementation("flash"):
+            pass
+    with pytest.raises(ValueError, match="attention must be one of"):
+        train_demo.train(train_demo.demo_config(n_layers=1), steps=1, batch=2, lr=1e-3,
+                         attention="cuDNN")
