@@ -15,7 +15,13 @@ weight [B, W] fp32 (W <= R: weights of the first W rows), or None for the attent
 Returns o [B, R, H, K] and, with a weight, scores [B, T] fp32. `window_attention_ref` is the
 pure-jnp reference (dense scores); `window_attention_pallas` the kernel (Triton lowering:
 FlashAttention over key tiles, each program also writing its tile's weighted column sums of
-the raw scores, summed over query tiles and heads outside); `window_attention` dispatches.
+the raw scores, summed over query tiles and heads outside); `window_attention_two_pass` the
+library attention (cuDNN on the GPU) and a second, cheap pass over the keys for the scores
+(the weighted window queries summed first: one [B, G, K] query per key head);
+`window_attention` dispatches: the kernel for few query rows, where it is 1.34x faster than
+either alternative, the two passes for many, where the kernel's column sums cost more than
+reading the keys again (H200, LLaDA-8B heads, R 128, T 768: kernel 38.8 us vs 52.1 at batch
+1, 448.9 vs 303.1 at batch 32; benchmarks/RESULTS.md, third session).
 """
 
 from __future__ import annotations
@@ -66,6 +72,30 @@ def window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
         return o
     W = weight_BW.shape[1]
     scores = jnp.einsum("bgjwt,bw->bt", raw[..., :W, :], weight_BW.astype(jnp.float32))
+    return o, jnp.where(key_mask_BT, scores, 0.0)
+
+
+def window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
+    """The library attention (cuDNN for half types on the GPU, XLA elsewhere), then the
+    scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]: the reference's sum in
+    another order (fp32, full-precision dots)."""
+    _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
+    B, R, H, K = q_BRHK.shape
+    T, G = k_BTGK.shape[1:3]
+    cudnn = jax.default_backend() == "gpu" and q_BRHK.dtype in (jnp.bfloat16, jnp.float16)
+    mask = key_mask_BT.astype(bool)[:, None, None, :]
+    if cudnn:  # cuDNN takes a mask (bias) only at its full [B, 1, R, T] shape
+        mask = jnp.broadcast_to(mask, (B, 1, R, T))
+    o = jax.nn.dot_product_attention(q_BRHK, k_BTGK, v_BTGK, mask=mask,
+                                     scale=1.0 / math.sqrt(K),
+                                     implementation="cudnn" if cudnn else "xla")
+    if weight_BW is None:
+        return o
+    W = weight_BW.shape[1]
+    qw = q_BRHK[:, :W].astype(jnp.float32) * weight_BW.astype(jnp.float32)[:, :, None, None]
+    q_BGK = qw.reshape(B, W, G, H // G, K).sum(axis=(1, 3))
+    scores = jnp.einsum("bgk,btgk->bt", q_BGK, k_BTGK.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST)
     return o, jnp.where(key_mask_BT, scores, 0.0)
 
 
@@ -166,16 +196,30 @@ def _pallas_heads(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None, *,
     return o if not scored else (o, outs[1].sum(axis=0)[..., :T])
 
 
-# Benchmarks force the kernel or the reference while tracing (kernels/forced.py).
-implementation = Forced("window_attention")
+# Benchmarks force an implementation while tracing (kernels/forced.py).
+implementation = Forced("window_attention", choices=("pallas", "ref", "two_pass"))
+
+# Up to this many query rows (B R) the kernel, above it the two passes (measured at 128 and
+# 4096 rows; the crossing between is not measured).
+KERNEL_MAX_ROWS = 512
+
+
+def default_choice(M: int) -> str:
+    """The implementation `window_attention` runs for M = B R query rows."""
+    if jax.default_backend() != "gpu":
+        return "ref"
+    return "pallas" if M <= KERNEL_MAX_ROWS else "two_pass"
 
 
 def window_attention(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
-    """Dispatch: the Pallas kernel on GPU (per (row shard, head shard) under a mesh, the
-    per-head scores summed over heads by XLA outside it), the reference elsewhere."""
-    use = implementation.choice("pallas" if jax.default_backend() == "gpu" else "ref")
+    """Dispatch (`default_choice`): on the GPU the Pallas kernel (per (row shard, head
+    shard) under a mesh, the per-head scores summed over heads by XLA outside it) or the two
+    passes, the reference elsewhere."""
+    use = implementation.choice(default_choice(q_BRHK.shape[0] * q_BRHK.shape[1]))
     if use == "ref":
         return window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
+    if use == "two_pass":
+        return window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     from jax.sharding import PartitionSpec as PS
 
     from lacache_jax.sharding import DATA, MODEL, shard_kernel

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from kernels import window_attention as wa
 from kernels.window_attention import (BlockSizes, window_attention_pallas,
-                                      window_attention_ref)
+                                      window_attention_ref, window_attention_two_pass)
 from lacache_jax.model import attention
 from tests.conftest import assert_valid_triton
 
@@ -46,6 +47,40 @@ def test_reference_is_attention_plus_the_mean_raw_score():
     # fp32 dots of K = 16 unit normals (|q.k| ~ 4), summed over <= 12 terms: ~1e-6 absolute.
     np.testing.assert_allclose(np.asarray(scores), want, rtol=0, atol=1e-5)
     assert (np.asarray(scores)[~np.asarray(mask)] == 0).all() and (want != 0).sum() > 20
+
+
+def test_two_passes_match_the_reference():
+    """The library attention and the scores from the summed window queries: the same fp32
+    products as the reference, summed in another order."""
+    B, R, T, H, G, K, W = 3, 7, 11, 4, 2, 16, 3
+    q, k, v, mask, w = operands(B, R, T, H, G, K, W)
+    o_r, s_r = jax.jit(window_attention_ref)(q, k, v, mask, w)
+    o, s = jax.jit(window_attention_two_pass)(q, k, v, mask, w)
+    # Both softmaxes in fp32 over the same logits: a few ulps of O(1) outputs. Scores: sums
+    # of <= 12 terms of |q.k| x weight ~ 4 / 12 in another order: ~1e-6.
+    np.testing.assert_allclose(np.asarray(o), np.asarray(o_r), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s), np.asarray(s_r), rtol=0, atol=1e-5)
+    assert (np.asarray(s)[~np.asarray(mask)] == 0).all()
+    np.testing.assert_array_equal(np.asarray(window_attention_two_pass(q, k, v, mask)),
+                                  np.asarray(o))
+
+
+def test_dispatch_by_query_rows(monkeypatch):
+    """The kernel for few query rows, the two passes for many (H200 measurements), the
+    reference off the GPU; a forced choice wins, an unknown one is refused."""
+    monkeypatch.setattr(wa.jax, "default_backend", lambda: "gpu")
+    assert wa.default_choice(128) == "pallas" == wa.default_choice(wa.KERNEL_MAX_ROWS)
+    assert wa.default_choice(wa.KERNEL_MAX_ROWS + 1) == "two_pass"
+    monkeypatch.setattr(wa.jax, "default_backend", lambda: "cpu")
+    assert wa.default_choice(32 * 128) == "ref"
+    q, k, v, mask, w = operands(2, 5, 9, 2, 2, 8, 2)
+    with wa.implementation("two_pass"):
+        o, s = wa.window_attention(q, k, v, mask, w)
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(window_attention_two_pass(
+        q, k, v, mask, w)[1]))
+    with pytest.raises(ValueError, match="must be one of"):
+        with wa.implementation("cudnn"):
+            pass
 
 
 CASES = {  # B, R, T, H, G, K, W, tile: rows and keys padded to whole tiles
@@ -101,6 +136,21 @@ def test_kernel_on_gpu(B, R, W):
     # their bf16 roundings may land one ulp apart: one ulp of the largest |o|, at most 2^-7 of
     # it (8 significant bits; 2^-8 was too tight: 2^-9 apart at |o| = 0.38 in interpret mode
     # at B 4). Scores: fp32 sums of bf16 products in another order, ~1e-5 of |q.k| ~ 11.
+    np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o_r, np.float32),
+                               rtol=0, atol=2.0 ** -7 * float(jnp.abs(o_r).max()))
+    np.testing.assert_allclose(np.asarray(s), np.asarray(s_r), rtol=0, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_two_passes_on_gpu():
+    """Batch 32 at LLaDA-8B head shapes (the two passes' regime): cuDNN against the
+    reference."""
+    q, k, v, mask, w = operands(32, 128, 768, 32, 32, 128, 16, dtype=jnp.bfloat16, seed=32)
+    o_r, s_r = window_attention_ref(q, k, v, mask, w)
+    o, s = jax.jit(window_attention_two_pass)(q, k, v, mask, w)
+    # cuDNN's bf16 output vs the reference's: as in test_kernel_on_gpu, one bf16 ulp of the
+    # largest |o|. Scores: the weighted queries are summed in fp32 before the dot (the
+    # reference sums the weighted bf16 products), the same ~1e-5 relative reordering.
     np.testing.assert_allclose(np.asarray(o, np.float32), np.asarray(o_r, np.float32),
                                rtol=0, atol=2.0 ** -7 * float(jnp.abs(o_r).max()))
     np.testing.assert_allclose(np.asarray(s), np.asarray(s_r), rtol=0, atol=1e-3)
