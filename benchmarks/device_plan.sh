@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the third session of 2026-12-01 needs, in
+# The device calls the GPU-side work left open after the fifth session of 2026-12-01 needs, in
 # priority order, each a time-boxed stage list under 10 minutes (bash benchmarks/device_plan.sh
 # N; COMMIT=<sha>):
-#   1  issues 19, 23, 17: the GSM8K-sized wall time (benchmarks/eval_time.py), route (b)'s ptxas
-#      spill counts and SASS instruction counts, window attention's GPU test (one-ulp bound),
-#      the Flash-dLLM cache update with a tile sweep and the verify pass's cost
-#   2  issue 15: one chain training round (chain-d2 alone, the whole GPU, 14 batch workers)
+#   1  issue 15: one chain training round (chain-d2 alone, the whole GPU, 14 batch workers;
+#      train_demo now times cuDNN against XLA attention first and trains with the faster)
+#   2  issues 19, 23, 17, 18: the fourth session's call again, since its logs were lost: the
+#      GSM8K-sized wall time (benchmarks/eval_time.py), route (b)'s ptxas / SASS counts, window
+#      attention's GPU tests (kernel and the new two passes), the cache update's tiles (new
+#      default 128:64:8:4) and the verify pass's cost
 #   3  issues 16, 17: compiled memory of slots vs static at S 32, the rest of `-m gpu`, the
-#      Flash-dLLM step and memory at batch 32, the serve benchmark without flash
+#      Flash-dLLM step (as dispatched: the kernels up to 512 query rows) and memory at batch 32,
+#      the serve benchmark
 # Logs and JSON land in $OUT (at most 8 files come back).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
-1)
+2)
   timeout 250 python3 -m benchmarks.eval_time 2>&1 | tee "$OUT/eval_time.log" | quiet | tail -4
   timeout 60 python3 -m pytest -q -m gpu tests/test_window_attention.py -p no:cacheprovider \
     2>&1 | tee "$OUT/gpu_tests_window.log" | tail -3
@@ -35,8 +38,8 @@ print(f(*operands(1024, 4096, 24576)).block_until_ready().shape)" 2>&1 | quiet |
   timeout 140 python3 -m benchmarks.flash --parts update,verify \
     --update-blocks 128:128:8:3,128:64:8:4,64:128:4:3,32:128:4:4 2>&1 \
     | tee "$OUT/flash_update_verify.log" | quiet | tail -8 ;;
-2)
-  VARIANTS=${VARIANTS:-chain-d2} MINUTES=${MINUTES:-7} EVAL_N=${EVAL_N:-200} \
+1)
+  VARIANTS=${VARIANTS:-chain-d2} MINUTES=${MINUTES:-6} EVAL_N=${EVAL_N:-200} \
     bash benchmarks/device_chain.sh ;;
 3)
   timeout 100 python3 -m benchmarks.serve memory --slots 32 --prompt 512 --gen 256 2>&1 \

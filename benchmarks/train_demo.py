@@ -22,8 +22,10 @@ The bf16 run then made 3.8 steps/s alone on the GPU, slower than the fp32 runs' 
 three sharing it: in bf16 the attention goes to cuDNN, which takes the padded prompts' key
 mask as a full [B, 1, L, S] bias, where fp32 ran XLA's. So on the GPU a bf16 run times a few
 steps of each attention on one batch, device only, and trains with the faster
-(`--attention auto`); with `--minutes` it also prints the device-only rate beside the rate
-with the batches streamed, so a log says which of the two bounds the run.
+(`--attention auto`). With `--minutes` the step count comes from the slower of the
+device-only rate and the workers' supply (their own seconds per batch: the fourth session's
+run timed 9.3 steps/s over 20 steps, a burst of batches queued during compilation, and then
+trained at 3.8), and the log says which of the two bounds the run.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
@@ -148,20 +150,42 @@ def _cpu_only():  # the workers never touch the accelerator
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def prefetched(task: str, batch: int, eos_id: int, seed: int, workers: int, start: int = 0):
-    """Batches start, start+1, ... built by `workers` processes, 2 per worker queued ahead."""
-    pool = concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_cpu_only)
-    ahead = collections.deque()
-    i = start
-    try:
-        while True:
-            while len(ahead) < 2 * workers:
-                ahead.append(pool.submit(numbered_batch, task, batch, eos_id, seed, i))
-                i += 1
-            yield ahead.popleft().result()
-    finally:
-        pool.shutdown(cancel_futures=True)
+def _timed_batch(*args):
+    t0 = time.perf_counter()
+    return numbered_batch(*args), time.perf_counter() - t0
+
+
+class prefetched:
+    """Batches start, start+1, ... built by `workers` processes, 2 per worker queued ahead.
+    `supply()`: the batches per second the workers sustain, from the seconds each batch took
+    to build inside its worker (a rate timed on the consumer's side over a few steps is
+    bursty: it sees the queue filled during compilation drain at once)."""
+
+    def __init__(self, task: str, batch: int, eos_id: int, seed: int, workers: int,
+                 start: int = 0):
+        self.args, self.workers, self.i = (task, batch, eos_id, seed), workers, start
+        self.pool = concurrent.futures.ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_cpu_only)
+        self.ahead: collections.deque = collections.deque()
+        self.build_s: list[float] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while len(self.ahead) < 2 * self.workers:
+            self.ahead.append(self.pool.submit(_timed_batch, *self.args, self.i))
+            self.i += 1
+        batch, seconds = self.ahead.popleft().result()
+        self.build_s.append(seconds)
+        return batch
+
+    def supply(self) -> float:
+        recent = self.build_s[-4 * self.workers:]
+        return self.workers * len(recent) / sum(recent)
+
+    def close(self):
+        self.pool.shutdown(cancel_futures=True)
 
 
 ATTENTION = ("auto", "cudnn", "xla")
@@ -250,9 +274,15 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
             p, o, _ = step(p, o, *next_batch(), keys(2**31 - 1), 0.0)
         jax.block_until_ready(p)
         rate = 20 / (time.perf_counter() - t0)
+        if workers:  # the slower of the device and the workers' supply
+            supply = stream.supply()
+            print(f"{t.name}: {workers} workers ({len(os.sched_getaffinity(0))} CPUs usable) "
+                  f"build a batch in {workers / supply:.2f} s: {supply:.1f} batches/s; "
+                  f"{rate:.1f} steps/s timed with them", flush=True)
+            rate = min(rates[attention], supply)
         steps = max(1, int(minutes * 60 * rate))
-        print(f"{t.name}: {rate:.1f} steps/s timed with the batches streamed "
-              f"({'host' if rate < 0.8 * rates[attention] else 'device'}-bound), {steps} steps "
+        print(f"{t.name}: {rate:.1f} steps/s ("
+              f"{'host' if rate < 0.9 * rates[attention] else 'device'}-bound), {steps} steps "
               f"for {minutes} minutes", flush=True)
         rng = random.Random(seed)
         # A safety net, not the schedule: a run that falls behind its estimate stops (short
