@@ -78,7 +78,11 @@ def window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
 def window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
     """The library attention (cuDNN for half types on the GPU, XLA elsewhere), then the
     scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]: the reference's sum in
-    another order (fp32, full-precision dots)."""
+    another order (fp32, full-precision dots). Under a mesh that splits the heads XLA may
+    sum the scores' partial products in another order than on one device: the last-bit
+    differences can flip near-ties of the tracked set (seen on fake CPU devices with a tiny
+    model, where the reference happens to partition bit-exactly; this path runs on GPUs
+    only, whose bf16 steps promise no bit-equality across meshes either)."""
     _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     B, R, H, K = q_BRHK.shape
     T, G = k_BTGK.shape[1:3]
