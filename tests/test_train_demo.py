@@ -187,3 +187,28 @@ def test_attention_choice_reaches_the_model_and_bad_names_are_refused(monkeypatc
     with pytest.raises(ValueError, match="attention must be one of"):
         train_demo.train(train_demo.demo_config(n_layers=1), steps=1, batch=2, lr=1e-3,
                          attention="cuDNN")
+
+
+def test_char_encoder_is_the_tokenizer(tmp_path):
+    """The training batches' table lookup gives the tokenizer's ids for every task's prompts
+    and answers, and leaves text it cannot encode to the tokenizer's own error."""
+    import random
+
+    import pytest
+
+    from benchmarks import tasks
+    from lacache_jax.tokenizer import Tokenizer, TokenizerError
+    for name in ("arith", "chain-d2"):
+        t = tasks.get(name)
+        t.write_tokenizer(tmp_path / name)
+        tok, fast = Tokenizer(tmp_path / name), train_demo.CharEncoder(tmp_path / name)
+        rng = random.Random(0)
+        texts = [f(p) for p in t.draw("train", 50, rng)
+                 for f in (t.prompt, lambda p: t.answer(p, rng))]
+        texts += [arith.EOS + "12" + arith.MASK * 2 + "3", ""]
+        for text in texts:
+            assert fast(text) == tok.encode(text), text
+        with pytest.raises(TokenizerError):
+            fast("12€3")
+        with pytest.raises(TokenizerError):
+            fast("12~3")
