@@ -13,8 +13,8 @@
 #      the serve benchmark
 #   4  issue 16: the serve benchmark at the goal's settings (LLaDA-8B widths, S 32, prompts
 #      128-1024, answers 32-512) with 512 requests, where refill in input order can reach the
-#      goal's 1.6x (128 requests: ~1.4x at most, serve.refill_bound), 8 of the 32 layers to fit
-#      the box; then the demo model on 2,000 problems
+#      goal's 1.6x (block counts: 1.74x; 128 requests: 1.46x, serve.in_order_bound), 8 of the
+#      32 layers to fit the box; then the demo model on 2,000 problems
 # Logs and JSON land in $OUT (at most 8 files come back).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -142,7 +142,7 @@ class CharEncoder:
     def __init__(self, tokenizer_dir):
         self.tokenizer = Tokenizer(tokenizer_dir)
         vocab = self.tokenizer._tok.get_vocab()
-        specials = [t for t in vocab if len(t) > 1]
+        specials = sorted((t for t in vocab if len(t) > 1), key=len, reverse=True)
         self.special = {t: vocab[t] for t in specials}
         self.split = re.compile("(" + "|".join(map(re.escape, specials)) + ")")
         self.table = np.full(128, -1, np.int32)
@@ -214,8 +214,12 @@ class prefetched:
         return batch
 
     def supply(self) -> float:
-        recent = self.build_s[-4 * self.workers:]
-        return self.workers * len(recent) / sum(recent)
+        """Workers / mean build seconds over the last 4 x workers batches, leaving out the
+        first 2 x workers (built while the main process compiled, on the same CPUs) once
+        there are more; inf before any batch."""
+        built = self.build_s[2 * self.workers:] or self.build_s
+        recent = built[-4 * self.workers:]
+        return self.workers * len(recent) / sum(recent) if recent else float("inf")
 
     def close(self):
         self.pool.shutdown(cancel_futures=True)
@@ -267,76 +271,82 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
         t.write_tokenizer(d)
         encode = CharEncoder(d)
     rng = random.Random(seed)
-    if workers:
-        if tasks.TASKS.get(t.name) is not t:
-            raise ValueError(f"workers need a registered task, not {t.name!r}")
-        stream = prefetched(t.name, batch, cfg.eos_id, seed, workers)
-        next_batch = lambda: next(stream)
-    else:
-        next_batch = lambda: encode_batch(t.draw("train", batch, rng), encode, cfg.eos_id, t,
-                                          rng)
-    params = lj.init_params(cfg, jax.random.key(seed), jnp.float32)
-    optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
-                                                      weight_decay=0.01)
-    opt_state = optimizer.init(params)
-    dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[compute or t.compute]
-    keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
-    make = lambda a: make_train_step(cfg, optimizer, t.prompt_len, dtype,
-                                     None if a == "auto" else a)
-    candidates = attention_candidates(attention, dtype)
-    if len(candidates) > 1 or minutes is not None:  # device-only rates on one batch
-        fixed = next_batch()
-        rates = {a: device_rate(make(a), params, opt_state, fixed, keys(2**31 - 1))
-                 for a in candidates}
-        attention = max(rates, key=rates.get)
-        print(f"{t.name}: device only, one batch: "
-              + ", ".join(f"{a} attention {r:.1f} steps/s" for a, r in rates.items())
-              + (f"; training with {attention}" if len(rates) > 1 else ""), flush=True)
-    step = make(attention)
-    deadline = None
-    if minutes is not None:  # time throwaway steps on copies (the first one compiles)
-        # Start the clock once the batches the workers queued during compilation are used
-        # up: timing those ran a GPU-bound rate where the run is host-bound, and set twice
-        # the steps the budget holds (issue 15's third run).
-        warm = 5 + 2 * workers
-        p, o = params, opt_state
-        for i in range(warm + 20):
-            if i == warm:
-                jax.block_until_ready(p)
-                t0 = time.perf_counter()
-            p, o, _ = step(p, o, *next_batch(), keys(2**31 - 1), 0.0)
-        jax.block_until_ready(p)
-        rate = 20 / (time.perf_counter() - t0)
-        if workers:  # the slower of the device and the workers' supply
-            supply = stream.supply()
-            print(f"{t.name}: {workers} workers ({len(os.sched_getaffinity(0))} CPUs usable) "
-                  f"build a batch in {workers / supply:.2f} s: {supply:.1f} batches/s; "
-                  f"{rate:.1f} steps/s timed with them", flush=True)
-            rate = min(rates[attention], supply)
-        steps = max(1, int(minutes * 60 * rate))
-        print(f"{t.name}: {rate:.1f} steps/s ("
-              f"{'host' if rate < 0.9 * rates[attention] else 'device'}-bound), {steps} steps "
-              f"for {minutes} minutes", flush=True)
-        rng = random.Random(seed)
-        # A safety net, not the schedule: a run that falls behind its estimate stops (short
-        # of its learning-rate schedule's end, and says so) rather than overrun its box.
-        deadline = time.perf_counter() + 1.25 * minutes * 60
-    losses = []
-    # Not on a terminal (a device log): a progress line every 30 s, not a bar redrawn 10x/s.
-    bar = tqdm(range(steps), desc="training", disable=not progress,
-               mininterval=0.1 if os.isatty(2) else 30)
-    for i in bar:
-        params, opt_state, loss = step(params, opt_state, *next_batch(), keys(i),
-                                       lr_at(i, steps, lr))
-        if i % log_every == 0 or i == steps - 1:
-            losses.append(float(loss))
-        if deadline is not None and time.perf_counter() > deadline:
-            losses.append(float(loss))
-            print(f"stopped at step {i + 1} of {steps}: 1.25x the time budget", flush=True)
-            steps = i + 1
-            break
-    if workers:
-        stream.close()
+    with contextlib.ExitStack() as cleanup:  # the worker pool goes whatever happens
+        if workers:
+            if tasks.TASKS.get(t.name) is not t:
+                raise ValueError(f"workers need a registered task, not {t.name!r}")
+            stream = prefetched(t.name, batch, cfg.eos_id, seed, workers)
+            cleanup.callback(stream.close)
+            next_batch = lambda: next(stream)
+        else:
+            next_batch = lambda: encode_batch(t.draw("train", batch, rng), encode, cfg.eos_id,
+                                              t, rng)
+        params = lj.init_params(cfg, jax.random.key(seed), jnp.float32)
+        optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
+                                                          weight_decay=0.01)
+        opt_state = optimizer.init(params)
+        dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[compute or t.compute]
+        keys = lambda i: jax.random.fold_in(jax.random.key(seed + 1), i)
+        steps_by = {a: make_train_step(cfg, optimizer, t.prompt_len, dtype,
+                                       None if a == "auto" else a)
+                    for a in attention_candidates(attention, dtype)}
+        if len(steps_by) > 1 or minutes is not None:  # device-only rates on one batch
+            # Its own draw: the training batches stay those of any other --attention.
+            timing_rng = random.Random(f"{t.name}-timing")
+            fixed = encode_batch(t.draw("train", batch, timing_rng), encode, cfg.eos_id, t,
+                                 timing_rng)
+            rates = {a: device_rate(f, params, opt_state, fixed, keys(2**31 - 1))
+                     for a, f in steps_by.items()}
+            attention = max(rates, key=rates.get)
+            print(f"{t.name}: device only, one batch: "
+                  + ", ".join(f"{a} attention {r:.1f} steps/s" for a, r in rates.items())
+                  + (f"; training with {attention}" if len(rates) > 1 else ""), flush=True)
+        step = steps_by[attention]
+        deadline = None
+        if minutes is not None:  # time throwaway steps on copies (compiled already)
+            # Start the clock once the batches the workers queued during compilation are
+            # used up: timing those ran a GPU-bound rate where the run is host-bound, and set
+            # twice the steps the budget holds (issue 15's third run).
+            warm = 5 + 2 * workers
+            p, o = params, opt_state
+            for i in range(warm + 20):
+                if i == warm:
+                    jax.block_until_ready(p)
+                    t0 = time.perf_counter()
+                p, o, _ = step(p, o, *next_batch(), keys(2**31 - 1), 0.0)
+            jax.block_until_ready(p)
+            rate = min(20 / (time.perf_counter() - t0), rates[attention])
+            if workers:  # and the workers' supply, which 20 timed steps can overstate
+                supply = stream.supply()
+                print(f"{t.name}: {workers} workers ({len(os.sched_getaffinity(0))} CPUs "
+                      f"usable) build a batch in {workers / supply:.2f} s: {supply:.1f} "
+                      f"batches/s", flush=True)
+                rate = min(rate, supply)
+            steps = max(1, int(minutes * 60 * rate))
+            print(f"{t.name}: {rate:.1f} steps/s ("
+                  f"{'host' if rate < 0.9 * rates[attention] else 'device'}-bound), {steps} "
+                  f"steps for {minutes} minutes", flush=True)
+            rng = random.Random(seed)
+            # A safety net, not the schedule: a run that falls behind its estimate stops
+            # (short of its learning-rate schedule's end, and says so) rather than overrun
+            # its box.
+            deadline = time.perf_counter() + 1.25 * minutes * 60
+        losses = []
+        # Not on a terminal (a device log): a progress line every 30 s, not a bar redrawn
+        # 10x/s.
+        bar = tqdm(range(steps), desc="training", disable=not progress,
+                   mininterval=0.1 if os.isatty(2) else 30)
+        for i in bar:
+            params, opt_state, loss = step(params, opt_state, *next_batch(), keys(i),
+                                           lr_at(i, steps, lr))
+            if i % log_every == 0 or i == steps - 1:
+                losses.append(float(loss))
+            if deadline is not None and time.perf_counter() > deadline:
+                losses.append(float(loss))
+                print(f"stopped at step {i + 1} of {steps}: 1.25x the time budget",
+                      flush=True)
+                steps = i + 1
+                break
     return params, losses, steps
 
 

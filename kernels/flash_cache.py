@@ -211,16 +211,16 @@ implementation = Forced("flash_cache")
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
     """Dispatch: the Pallas kernel on GPU (per data shard under a mesh) up to
-    FUSED_MAX_ROWS query rows in all, the reference elsewhere, above that and whenever
+    FUSED_MAX_ROWS query rows per device, the reference elsewhere, above that and whenever
     tensor parallelism splits the heads (tp > 1)."""
-    M = h_BRD.shape[0] * h_BRD.shape[1]
+    from jax.sharding import PartitionSpec as PS
+
+    from lacache_jax.sharding import DATA, per_data_shard, shard_kernel
+    M = per_data_shard(h_BRD.shape[0]) * h_BRD.shape[1]  # the rows one device runs
     use = implementation.choice("pallas" if use_kernel(M, tp) else "ref")
     if use == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                                n_heads=n_heads, tp=tp)
-    from jax.sharding import PartitionSpec as PS
-
-    from lacache_jax.sharding import DATA, shard_kernel
     rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)
     kernel = functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp,
                                interpret=jax.default_backend() != "gpu")

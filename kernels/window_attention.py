@@ -81,8 +81,8 @@ def window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=Non
     another order (fp32, full-precision dots). Under a mesh that splits the heads XLA may
     sum the scores' partial products in another order than on one device: the last-bit
     differences can flip near-ties of the tracked set (seen on fake CPU devices with a tiny
-    model, where the reference happens to partition bit-exactly; this path runs on GPUs
-    only, whose bf16 steps promise no bit-equality across meshes either)."""
+    model, where the reference happens to partition bit-exactly; the dispatch picks this path
+    on GPUs only, whose bf16 steps promise no bit-equality across meshes either)."""
     _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     B, R, H, K = q_BRHK.shape
     T, G = k_BTGK.shape[1:3]
@@ -203,8 +203,8 @@ def _pallas_heads(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None, *,
 # Benchmarks force an implementation while tracing (kernels/forced.py).
 implementation = Forced("window_attention", choices=("pallas", "ref", "two_pass"))
 
-# Up to this many query rows (B R) the kernel, above it the two passes (measured at 128 and
-# 4096 rows; the crossing between is not measured).
+# Up to this many query rows (B R, per device) the kernel, above it the two passes (measured
+# at 128 and 4096 rows; the crossing between is not measured).
 KERNEL_MAX_ROWS = 512
 
 
@@ -219,14 +219,16 @@ def window_attention(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
     """Dispatch (`default_choice`): on the GPU the Pallas kernel (per (row shard, head
     shard) under a mesh, the per-head scores summed over heads by XLA outside it) or the two
     passes, the reference elsewhere."""
-    use = implementation.choice(default_choice(q_BRHK.shape[0] * q_BRHK.shape[1]))
+    from jax.sharding import PartitionSpec as PS
+
+    from lacache_jax.sharding import DATA, MODEL, per_data_shard, shard_kernel
+    # The rows one device runs (per data shard under a mesh).
+    use = implementation.choice(default_choice(per_data_shard(q_BRHK.shape[0])
+                                               * q_BRHK.shape[1]))
     if use == "ref":
         return window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     if use == "two_pass":
         return window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
-    from jax.sharding import PartitionSpec as PS
-
-    from lacache_jax.sharding import DATA, MODEL, shard_kernel
     heads, rows = PS(DATA, None, MODEL, None), PS(DATA, None)
     scored = weight_BW is not None
     kernel = functools.partial(_pallas_heads, interpret=jax.default_backend() != "gpu")

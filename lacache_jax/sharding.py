@@ -195,6 +195,13 @@ def active_mesh():
     return None if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} else mesh
 
 
+def per_data_shard(rows: int) -> int:
+    """`rows` of a batch-sharded array as one device holds them under the active mesh (a
+    kernel's dispatch by size looks at what each device runs)."""
+    mesh = active_mesh()
+    return rows if mesh is None else -(-rows // mesh.shape[DATA])
+
+
 def shard_kernel(fn: Callable, in_specs, out_specs) -> Callable:
     """`fn` under `shard_map` over the active mesh (unchanged without one): each device runs
     the kernel on its own shard. Specs name only DATA and MODEL axes."""

@@ -9,22 +9,23 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.serve import refill_bound
+from benchmarks.serve import in_order_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_refill_bound_is_static_over_the_in_order_makespan():
+def test_in_order_bound_is_static_over_the_in_order_makespan():
     # Static batches [4, 1] and [1, 1] cost 4 + 1; refilled, slot A runs the 4 while slot B
     # runs the three 1s: makespan 4.
-    assert refill_bound([4, 1, 1, 1], 2) == 5 / 4
-    assert refill_bound([3] * 64, 32) == 1.0  # equal lengths: nothing to gain
+    assert in_order_bound([4, 1, 1, 1], 2) == 5 / 4
+    assert in_order_bound([3] * 64, 32) == 1.0  # equal lengths: nothing to gain
     # Many requests: the tail weighs less and the bound nears num_blocks / mean blocks.
     blocks = -(-np.random.default_rng(0).integers(32, 513, 4096) // 32)
-    assert 1.7 < refill_bound(blocks, 32) < 16 / blocks.mean()
+    assert 1.7 < in_order_bound(blocks, 32) < 16 / blocks.mean()
 
 
 def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
+    """--tiny: gen 32 in blocks of 8 (serve._model)."""
     env = {"OUT": str(tmp_path), "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
            "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-m", "benchmarks.serve", "llada", "--tiny", "--n",
@@ -33,4 +34,7 @@ def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = json.loads(next(tmp_path.glob("serve_llada-*.json")).read_text())["rows"]
     assert row["S"] == 4 and row["n"] == 8 and row["static_s"] > 0 and row["slots_s"] > 0
-    assert row["refill_bound"] >= 1.0
+    # The bound printed is the one of the drawn lengths (blocks of the run's block length).
+    lengths = np.asarray(row["answer_lengths"])
+    assert len(lengths) == 8 and row["answer_tokens"] == lengths.sum()
+    assert row["in_order_bound"] == in_order_bound(-(-lengths // 8), 4)

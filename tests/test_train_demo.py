@@ -212,3 +212,30 @@ def test_char_encoder_is_the_tokenizer(tmp_path):
             fast("12€3")
         with pytest.raises(TokenizerError):
             fast("12~3")
+
+
+def test_forced_attention_reaches_the_traced_train_step(monkeypatch):
+    """The choice made by `make_train_step(attention=...)` is what the traced step's
+    attention calls receive (as if on the GPU in bf16, where the default is cuDNN)."""
+    import optax
+
+    from lacache_jax import model
+    seen = []
+    real = jax.nn.dot_product_attention
+
+    def recording(*args, implementation=None, **kwargs):
+        seen.append(implementation)
+        return real(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
+    monkeypatch.setattr(model.jax, "default_backend", lambda: "gpu")
+    cfg = train_demo.demo_config(n_layers=2)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    opt = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
+    tokens = jnp.zeros((2, train_demo.PROMPT_LEN + train_demo.GEN_LEN), jnp.int32)
+    pad = jnp.zeros((2,), jnp.int32)
+    for forced, want in ((None, "cudnn"), ("xla", "xla"), ("cudnn", "cudnn")):
+        seen.clear()
+        step = train_demo.make_train_step(cfg, opt, compute=jnp.bfloat16, attention=forced)
+        jax.make_jaxpr(step)(params, opt.init(params), tokens, pad, jax.random.key(0), 1e-3)
+        assert len(seen) == 2 and set(seen) == {want}, (forced, seen)
