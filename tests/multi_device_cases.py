@@ -227,8 +227,16 @@ def benchmark_case() -> None:
         expected_bytes_per_gpu=split + params.embed.nbytes // 2)
 
 
+def dispatch_rows_case() -> None:
+    # Kernels pick by the rows each device runs: batch 8 over 2 data shards is 4 per device.
+    with jax.set_mesh(mesh_of(2, 2)):
+        per_mesh = sharding.per_data_shard(8)
+    emit(case="per_data_shard", rows=[sharding.per_data_shard(8), per_mesh])
+
+
 def main() -> None:
     assert len(jax.devices()) == 4, jax.devices()
+    dispatch_rows_case()
     params = sharp(lj.init_params(CFG, jax.random.key(0), jnp.float32))
     fp8_params = lj.quantize_ffn(params)
     token_cases(params, fp8_params)

@@ -40,6 +40,7 @@ def test_meshes_give_single_device_tokens(cases):
     assert cases["load_sharded"]["w_qkv_spec"] == ["None", "model"]
     assert cases["load_sharded"]["embed_replicated"]
     assert cases["bad_mesh"]["same"]
+    assert cases["per_data_shard"]["rows"] == [8, 4]  # no mesh; data 2 x model 2
 
 
 def test_fp8_ffn_is_split_over_the_model_axis(cases):
