@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader | tee "$
 VARIANTS=${VARIANTS:-chain}
 n=$(wc -w <<< "$VARIANTS")
 for v in $VARIANTS; do
-  XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") timeout 540 \
+  XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") timeout 570 \
     python3 -m benchmarks.train_demo --task "$v" --out "/tmp/$v" --minutes ${MINUTES:-6.3} \
     --workers ${WORKERS:-$((14 / n))} --eval ${EVAL_N:-300} 2>&1 | tr '\r' '\n' \
     | grep -v -i "warn" > "$OUT/train-$v.log" &

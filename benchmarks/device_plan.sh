@@ -3,7 +3,9 @@
 # priority order, each a time-boxed stage list under 10 minutes (bash benchmarks/device_plan.sh
 # N; COMMIT=<sha>):
 #   1  issue 15: one chain training round (chain-d2 alone, the whole GPU, 14 batch workers;
-#      train_demo now times cuDNN against XLA attention first and trains with the faster)
+#      train_demo now times cuDNN against XLA attention first and trains with the faster;
+#      6 minutes + ~80 s of compiling and timing + the evaluation, the 1.15x safety net
+#      inside device_chain.sh's 570 s box)
 #   2  issues 19, 23, 17, 18: the fourth session's call again, since its logs were lost: the
 #      GSM8K-sized wall time (benchmarks/eval_time.py), route (b)'s ptxas / SASS counts, window
 #      attention's GPU tests (kernel and the new two passes), the cache update's tiles (new

@@ -10,7 +10,7 @@ batch, learning rate and steps; the flags override them.
 
 `--minutes` times the compiled step first (with the data as the run will get it) and sets
 the step count to fit the budget, so the learning-rate schedule still runs to its end; a run
-that falls 25% behind stops there and says so. Batches are drawn fresh every step (with
+that falls 15% behind stops there and says so. Batches are drawn fresh every step (with
 replacement) from the training split; building one overlaps the previous step's device work.
 Building a `chain` batch in Python takes longer than the GPU's step (0.13 s against ~0.03 s
 on the H200: the first chain run was host-bound at 7.5 steps/s), so `--workers N` builds
@@ -330,7 +330,7 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
             # A safety net, not the schedule: a run that falls behind its estimate stops
             # (short of its learning-rate schedule's end, and says so) rather than overrun
             # its box.
-            deadline = time.perf_counter() + 1.25 * minutes * 60
+            deadline = time.perf_counter() + 1.15 * minutes * 60
         losses = []
         # Not on a terminal (a device log): a progress line every 30 s, not a bar redrawn
         # 10x/s.
@@ -343,7 +343,7 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
                 losses.append(float(loss))
             if deadline is not None and time.perf_counter() > deadline:
                 losses.append(float(loss))
-                print(f"stopped at step {i + 1} of {steps}: 1.25x the time budget",
+                print(f"stopped at step {i + 1} of {steps}: 1.15x the time budget",
                       flush=True)
                 steps = i + 1
                 break
