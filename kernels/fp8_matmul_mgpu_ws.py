@@ -45,10 +45,13 @@ block-scaled GEMM in the same run, short of the >= 1150 goal (issue 23); DeepGEM
 1350+ with this structure. The knob sweep (gate/up, M 4096) showed the cluster with multicast
 (+11% over none) and the two 64-row waves (+7% over `wg_rows=64`) paying, the rest (stages,
 epilogue slots, snake order, cluster axis) within noise. Not dispatched: cuBLASLt stays the
-kernel from 128 rows. Left to look at, in this order: ptxas' spill and stack-frame counts
-(`MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=<dir>`; the SASS dump asked for with
-`MOSAIC_GPU_DUMP_SASS=1` did not appear), whether each group's promotion compiles to `FFMA`s
-after the wgmma wait, and the one-slot epilogue (a wave's store waits for the previous one).
+kernel from 128 rows. ptxas on the H200 (fourth session, `device_plan.sh`'s ptxas stage at
+gate/up M 1024; logs lost, numbers in RESULTS.md): 168 registers per thread at launch (the
+setmaxnreg split comes after), an 80-byte stack frame, 100 bytes of spill stores and 132 of
+spill loads; the SASS has 128 FFMA (the promotion is one FMA per element, as meant), 24 STL and
+32 LDL. Left, in this order: which warpgroup spills (the 40-register producer or the
+consumers) and whether inside the K loop, then the one-slot epilogue (a wave's store waits for
+the previous one).
 Every GPU call runs under `timeout`: a wrong barrier phase hangs rather than fails.
 """
 
