@@ -51,6 +51,7 @@ code runs, not a measurement.
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import tempfile
 import time
@@ -86,7 +87,6 @@ def in_order_bound(units, S: int) -> float:
     blocks cost more with a longer prompt bucket). The tail, where fewer than S requests are
     left, keeps a short queue below num_blocks / mean blocks (`serve llada`'s draws, 32
     slots: 1.46x by blocks for 128 requests, 1.74x for 512)."""
-    import heapq
     units = np.asarray(units)
     static = sum(int(units[i:i + S].max()) for i in range(0, len(units), S))
     free = [0] * S

@@ -18,14 +18,16 @@ them in N processes, batch i from its own seed (the same batches for any N; N = 
 single stream the demo model was trained with). The same runs made ~8 steps/s together on the
 GPU, about 50 TFLOP/s: fp32 matmuls at the CUDA-core rate; `chain` therefore runs its forward
 pass in bf16 (fp32 master weights and loss; `--compute`), the demo stays fp32 as trained.
-The bf16 run then made 3.8 steps/s alone on the GPU, slower than the fp32 runs' ~4 each with
-three sharing it: in bf16 the attention goes to cuDNN, which takes the padded prompts' key
-mask as a full [B, 1, L, S] bias, where fp32 ran XLA's. So on the GPU a bf16 run times a few
-steps of each attention on one batch, device only, and trains with the faster
-(`--attention auto`). With `--minutes` the step count comes from the slower of the
-device-only rate and the workers' supply (their own seconds per batch: the fourth session's
-run timed 9.3 steps/s over 20 steps, a burst of batches queued during compilation, and then
-trained at 3.8), and the log says which of the two bounds the run.
+In bf16 the attention goes to cuDNN (the padded prompts' key mask as a full [B, 1, L, S]
+bias), in fp32 to XLA's; on the GPU a bf16 run times a few steps of each on one batch, device
+only, and trains with the faster (`--attention auto`; on the H200 cuDNN, 8.6 against 7.5
+steps/s). With `--minutes` the step count comes from the slowest of that device-only rate,
+20 timed steps with the batches streamed, and the workers' supply (their own seconds per
+batch: 20 timed steps can see the queue filled during compilation drain at once), and the log
+says whether the host or the device bounds the run. Still unexplained (benchmarks/RESULTS.md,
+fifth session; `benchmarks/train_loop_probe.py`): on the H200 the step itself slows from ~9
+to ~3-4 steps/s as the weights train, so a run falls behind its plan and the safety net ends
+it.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per

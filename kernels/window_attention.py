@@ -76,23 +76,18 @@ def window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
 
 
 def window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
-    """The library attention (cuDNN for half types on the GPU, XLA elsewhere), then the
-    scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]: the reference's sum in
+    """The model's attention (`lacache_jax.model.attention`: cuDNN for half types on the
+    GPU, XLA elsewhere), then the scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]: the reference's sum in
     another order (fp32, full-precision dots). Under a mesh that splits the heads XLA may
     sum the scores' partial products in another order than on one device: the last-bit
     differences can flip near-ties of the tracked set (seen on fake CPU devices with a tiny
     model, where the reference happens to partition bit-exactly; the dispatch picks this path
     on GPUs only, whose bf16 steps promise no bit-equality across meshes either)."""
+    from lacache_jax.model import attention  # the model imports this package's kernels
     _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     B, R, H, K = q_BRHK.shape
-    T, G = k_BTGK.shape[1:3]
-    cudnn = jax.default_backend() == "gpu" and q_BRHK.dtype in (jnp.bfloat16, jnp.float16)
-    mask = key_mask_BT.astype(bool)[:, None, None, :]
-    if cudnn:  # cuDNN takes a mask (bias) only at its full [B, 1, R, T] shape
-        mask = jnp.broadcast_to(mask, (B, 1, R, T))
-    o = jax.nn.dot_product_attention(q_BRHK, k_BTGK, v_BTGK, mask=mask,
-                                     scale=1.0 / math.sqrt(K),
-                                     implementation="cudnn" if cudnn else "xla")
+    G = k_BTGK.shape[2]
+    o = attention(q_BRHK, k_BTGK, v_BTGK, key_mask_BT)
     if weight_BW is None:
         return o
     W = weight_BW.shape[1]
