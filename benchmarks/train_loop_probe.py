@@ -14,15 +14,22 @@ time:
                                           [--order device,numpy,keys,lr,stream,loss]
 
 Each variant's line also gives the GPU's SM clock, power draw, temperature and active
-throttle reasons after it (nvidia-smi), and `--order` may repeat a variant: a rate that falls
-with time whatever the variant is the GPU (or the process), not the ingredient.
+throttle reasons after it (nvidia-smi), the weights' largest magnitude and whether all are
+finite, and `--order` may repeat a variant: a rate that falls with time whatever the variant
+is the GPU (or the process), not the ingredient. `--profile N` then traces N more steps
+(jax.profiler) and prints per step the device's kernel time, its largest kernels, and the
+host's largest events: whether a slower step is more device work or a device left waiting.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
+import glob
+import os
 import subprocess
+import tempfile
 import time
 
 import jax
@@ -43,6 +50,41 @@ def gpu_state() -> str:
         return "(no nvidia-smi)"
 
 
+def profile(run, steps: int, top: int = 6) -> str:
+    """Trace `run()` (which runs `steps` steps and waits for them) and summarise the trace per
+    step: summed kernel time on the device's stream lines and its `top` kernels, and the
+    `top` longest event names on the host's python thread."""
+    d = tempfile.mkdtemp()
+    with jax.profiler.trace(d):
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    data = jax.profiler.ProfileData.from_file(path)
+    device, host = collections.Counter(), collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if plane.name.startswith("/device:") and line.name.startswith("Stream"):
+                for e in line.events:
+                    device[e.name] += e.duration_ns
+            elif plane.name.startswith("/host:") and line.name == "python":
+                for e in line.events:
+                    host[e.name] += e.duration_ns
+    per = lambda ns: f"{ns / steps / 1e6:.2f}"
+    lines = [f"  trace: wall {wall / steps * 1e3:.2f} ms/step, device kernels "
+             f"{per(sum(device.values()))} ms/step"]
+    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in device.most_common(top)]
+    lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in host.most_common(top)]
+    return "\n".join(lines)
+
+
+@jax.jit
+def weight_stats(params):
+    leaves = jax.tree.leaves(params)
+    return (jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in leaves])),
+            jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="chain-d2")
@@ -50,6 +92,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--attention", default="cudnn", choices=("cudnn", "xla"))
     ap.add_argument("--order", default="device,numpy,keys,lr,stream,loss")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each variant, trace N more of its steps")
     args = ap.parse_args()
     t = tasks.get(args.task)
     cfg = tasks.model_config(t)
@@ -85,9 +129,18 @@ def main() -> int:
             jax.block_until_ready(p)
             dt = time.perf_counter() - t0
             cache = getattr(step, "_cache_size", lambda: "?")()
+            top, finite = weight_stats(p)
             print(f"{name:7s} {args.steps / dt:6.2f} steps/s  {gpu_state()}; jit cache "
                   f"{cache}, live arrays {len(jax.live_arrays())}, gc objects "
-                  f"{len(gc.get_objects())}", flush=True)
+                  f"{len(gc.get_objects())}, max |w| {float(top):.3g}, finite "
+                  f"{bool(finite)}", flush=True)
+            if args.profile:
+                def run():
+                    nonlocal p, o
+                    for i in range(args.profile):
+                        p, o, _ = step(p, o, *inputs(5000 + i))
+                    jax.block_until_ready(p)
+                print(profile(run, args.profile), flush=True)
     finally:
         stream.close()
     return 0
