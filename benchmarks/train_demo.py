@@ -24,10 +24,10 @@ only, and trains with the faster (`--attention auto`; on the H200 cuDNN, 8.6 aga
 steps/s). With `--minutes` the step count comes from the slowest of that device-only rate,
 20 timed steps with the batches streamed, and the workers' supply (their own seconds per
 batch: 20 timed steps can see the queue filled during compilation drain at once), and the log
-says whether the host or the device bounds the run. Still unexplained (benchmarks/RESULTS.md,
-fifth session; `benchmarks/train_loop_probe.py`): on the H200 the step itself slows from ~9
-to ~3-4 steps/s as the weights train, so a run falls behind its plan and the safety net ends
-it.
+says whether the host or the device bounds the run. The step once slowed from ~9 to ~3-4
+steps/s as the weights trained: the bf16 embedding gradient, a scatter-add, took most of it
+and grew (benchmarks/RESULTS.md, sixth session); `embed_lookup` now takes that gradient as a
+one-hot product.
 
 Objective (SFT form): the prompt is never masked; each answer token (answers right-padded
 with EOS to the canvas) is masked with probability p = (1 - eps) t + eps, t ~ U(0, 1) per
@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 
 import lacache_jax as lj
 from benchmarks import tasks
-from lacache_jax.model import attention_implementation, forward_hidden, lm_head
+from lacache_jax.model import attention_implementation, lm_head, rope_tables, run_blocks
 from lacache_jax.tokenizer import Tokenizer
 
 PROMPT_LEN = tasks.ARITH.prompt_len  # the demo's canvas: 16 + 64
@@ -89,6 +89,37 @@ def encode_batch(problems, encode, eos_id: int, task: str | tasks.Task = "arith"
     return tokens, pad
 
 
+def embed_lookup(embed_VD: jax.Array, tokens_BT: jax.Array) -> jax.Array:
+    """`embed_VD[tokens_BT]`; in half precision with its gradient as a one-hot product summed
+    in fp32. The gather's own gradient is XLA's scatter-add, which in bf16 is a
+    compare-and-swap loop per element onto the few vocabulary rows: on the H200 it took 69 of
+    a chain step's 106 ms and grew to 155 as the weights trained (more of the concurrent
+    swaps fail), and it sums in bf16 (RESULTS.md, sixth session). fp32 runs (the demo, as
+    trained) keep XLA's gradient."""
+    if embed_VD.dtype == jnp.float32:
+        return embed_VD[tokens_BT]
+    return _half_lookup(embed_VD, tokens_BT, embed_VD.shape[0], embed_VD.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _half_lookup(embed_VD, tokens_BT, V, dtype):
+    return embed_VD[tokens_BT]
+
+
+def _half_lookup_fwd(embed_VD, tokens_BT, V, dtype):
+    return embed_VD[tokens_BT], tokens_BT
+
+
+def _half_lookup_bwd(V, dtype, tokens_BT, g_BTD):
+    one_hot_NV = jax.nn.one_hot(tokens_BT.reshape(-1), V, dtype=g_BTD.dtype)
+    g_ND = g_BTD.reshape(one_hot_NV.shape[0], -1)
+    g_VD = jnp.matmul(one_hot_NV.T, g_ND, preferred_element_type=jnp.float32)
+    return g_VD.astype(dtype), None
+
+
+_half_lookup.defvjp(_half_lookup_fwd, _half_lookup_bwd)
+
+
 def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int = PROMPT_LEN,
              compute=jnp.float32):
     """`compute`: the dtype the forward pass runs in (fp32 master weights are cast to it, so
@@ -103,7 +134,9 @@ def sft_loss(params, cfg: lj.ModelConfig, tokens_BT, pad_B, key, prompt_len: int
     noisy = jnp.where(masked, cfg.mask_id, tokens_BT)
     key_mask = col[None, :] >= pad_B[:, None]
     positions = jnp.maximum(col[None, :] - pad_B[:, None], 0)
-    logits = lm_head(params, cfg, forward_hidden(params, cfg, noisy, key_mask, positions))
+    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    x = run_blocks(embed_lookup(params.embed, noisy), params.layers, cfg, cos, sin, key_mask)[0]
+    logits = lm_head(params, cfg, x)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens_BT)
     # Answer length: the whole gen, EOS padding included (what LLaDA's SFT divides by).
     per_token = jnp.where(masked, ce / p_mask, 0.0) / (T - prompt_len)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import lacache_jax as lj
 from benchmarks import arith, train_demo
@@ -35,6 +36,51 @@ def test_loss_only_counts_masked_answer_tokens():
     assert np.isfinite(float(loss)) and float(loss) > 0
     grads = jax.grad(train_demo.sft_loss)(params, cfg, tokens, pad, jax.random.key(1))
     assert float(jnp.abs(grads.layers[0].w_down).sum()) > 0
+
+
+def test_loss_is_the_models_forward_pass():
+    """sft_loss runs the blocks itself (for its own embedding lookup): in fp32 it must be the
+    model's forward_hidden + lm_head exactly, the same ops in the same order."""
+    cfg = train_demo.demo_config(n_layers=2, d_model=64, d_ff=128, n_heads=2, n_kv_heads=2)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+    T, P = train_demo.PROMPT_LEN + train_demo.GEN_LEN, train_demo.PROMPT_LEN
+    tokens = jax.random.randint(jax.random.key(2), (3, T), 0, cfg.mask_id)
+    pad, key = jnp.array([0, 2, 5]), jax.random.key(1)
+    loss = train_demo.sft_loss(params, cfg, tokens, pad, key)
+    # The same objective spelled out on the model's own forward pass.
+    col = jnp.arange(T)
+    t = jax.random.uniform(jax.random.fold_in(key, 0), (3, 1))
+    p_mask = (1 - train_demo.EPS) * t + train_demo.EPS
+    masked = (col >= P) & (jax.random.uniform(jax.random.fold_in(key, 1), (3, T)) < p_mask)
+    hidden = lj.model.forward_hidden(params, cfg, jnp.where(masked, cfg.mask_id, tokens),
+                                     col[None] >= pad[:, None],
+                                     jnp.maximum(col[None] - pad[:, None], 0))
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        lj.model.lm_head(params, cfg, hidden), tokens)
+    want = (jnp.where(masked, ce / p_mask, 0.0) / (T - P)).sum() / 3
+    assert float(loss) == float(want)
+
+
+def test_half_precision_embedding_lookup_is_exact_and_its_gradient_sums_in_fp32():
+    """bf16 lookups take their gradient as a one-hot product (no scatter-add): the fp32 sum of
+    each row's contributions rounded once to bf16, so within bf16's unit roundoff (2^-8 relative)
+    of the exact sum, where XLA's bf16 scatter-add misses that bound (checked below)."""
+    embed = jax.random.normal(jax.random.key(0), (48, 64)).astype(jnp.bfloat16)
+    tokens = jax.random.randint(jax.random.key(1), (4, 150), 0, 48)
+    got = train_demo.embed_lookup(embed, tokens)
+    assert got.dtype == jnp.bfloat16 and (got == embed[tokens]).all()
+    g = jax.random.normal(jax.random.key(2), (4, 150, 64))
+    grad = jax.grad(lambda e: (train_demo.embed_lookup(e, tokens).astype(jnp.float32)
+                               * g).sum())(embed)
+    # The cotangent reaching a bf16 activation is bf16: the exact sum of those.
+    exact = jnp.zeros((48, 64)).at[tokens].add(g.astype(jnp.bfloat16).astype(jnp.float32))
+    excess = lambda grad: float(jnp.max(jnp.abs(grad.astype(jnp.float32) - exact)
+                                        - 2.0**-8 * jnp.abs(exact)))
+    assert excess(grad) <= 0
+    scatter = jax.grad(lambda e: (e[tokens].astype(jnp.float32) * g).sum())(embed)
+    assert excess(scatter) > 0
+    assert (train_demo.embed_lookup(embed.astype(jnp.float32), tokens)
+            == embed.astype(jnp.float32)[tokens]).all()
 
 
 def test_short_training_run_learns_and_exports(tmp_path):
