@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
+import glob
 import json
 import os
 import platform
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,6 +108,35 @@ def exit_on_sigterm() -> None:
     import signal
     import sys
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+
+
+def profile(run, steps: int, top: int = 6) -> str:
+    """Trace `run()` (which runs `steps` steps, or blocks, and waits for them) and summarise
+    the trace per step: wall time, summed kernel time on the device's stream lines (well below
+    the wall time: the device waits on the host) and its `top` kernels, and the `top` longest
+    event names on the host's python thread (nested events each count)."""
+    d = tempfile.mkdtemp()
+    with jax.profiler.trace(d):
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    data = jax.profiler.ProfileData.from_file(path)
+    device, host = collections.Counter(), collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if plane.name.startswith("/device:") and line.name.startswith("Stream"):
+                for e in line.events:
+                    device[e.name] += e.duration_ns
+            elif plane.name.startswith("/host:") and line.name == "python":
+                for e in line.events:
+                    host[e.name] += e.duration_ns
+    per = lambda ns: f"{ns / steps / 1e6:.2f}"
+    lines = [f"  trace: wall {wall / steps * 1e3:.2f} ms/step, device kernels "
+             f"{per(sum(device.values()))} ms/step"]
+    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in device.most_common(top)]
+    lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in host.most_common(top)]
+    return "\n".join(lines)
 
 
 def git_commit() -> str:

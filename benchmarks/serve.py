@@ -2,6 +2,7 @@
 
     python -m benchmarks.serve demo [--checkpoint DIR] [--n 2000] [--slots 64,256]
                                     [--block 8] [--settings threshold=0.9,cache=dual] [--flash]
+                                    [--profile]
     python -m benchmarks.serve llada [--n 128] [--slots 32] [--layers 32] [--tiny] [--flash]
     python -m benchmarks.serve memory [--slots 32] [--prompt 512] [--gen 256] [--layers 32]
                                       [--tiny]
@@ -19,7 +20,9 @@ refilled slot each row's own, so the gain is bounded by num_blocks / mean blocks
 bound is 1.05x at block 32, 1.21x at 16, 1.27x at 8, 1.33x at 4 (1.37x at one token per
 block); hence `--block 4,8` by default and the fixed schedule (one token per step: threshold
 decoding finishes a demo block in about two steps, where the per-block host round trip weighs
-more).
+more). On the H200 (3) ran at 0.63-0.89x of (1) (RESULTS.md, sixth session); `--profile`
+traces each path's run once and prints its device kernel time against its wall time, to tell
+the per-block program's own work from the device waiting on the host.
 
 `llada`: LLaDA-8B shapes, random bf16 weights, S slots, prompts of 128-1024 tokens, answer
 lengths drawn uniformly from 32-512 (gen_length 512, block 32, dual cache, threshold 0.9).
@@ -62,7 +65,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks import arith
-from benchmarks.common import exit_on_sigterm, write_result
+from benchmarks.common import exit_on_sigterm, profile, write_result
 from lacache_jax import flash_slots
 from lacache_jax import slots as slot_refill
 
@@ -184,6 +187,14 @@ def demo(args, out: dict) -> None:
                  slots_accuracy=accuracy(slots_tokens, np.asarray(slots_out.gen_lengths)),
                  same_tokens=bool((slots_tokens == toks).all()))
         out["rows"].append(r)
+        if args.profile:  # where the slot program's time goes: device work or waiting
+            for name, fn in (("static generate", lambda: _static(params, cfg, prompts, gen,
+                                                                 keys, S)),
+                             ("static through the slot program", lambda: slot_refill.run(
+                                 params, cfg, rg, rows_in, keys, S, refill=False)),
+                             ("slot refill", run)):
+                print(f"profile, {name} (one whole run):\n"
+                      + profile(lambda: jax.block_until_ready(fn()), 1), flush=True)
         limit = "" if bound is None else f" of at most {bound:.2f}x"
         print(f"{'flash' if block is None else f'block {block:2d}'} S={S:4d}: static "
               f"{r['static_tok_s']:8.0f} tok/s, slots "
@@ -281,6 +292,8 @@ def main():
     d.add_argument("--settings", default="", help="GenerationConfig fields, e.g. "
                    "threshold=0.9,cache=dual (default: the fixed schedule, no cache)")
     d.add_argument("--flash", action="store_true", help="Flash-dLLM decoding")
+    d.add_argument("--profile", action="store_true", help="trace each path's run once: "
+                   "device kernel time against wall time, largest kernels and host events")
     g = sub.add_parser("llada")
     g.add_argument("--n", type=int, default=128)
     g.add_argument("--slots", default="32")

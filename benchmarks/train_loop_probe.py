@@ -24,12 +24,8 @@ host's largest events: whether a slower step is more device work or a device lef
 from __future__ import annotations
 
 import argparse
-import collections
 import gc
-import glob
-import os
 import subprocess
-import tempfile
 import time
 
 import jax
@@ -38,6 +34,7 @@ import optax
 
 import lacache_jax as lj
 from benchmarks import tasks, train_demo
+from benchmarks.common import profile
 
 
 def gpu_state() -> str:
@@ -48,34 +45,6 @@ def gpu_state() -> str:
             capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "(no nvidia-smi)"
-
-
-def profile(run, steps: int, top: int = 6) -> str:
-    """Trace `run()` (which runs `steps` steps and waits for them) and summarise the trace per
-    step: summed kernel time on the device's stream lines and its `top` kernels, and the
-    `top` longest event names on the host's python thread."""
-    d = tempfile.mkdtemp()
-    with jax.profiler.trace(d):
-        t0 = time.perf_counter()
-        run()
-        wall = time.perf_counter() - t0
-    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    data = jax.profiler.ProfileData.from_file(path)
-    device, host = collections.Counter(), collections.Counter()
-    for plane in data.planes:
-        for line in plane.lines:
-            if plane.name.startswith("/device:") and line.name.startswith("Stream"):
-                for e in line.events:
-                    device[e.name] += e.duration_ns
-            elif plane.name.startswith("/host:") and line.name == "python":
-                for e in line.events:
-                    host[e.name] += e.duration_ns
-    per = lambda ns: f"{ns / steps / 1e6:.2f}"
-    lines = [f"  trace: wall {wall / steps * 1e3:.2f} ms/step, device kernels "
-             f"{per(sum(device.values()))} ms/step"]
-    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in device.most_common(top)]
-    lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in host.most_common(top)]
-    return "\n".join(lines)
 
 
 @jax.jit
