@@ -4,11 +4,18 @@ harder trained yardstick that tells the decoding modes apart (issue 15). Exactly
 A problem is a short program with the structure of a GSM8K word problem and none of its words:
 two to four given numbers, then six to sixteen derived quantities, each one operation (+, -, *)
 on earlier quantities or a small literal; the question is the last quantity. The answer works
-out every derived quantity, restating its operation with the operand values, then gives the
-asked value after `#` (a shortened example):
+out every derived quantity, restating its definition, then its operation with the operand
+values, then the result, and gives the asked value after `#` (a shortened example):
 
     prompt  <|user|>a=47;b=8;c=b*3;d=a+c;e=d-19;f=e*c;f?<|assistant|>
-    answer  c=8*3=24;d=47+24=71;e=71-19=52;f=52*24=1248;#1248
+    answer  c=b*3=8*3=24;d=a+c=47+24=71;e=d-19=71-19=52;f=e*c=52*24=1248;#1248
+
+Restating the definition splits finding an operand's value into two lookups, each a copy: the
+operand names from the prompt's definition, then each name's result from earlier in the
+answer (or the prompt's givens). Without it (the format until 2026-12-01) the value had to
+come from both at once; a `chain-d2` model trained so (17.5% at the fixed schedule) got the
+arithmetic right and an operand value wrong in 17 of the first 22 problems it failed
+(benchmarks/RESULTS.md, sixth session).
 
 Why this task (the demo's column addition cannot separate the modes: a trained model works out
 its whole scratchpad in one forward pass, so threshold 0.9 reveals a full 32-token block per
@@ -17,9 +24,9 @@ step and nearly every mode scores 100%):
 - Depth. Most results need results that stand earlier in the answer itself, so a model that
   does one operation per forward pass confidently cannot reveal a block in one step: tokens
   per step is bounded by how much of the chain is settled, as in a GSM8K solution. A statement
-  is 13 tokens on average, of which 3 are result digits (23% of the answer); if one takes 2-4
-  steps at threshold 0.9 (the choice of statement, the copies, a hard digit or two), threshold
-  decoding reveals 3-7 tokens per step.
+  is 14-18 tokens (by difficulty), 2-4 of them result digits; if one takes 2-5 steps at threshold 0.9
+  (the choice of statement, the copies, a hard digit or two), threshold decoding reveals 3-8
+  tokens per step.
 - Easy stretches beside hard digits. Names, '=', operators, literals and the restated operand
   values (copies of the prompt and of earlier results) are predictable once their statement is
   chosen, and the EOS padding once the answer ends: these are what parallel decoding can reveal
@@ -159,7 +166,7 @@ def answer_text(p: Problem, rng: random.Random | None = None) -> str:
     for i in solve_order(p, rng):
         left, op, right = p.ops[i]
         name = p.names[g + i]
-        steps.append(f"{name}={v[left]}{op}{_operand(v, right)}={v[name]};")
+        steps.append(f"{name}={left}{op}{right}={v[left]}{op}{_operand(v, right)}={v[name]};")
     return "".join(steps) + f"#{v[p.names[-1]]}"
 
 

@@ -21,7 +21,7 @@ from benchmarks import accuracy, arith, chain, tasks, train_demo
 from lacache_jax.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-STATEMENT = re.compile(r"([a-z])=(\d+)([-+*])(\d+)=(\d+)")
+STATEMENT = re.compile(r"([a-z])=([a-z])([-+*])([a-z]|\d+)=(\d+)([-+*])(\d+)=(\d+)")
 DEFINITION = re.compile(r"([a-z])=([a-z])([-+*])([a-z]|\d+)")
 
 
@@ -50,8 +50,9 @@ def verify_answer(p: chain.Problem, answer: str) -> None:
     assert statements[-1] == ""  # every statement ends with ';'
     known = set(p.names) - set(defs)
     for text in statements[:-1]:
-        name, x, op, y, result = STATEMENT.fullmatch(text).groups()
+        name, *definition, x, op, y, result = STATEMENT.fullmatch(text).groups()
         left, dop, right = defs[name]
+        assert tuple(definition) == (left, dop, right)  # restated as the prompt has it
         assert name not in known and left in known and (right.isdigit() or right in known)
         assert op == dop and int(x) == namespace[left]
         assert int(y) == (int(right) if right.isdigit() else namespace[right])
@@ -201,3 +202,33 @@ def test_accuracy_harness_end_to_end(tmp_path, monkeypatch, capsys):
     assert accuracy.main(["--from-json", str(path), str(path), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "| fixed |" in out and "| exact |" in out and "| identical to fixed |" in out
+
+
+def test_error_kinds_of_the_first_wrong_statement():
+    from benchmarks.chain_errors import classify
+    p = chain.sample("test", 1, seed=3)[0]
+    v = chain.values(p)
+    good = chain.answer_text(p)
+    first, rest = good.split(";", 1)
+    name, left, right, result = re.fullmatch(r"([a-z])=([^=]+)=([^=]+)=(\d+)", first).groups()
+    op = next(c for c in "+-*" if c in left)
+    x, y = right.split(op)
+    assert classify(p, good) == "ok"
+    # Older answers have no restated definition: read without it.
+    old = ";".join(re.sub(r"=[a-z][-+*](?:[a-z]|\d+)=", "=", s, count=1)
+                   for s in good.split(";"))
+    assert old != good and classify(p, old) == "ok"
+    # An answer counts as right by its final number alone (as GSM8K is scored): the ones
+    # below give a wrong one, each after its own first error.
+    body, final = rest.rsplit("#", 1)
+    wrong = lambda s: f"{s};{body}#{int(final) + 1}"
+    assert classify(p, wrong(f"{name}={left}={int(x) + 1}{op}{y}={result}")).startswith("copy")
+    assert classify(p, wrong(f"{name}={left}={right}={int(result) + 1}")).startswith("arith")
+    swapped = first.replace(op, "+" if op != "+" else "-")  # another operator throughout
+    assert classify(p, wrong(swapped)).startswith("statement")
+    other = next(n for n in p.names if n not in left)
+    assert classify(p, wrong(f"{name}={other}{left[1:]}={right}={result}")).startswith(
+        "definition")
+    assert classify(p, wrong(f"{name}={left}={right}")).startswith("malformed")
+    assert classify(p, wrong(first)).startswith("final")
+    assert v[p.names[-1]] == int(final)

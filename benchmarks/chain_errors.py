@@ -1,0 +1,89 @@
+"""Where a chain model goes wrong (issue 15): the first wrong statement of each failed answer.
+
+    python -m benchmarks.chain_errors --checkpoint DIR [--task chain-d2] [--n 24] [--slots 64]
+
+Decodes `--n` held-out problems at the fixed schedule (one token per step, no cache) and
+prints one line per problem, then the count of each kind:
+
+  ok          the answer checks
+  malformed   a statement that is not `name=[definition=]x op y=result`
+  statement   a name the program does not define, or its operator wrong (a wrong order or a
+              wrong choice of the next statement)
+  definition  the restated definition is not the prompt's (answers restate it since the sixth
+              session; older models' answers have none, and are read without it)
+  copy        an operand value is not that operand's value (a lookup gone wrong)
+  arith       the operands are right, the result is not
+  final       every statement right, the number after `#` wrong or missing
+
+The first kind found in an answer counts; statements are checked in the answer's own order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+
+import lacache_jax as lj
+from benchmarks import accuracy, chain, tasks
+from lacache_jax.tokenizer import Tokenizer
+
+STATEMENT = re.compile(r"([a-z])=(?:([a-z])([-+*])([a-z]|\d+)=)?(-?\d+)([-+*])(-?\d+)=(-?\d+)")
+
+
+def classify(p: chain.Problem, text: str) -> str:
+    """The kind of the first error in answer `text` (the kinds above), with the statement."""
+    if chain.check(p, text):
+        return "ok"
+    v = chain.values(p)
+    defs = dict(zip(p.names[len(p.givens):], p.ops))
+    body = text.split("#")[0]
+    for st in body.split(";")[:-1]:
+        m = STATEMENT.fullmatch(st)
+        if not m:
+            return f"malformed {st!r}"
+        name, *restated, x, op, y, result = m.groups()
+        if name not in defs or defs[name][1] != op:
+            return f"statement {st!r}"
+        left, _, right = defs[name]
+        if restated[0] is not None and tuple(restated) != defs[name]:
+            return f"definition {st!r} want {name}={left}{op}{right}"
+        want_x, want_y = v[left], chain._operand(v, right)
+        if int(x) != want_x or int(y) != want_y:
+            return f"copy {st!r} want {want_x}{op}{want_y}"
+        if int(result) != v[name]:
+            return f"arith {st!r} want {v[name]}"
+    return f"final {text[text.find('#'):][:12]!r} want {v[p.names[-1]]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", required=True, help="a converted chain model")
+    ap.add_argument("--task", default="chain-d2", choices=sorted(tasks.CHAIN_SPECS) + ["chain"])
+    ap.add_argument("--n", type=int, default=24)
+    ap.add_argument("--slots", type=int, default=64)
+    args = ap.parse_args(argv)
+    t = tasks.get(args.task)
+    # fp32 on the CPU: its bf16 matmuls are emulated and several times slower.
+    dtype = jnp.float32 if jax.default_backend() == "cpu" else None
+    cfg, params = lj.load(args.checkpoint, dtype=dtype)
+    tok = Tokenizer(args.checkpoint)
+    problems = t.sample("test", args.n, seed=0)
+    gen = accuracy.generation_config(t, accuracy.MODES["fixed"][0])
+    prompts = [tok.encode(t.prompt(p)) for p in problems]
+    keys = jax.random.split(jax.random.key(0), len(prompts))
+    out = lj.generate(params, cfg, prompts, gen, key=keys, slots=args.slots)
+    kinds = collections.Counter()
+    for p, answer in zip(problems, out.answers(t.gen_len)):
+        line = classify(p, tok.decode(answer))
+        kinds[line.split()[0]] += 1
+        print(line, flush=True)
+    print("kinds: " + ", ".join(f"{k} {n}" for k, n in kinds.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
