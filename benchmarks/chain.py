@@ -13,9 +13,10 @@ values, then the result, and gives the asked value after `#` (a shortened exampl
 Restating the definition splits finding an operand's value into two lookups, each a copy: the
 operand names from the prompt's definition, then each name's result from earlier in the
 answer (or the prompt's givens). Without it (the format until 2026-12-01) the value had to
-come from both at once; a `chain-d2` model trained so (17.5% at the fixed schedule) got the
-arithmetic right and an operand value wrong in 17 of the first 22 problems it failed
-(benchmarks/RESULTS.md, sixth session).
+come from both at once; a `chain-d2` model trained so (17.5% at the fixed schedule) failed 21
+of 24 held-out problems, 15 of them first at an operand value with the arithmetic right on it,
+4 at the choice of statement, 2 at a result (`benchmarks/chain_errors.py`; RESULTS.md, sixth
+session).
 
 Why this task (the demo's column addition cannot separate the modes: a trained model works out
 its whole scratchpad in one forward pass, so threshold 0.9 reveals a full 32-token block per
