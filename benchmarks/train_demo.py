@@ -91,11 +91,10 @@ def encode_batch(problems, encode, eos_id: int, task: str | tasks.Task = "arith"
 
 def embed_lookup(embed_VD: jax.Array, tokens_BT: jax.Array) -> jax.Array:
     """`embed_VD[tokens_BT]`; in half precision with its gradient as a one-hot product summed
-    in fp32. The gather's own gradient is XLA's scatter-add, which in bf16 is a
-    compare-and-swap loop per element onto the few vocabulary rows: on the H200 it took 69 of
-    a chain step's 106 ms and grew to 155 as the weights trained (more of the concurrent
-    swaps fail), and it sums in bf16 (RESULTS.md, sixth session). fp32 runs (the demo, as
-    trained) keep XLA's gradient."""
+    in fp32. The gather's own gradient is XLA's scatter-add onto the few vocabulary rows: on
+    the H200 it took 69 of a chain step's 106 ms and grew to 155 as the weights trained (its
+    time depends on the values: how, we did not establish), and it sums in bf16 (RESULTS.md,
+    sixth session). fp32 runs (the demo, as trained) keep XLA's gradient."""
     if embed_VD.dtype == jnp.float32:
         return embed_VD[tokens_BT]
     return _half_lookup(embed_VD, tokens_BT, embed_VD.shape[0], embed_VD.dtype)
