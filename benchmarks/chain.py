@@ -25,9 +25,9 @@ step and nearly every mode scores 100%):
 - Depth. Most results need results that stand earlier in the answer itself, so a model that
   does one operation per forward pass confidently cannot reveal a block in one step: tokens
   per step is bounded by how much of the chain is settled, as in a GSM8K solution. A statement
-  is 14-18 tokens (by difficulty), 2-4 of them result digits; if one takes 2-5 steps at threshold 0.9
-  (the choice of statement, the copies, a hard digit or two), threshold decoding reveals 3-8
-  tokens per step.
+  is 14-18 tokens (by difficulty), 2-4 of them result digits; if one takes 2-5 steps at
+  threshold 0.9 (the choice of statement, the copies, a hard digit or two), threshold
+  decoding reveals 3-8 tokens per step.
 - Easy stretches beside hard digits. Names, '=', operators, literals and the restated operand
   values (copies of the prompt and of earlier results) are predictable once their statement is
   chosen, and the EOS padding once the answer ends: these are what parallel decoding can reveal

@@ -26,6 +26,7 @@ case "${1:-1}" in
   timeout 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -4 ;;
 3)
-  timeout 560 python3 -m benchmarks.accuracy --task "${TASK:-chain-d2}" --checkpoint "${CHAIN:?the converted chain model}" \
-    2>&1 | tee "$OUT/accuracy_chain.log" | quiet | tail -30 ;;
+  timeout 560 python3 -m benchmarks.accuracy --task "${TASK:-chain-d2}" \
+    --checkpoint "${CHAIN:?the converted chain model}" 2>&1 | tee "$OUT/accuracy_chain.log" \
+    | quiet | tail -30 ;;
 esac

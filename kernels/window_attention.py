@@ -76,13 +76,13 @@ def window_attention_ref(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
 
 
 def window_attention_two_pass(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW=None):
-    """The model's attention (`lacache_jax.model.attention`: cuDNN for half types on the
-    GPU, XLA elsewhere), then the scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]: the reference's sum in
-    another order (fp32, full-precision dots). Under a mesh that splits the heads XLA may
-    sum the scores' partial products in another order than on one device: the last-bit
-    differences can flip near-ties of the tracked set (seen on fake CPU devices with a tiny
-    model, where the reference happens to partition bit-exactly; the dispatch picks this path
-    on GPUs only, whose bf16 steps promise no bit-equality across meshes either)."""
+    """The model's attention (`lacache_jax.model.attention`: cuDNN for half types on the GPU,
+    XLA elsewhere), then the scores as sum_g (sum_{r, j} w[b, r] q[b, r, g, j]) . k[b, t, g]:
+    the reference's sum in another order (fp32, full-precision dots). Under a mesh that splits
+    the heads XLA may sum the scores' partial products in another order than on one device: the
+    last-bit differences can flip near-ties of the tracked set (seen on fake CPU devices with a
+    tiny model, where the reference happens to partition bit-exactly; the dispatch picks this
+    path on GPUs only, whose bf16 steps promise no bit-equality across meshes either)."""
     from lacache_jax.model import attention  # the model imports this package's kernels
     _check(q_BRHK, k_BTGK, v_BTGK, key_mask_BT, weight_BW)
     B, R, H, K = q_BRHK.shape
