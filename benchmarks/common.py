@@ -112,9 +112,12 @@ def exit_on_sigterm() -> None:
 
 def profile(run, steps: int, top: int = 6) -> str:
     """Trace `run()` (which runs `steps` steps, or blocks, and waits for them) and summarise
-    the trace per step: wall time, summed kernel time on the device's stream lines (well below
-    the wall time: the device waits on the host) and its `top` kernels, and the `top` longest
-    event names on the host's python thread (nested events each count)."""
+    the trace per step: wall time; summed kernel time on the device's stream lines (below the
+    wall time where the device waits on the host) and its `top` kernels; the device's idle
+    time between its first and last kernel (spans no stream is busy), with the number of
+    idle gaps over 50 us; and the `top` longest events of the host's threads, named
+    `thread: event` (nested events each count; which threads a trace holds depends on the
+    platform and on the python tracer, which some processes' traces lack)."""
     d = tempfile.mkdtemp()
     with jax.profiler.trace(d):
         t0 = time.perf_counter()
@@ -122,21 +125,37 @@ def profile(run, steps: int, top: int = 6) -> str:
         wall = time.perf_counter() - t0
     (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
     data = jax.profiler.ProfileData.from_file(path)
-    device, host = collections.Counter(), collections.Counter()
+    device, host, spans = collections.Counter(), collections.Counter(), []
     for plane in data.planes:
         for line in plane.lines:
             if plane.name.startswith("/device:") and line.name.startswith("Stream"):
                 for e in line.events:
                     device[e.name] += e.duration_ns
-            elif plane.name.startswith("/host:") and line.name == "python":
+                    spans.append((e.start_ns, e.end_ns))
+            elif plane.name.startswith("/host:"):
                 for e in line.events:
-                    host[e.name] += e.duration_ns
+                    host[f"{line.name}: {e.name}"] += e.duration_ns
+    idle, gaps = idle_gaps(spans, min_ns=50_000)
     per = lambda ns: f"{ns / steps / 1e6:.2f}"
     lines = [f"  trace: wall {wall / steps * 1e3:.2f} ms/step, device kernels "
-             f"{per(sum(device.values()))} ms/step"]
+             f"{per(sum(device.values()))} ms/step, device idle {per(idle)} ms/step "
+             f"({gaps / steps:.1f} gaps over 50 us per step)"]
     lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in device.most_common(top)]
     lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in host.most_common(top)]
     return "\n".join(lines)
+
+
+def idle_gaps(spans: list[tuple[float, float]], min_ns: float = 0) -> tuple[float, int]:
+    """Time between the first start and the last end of `spans` [(start, end)] that no span
+    covers, and how many of those uncovered gaps exceed `min_ns` (all of them count in the
+    time)."""
+    idle, gaps, reach = 0.0, 0, None
+    for start, end in sorted(spans):
+        if reach is not None and start > reach:
+            idle += start - reach
+            gaps += start - reach > min_ns
+        reach = end if reach is None else max(reach, end)
+    return idle, gaps
 
 
 def git_commit() -> str:

@@ -1,0 +1,42 @@
+"""benchmarks.common's trace summary: the idle-gap arithmetic, and `profile` read back from a
+real trace in a fresh process (a trace's threads depend on what the process ran before: in the
+full suite an in-process trace once held no python-thread events)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import idle_gaps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("spans, min_ns, want", [
+    ([], 0, (0.0, 0)),
+    ([(0, 10)], 0, (0.0, 0)),
+    ([(0, 10), (5, 20), (30, 40)], 0, (10.0, 1)),        # overlap merged, one gap of 10
+    ([(30, 40), (0, 10), (12, 14)], 5, (18.0, 1)),       # unsorted; gaps 2 and 16, one > 5
+    ([(0, 100), (10, 20), (50, 60), (120, 130)], 0, (20.0, 1)),  # nested spans leave no gap
+])
+def test_idle_gaps(spans, min_ns, want):
+    assert idle_gaps(spans, min_ns) == want
+
+
+def test_profile_reads_a_trace_back():
+    code = (
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "from benchmarks.common import profile\n"
+        "f = jax.jit(lambda x: jnp.sin(x) @ x)\n"
+        "x = np.ones((128, 128), np.float32)\n"
+        "f(x).block_until_ready()\n"
+        "print(profile(lambda: [jax.device_get(f(x)) for _ in range(4)], 4))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                                         "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    head, *rest = r.stdout.rstrip().splitlines()
+    assert head.startswith("  trace: wall ") and "ms/step, device kernels" in head
+    # The CPU client runs the program on its own thread: the host lines always include it.
+    assert any(line.startswith("    host ") for line in rest), r.stdout
