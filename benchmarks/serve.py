@@ -9,26 +9,26 @@
 
 `demo`: the demo model (converted from demo_model/ unless --checkpoint is given) on `--n`
 held-out problems (benchmarks/arith.py: answers of 1 to 5 digit columns, so 14 to 63 tokens).
-Per S: (1) static batches, `lj.generate` on each run of S prompts in input order (today's way
-to push a data set through); (2) slot refill, `lj.generate(..., slots=S)`; (3) the slot
-scheduler with refill off (static batches through the per-block program: the cost of the host
-round trip per block, apart from refill). Throughput = answer tokens up to EOS / wall seconds,
-every program compiled first; accuracy and token identity with (1) are reported. Refill
-works at block granularity: a static batch of many rows costs its longest row's blocks, a
-refilled slot each row's own, so the gain is bounded by num_blocks / mean blocks per row
-(`refill_bound`, from the answers). For the 2,000 test answers (12-62 tokens of gen 64) the
-bound is 1.05x at block 32, 1.21x at 16, 1.27x at 8, 1.33x at 4 (1.37x at one token per
-block); hence `--block 4,8` by default and the fixed schedule (one token per step: threshold
-decoding finishes a demo block in about two steps, where the per-block host round trip weighs
-more). On the H200 (3) ran at 0.63-0.89x of (1) (RESULTS.md, sixth session); `--profile`
-traces each path's run once and prints its device kernel time against its wall time, to tell
-the per-block program's own work from the device waiting on the host.
+Per S: (1) static batches, `lj.generate` on each run of S prompts in input order (today's way to
+push a data set through); (2) slot refill, `lj.generate(..., slots=S)`; (3) the slot program
+with refill off (static batches through it: its cost apart from refill). Throughput = answer
+tokens up to EOS / wall seconds, every program compiled first; accuracy and token identity with
+(1) are reported. Refill works at block granularity: a static batch of many rows costs its
+longest row's blocks, a refilled slot each row's own, so the gain is bounded by num_blocks /
+mean blocks per row (`refill_bound`, from the answers). For the 2,000 test answers (12-62 tokens
+of gen 64) the bound is 1.05x at block 32, 1.21x at 16, 1.27x at 8, 1.33x at 4 (1.37x at one
+token per block); hence `--block 4,8` by default and the fixed schedule (one token per step:
+threshold decoding finishes a demo block in about two steps, where any per-block overhead weighs
+more). On the H200 (3) ran at 0.63-0.89x of (1) when the slot program was a per-block one driven
+by the host (RESULTS.md, sixth and seventh sessions); `--profile` traces each path's run once
+and prints its device kernel time against its wall time and the device's idle gaps, to tell the
+program's own work from the device waiting on the host.
 
 `llada`: LLaDA-8B shapes, random bf16 weights, S slots, prompts of 128-1024 tokens, answer
 lengths drawn uniformly from 32-512 (gen_length 512, block 32, dual cache, threshold 0.9).
 Random weights emit no EOS, so a BENCHMARK-ONLY STOP RULE ends row i after the block holding
 its drawn length (`slots.run(block_limits=)`), in both variants: slot refill vs static batches
-of S through the same per-block program (a batch runs until its longest row's limit). Tokens/s
+of S through the same slot program (a batch runs until its longest row's limit). Tokens/s
 counts the drawn lengths. `in_order_bound` (printed beside the speed-up) is what refill in
 input order gains on the drawn lengths if every block costs the same (it does not quite: a
 slot program's blocks cost more with a longer prompt bucket): 1.46x for the default 128
@@ -117,19 +117,16 @@ def _static(params, cfg, prompts, gen, keys, S):
 
 
 def _warm(programs: dict, params, S: int, gen, keys, cfg) -> None:
-    """One call of each compiled per-block program (first runs pay one-time costs); with
-    flash, a two-step run of S prompts per bucket through its programs."""
-    if gen.flash is not None:
-        for P in programs:
-            flash_slots.run(params, cfg, gen, [np.zeros(P, np.int32)] * S, keys[:S], S,
-                            programs=programs, step_limits=np.full(S, 2))
-        return
-    kd = np.asarray(jax.random.key_data(keys))[:1].repeat(S, 0)
-    for P, program in programs.items():
-        x = np.full((S, P + gen.gen_length), gen.mask_id, np.int32)
-        x[:, :P] = 0
-        z = np.zeros(S, np.int32)
-        jax.block_until_ready(program(params, x, z, z, np.zeros(S, bool), z, z, z, kd))
+    """One short run of S prompts through each compiled program (first runs pay one-time
+    costs): with flash two steps, else one block."""
+    for P in programs:
+        prompts, limits = [np.zeros(P, np.int32)] * S, np.full(S, 2 if gen.flash else 1)
+        if gen.flash is not None:
+            flash_slots.run(params, cfg, gen, prompts, keys[:S], S, programs=programs,
+                            step_limits=limits)
+        else:
+            slot_refill.run(params, cfg, gen, prompts, keys[:S], S, programs=programs,
+                            block_limits=limits)
 
 
 def demo(args, out: dict) -> None:

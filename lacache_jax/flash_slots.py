@@ -13,7 +13,7 @@ its K/V cache included), each compiled once per (ModelConfig, GenerationConfig, 
   waits no step for its next prompt.
 - `_narrow`: the prompt width shrinks to the next bucket (below) with rows in flight.
 
-Why not slots.py's per-block programs: a Flash-dLLM row has no blocks and its cache lives
+Why not slots.py's program: a Flash-dLLM row has no blocks and its cache lives
 from its prefill to its end, so the unit that a refill must follow is the row's whole state,
 kept on the device between calls. Why the prefill apart: a prefill queries every column
 (P + gen_length rows), a later step W + A + Tr (flash.Budget); inside the S-slot step every

@@ -96,7 +96,7 @@ def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: Gen
     `generate(...)` with these arguments, so benchmarks can time it without compilation.
     `run.compiled` is the `jax.stages.Compiled` program (`run.compiled.as_text()`: the
     optimised HLO, for profiles and copy counts). With `slots`, `run.programs` maps each
-    bucket of prompt lengths to its compiled per-block program and `run.compiled` is the
+    bucket of prompt lengths to its compiled slot program and `run.compiled` is the
     largest bucket's."""
     if slots is not None:
         params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths,

@@ -1,46 +1,45 @@
 """Slot refill: any number N of prompts through S rows in flight (`generate(..., slots=S)`).
 
-Design: a host scheduler around one jitted per-block program over S slots.
+Design: a device-resident queue. One jitted program (`_slot_run`) holds the S slots (batch
+rows) and a queue of up to Q = `queue_size(S)` prompts; its while loop runs one block of every
+slot in flight (`sar.run_block` with one block index per row: each row's first forward and
+later steps, with the policies, reveal rules and step strategies of `generate`), ends the
+rows that stopped at EOS (`stop_at_eos`) or decoded their last block, writes their outputs
+out, and gives each freed slot the next queued prompt, all on the device. Every cache
+policy's first forward of a block rebuilds its whole cache (none, exact, prefix and dual all
+run a full forward there), so no cache outlives a block: between blocks a row is its canvas
+row, counters, block index, key and prompt, which is all a slot carries. Rows in flight sit at
+different blocks, so each row's block starts at its own column `s_b = P + k_b * block_length`;
+the canvas cut and write, RoPE tables, DPad's kept suffix, the EOS fill, the fixed schedule's
+quota and the keys (`fold_in(key_b, k_b)`) all follow the row. A row therefore computes what it
+computes in `generate`, alone or in any batch (fp32: the same tokens; tests/test_slots.py).
 
-Why per block. Every cache policy's first forward of a block rebuilds its whole cache (none,
-exact, prefix and dual all run a full forward there), so no cache outlives a block. Between
-blocks a row is only its canvas row, its counters, its block index and its key. The program
-(`_slot_block`) takes those for S rows, runs one block of each (its first forward and later
-steps, with the policies, reveal rules and step strategies of `generate`: `sar.run_block` with
-one block index per row) and returns them. Rows in flight sit at different blocks, so each
-row's block starts at its own column `s_b = P + k_b * block_length`; the canvas cut and write,
-RoPE tables, DPad's kept suffix, the EOS fill, the fixed schedule's quota and the keys
-(`fold_in(key_b, k_b)`) all follow the row. A row therefore computes what it computes in
-`generate`, alone or in any batch (fp32: the same tokens; tests/test_slots.py).
+Why on the device: a host scheduler around a per-block program (this module until 2026-12-02)
+pays one host round trip per block (inputs up, outputs down, the device idle in between): on
+the H200 about 4 ms a block, next to 2.3 ms of device work per block for the demo model (64
+slots, 4-token blocks), which made slot refill slower than static batches there
+(benchmarks/RESULTS.md). Here the host meets the device once per Q admitted prompts (the
+queue's refill, the finished rows' outputs and progress) and when the canvas narrows.
 
-Between blocks the host (`run`) ends the rows that stopped at EOS (`stop_at_eos`) or decoded
-their last block, keeps their outputs (returned in input order) and gives each freed slot the
-next prompt. That costs one host round trip per block, small next to a block's steps (32
-forward passes with LLaDA's defaults); a device-resident queue would avoid it but puts every
-prompt on the device and compiles per N, and a Flash-dLLM block table (REFERENCE.md §8) needs
-paged caches and ragged kernels under every policy.
+Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two (at
+least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
+(ModelConfig, GenerationConfig, S, P), not per request or per N (S = min(slots, number of
+prompts): a call with fewer prompts than slots computes no empty rows). Prompts are admitted
+longest first, so the width needed only shrinks: a call leaves its loop as soon as its rows in
+flight and its queue's rest fit the next smaller bucket, and the host narrows the canvas
+(rows in flight keep their tokens: only their left padding changes, which never shows: padded
+keys are masked, positions count from each row's first token).
 
-Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two
-(at least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
-(ModelConfig, GenerationConfig, S, P), not per request (S = min(slots, number of prompts): a
-call with fewer prompts than slots computes no empty rows). Prompts are admitted longest
-first, so the bucket of the rows in flight only shrinks and each program runs over one
-contiguous span.
-When it shrinks, rows in flight are re-padded: only their left padding changes, which never
-shows (padded keys are masked, positions count from each row's first token).
-
-Memory. The cache lives inside the per-block program: XLA's buffers of that program, the size
-of the static batch's cache for S rows, allocated once per program and reused by every call.
-Per-row block writes into a cache are one scatter (`Canvas.put`). XLA's CPU memory analysis
-at LLaDA-8B shapes (S = 32, prompt 512, gen 256, dual cache) gives the static program 63.9 GiB
-and this one 69.2 GiB: its buffer assignment gives these scatters copies. With one in-place
-dynamic_update_slice per row instead both are 63.9 GiB, at the price of a kernel per row and
-layer on a GPU; `python -m benchmarks.serve memory` measures what the GPU compiler does.
+Memory. The cache lives inside the program: XLA's buffers, the size of the static batch's
+cache for S rows, allocated once per program. Per-row block writes into a cache are one
+scatter (`Canvas.put`). XLA's CPU memory analysis at LLaDA-8B shapes (S = 32, prompt 512, gen
+256, dual cache) gave the per-block program of 2026-12-01 69.2 GiB against the static
+program's 63.9 GiB (its buffer assignment gives these scatters copies); the GPU compiler gave
+both 29,700.8 MiB (`python -m benchmarks.serve memory`, RESULTS.md).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 from typing import Callable
@@ -62,19 +61,17 @@ def bucket(n: int, cap: int) -> int:
     return min(max(MIN_BUCKET, 1 << (n - 1).bit_length()), cap)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl"))
-def _slot_block(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl: str, x_BT, pad_B,
-                block_B, done_B, nfe_B, steps_B, revealed_B, keydata_B):
-    """One block of every slot (batch row) not `done_B`, each at its own block `block_B`;
-    returns the new (generated columns [B, gen_length], done, block, nfe, steps, revealed).
-    Done rows change nothing."""
-    keys_B = jax.random.wrap_key_data(keydata_B, impl=impl)
-    loop = sar.make_loop(params, cfg, gen, pad_B, x_BT.shape[1])
-    # No cache comes in: the block's first forward builds it (see the module docstring).
-    st = sar.LoopState(x_BT, done_B, nfe_B, steps_B, revealed_B, block_B, None)
-    st = sar.run_block(loop, keys_B, None, st)
-    return (st.x_BT[:, -gen.gen_length:], st.done_B, jnp.where(done_B, block_B, st.block),
-            st.nfe_B, st.steps_B, st.revealed_B)
+
+
+def narrower(P: int) -> int:
+    """The largest bucket below width P (0 at MIN_BUCKET): a canvas of width P narrows to it
+    once every prompt it holds or queues fits."""
+    return 0 if P <= MIN_BUCKET else 1 << ((P - 1).bit_length() - 1)
+
+
+def queue_size(S: int) -> int:
+    """Prompts one program call can admit (Q): the host meets the device once per Q."""
+    return 4 * S
 
 
 @dataclasses.dataclass
@@ -86,56 +83,158 @@ class Outputs:
     revealed: np.ndarray   # [prompts]
 
 
-class Scheduler:
-    """Host state of the slots (the per-block program's batch rows B): the prompt each holds,
-    its generated columns, block index, EOS stop and counters."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+    """The S slots between blocks (device arrays; a free slot has `live_B` False)."""
+    x_BT: jax.Array        # [S, P + gen_length] canvas rows, prompts left-padded to P
+    pad_B: jax.Array       # [S] left padding
+    len_B: jax.Array       # [S] prompt length (0: free)
+    block_B: jax.Array     # [S] the row's next block
+    done_B: jax.Array      # [S] bool: stopped at EOS
+    live_B: jax.Array      # [S] bool: holds a prompt
+    nfe_B: jax.Array       # [S] counters as in sar.LoopState
+    steps_B: jax.Array
+    revealed_B: jax.Array
+    limit_B: jax.Array     # [S] blocks the row decodes at most
+    index_B: jax.Array     # [S] the prompt's place in the input
+    keydata_B: jax.Array   # [S, ...] the prompt's key data
 
-    def __init__(self, cfg: ModelConfig, gen: GenerationConfig, prompts: list[np.ndarray],
-                 B: int):
-        self.cfg, self.gen, self.prompts = cfg, gen, prompts
-        n, gl = len(prompts), gen.gen_length
-        self.prompt_B = np.full(B, -1)                      # prompt index, -1: free slot
-        self.generated_B = np.full((B, gl), gen.mask_id, np.int32)  # [B, gen_length]
-        self.block_B = np.zeros(B, np.int32)
-        self.done_B = np.zeros(B, bool)
-        self.counts_3B = np.zeros((3, B), np.int32)         # nfe, steps, revealed
-        self.out = Outputs(np.zeros((n, gl), np.int32), *np.zeros((3, n), np.int32))
-        self.prompt_BP = np.zeros((B, 0), np.int32)         # left-padded prompts at width P
-        self.pad_B = np.zeros(B, np.int32)
-        self.admitted: list[int] = []                       # slots whose prompt area is stale
 
-    def admit(self, slot: int, i: int) -> None:
-        self.prompt_B[slot] = i
-        self.generated_B[slot] = self.gen.mask_id
-        self.block_B[slot], self.done_B[slot], self.counts_3B[:, slot] = 0, False, 0
-        self.admitted.append(slot)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Queue:
+    """Up to Q prompts in admission order, left-padded to the program's width P."""
+    prompt_QP: jax.Array   # [Q, P]
+    len_Q: jax.Array       # [Q]
+    limit_Q: jax.Array     # [Q]
+    index_Q: jax.Array     # [Q]
+    keydata_Q: jax.Array   # [Q, ...]
+    n: jax.Array           # [] entries in use
 
-    def canvas(self, P: int):
-        """Canvas [B, P + gen_length] and left padding [B]. Prompt areas are rewritten only
-        for new prompts or a new width; a free slot keeps its last row or, after a width
-        change, one pad token (it is done, so it never acts)."""
-        if self.prompt_BP.shape[1] != P:
-            self.prompt_BP = np.full((len(self.prompt_B), P), self.cfg.pad_id, np.int32)
-            self.pad_B[:] = P - 1
-            self.admitted = list(np.flatnonzero(self.prompt_B >= 0))
-        for slot in self.admitted:
-            r = self.prompts[self.prompt_B[slot]]
-            self.pad_B[slot] = P - len(r)
-            self.prompt_BP[slot, :P - len(r)] = self.cfg.pad_id
-            self.prompt_BP[slot, P - len(r):] = r
-        self.admitted = []
-        return np.concatenate([self.prompt_BP, self.generated_B], axis=1), self.pad_B.copy()
 
-    def finish(self, limit_B: np.ndarray) -> int:
-        """End the rows that stopped at EOS or reached their last block (`limit_B`), keep
-        their outputs and free their slots; returns how many ended."""
-        ended = np.flatnonzero((self.prompt_B >= 0) & (self.done_B | (self.block_B >= limit_B)))
-        for slot in ended:
-            i = self.prompt_B[slot]
-            self.out.generated[i] = self.generated_B[slot]
-            self.out.nfe[i], self.out.steps[i], self.out.revealed[i] = self.counts_3B[:, slot]
-            self.prompt_B[slot] = -1
-        return len(ended)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Finished:
+    """Rows that ended during one call, in the order they ended (R = Q + S: at most the rows
+    in flight at its start and those it admits)."""
+    generated_RG: jax.Array  # [R, gen_length]
+    nfe_R: jax.Array
+    steps_R: jax.Array
+    revealed_R: jax.Array
+    index_R: jax.Array       # [R] the prompt's place in the input
+    count: jax.Array         # [] rows used
+
+
+def _where_rows(take_B, new, old):
+    """Row b of every field from `new` where take_B[b], else from `old`."""
+    return jax.tree.map(lambda a, b: jnp.where(take_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b),
+                        new, old)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl", "refill"))
+def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, refill: bool,
+              sl: SlotState, q: Queue, narrow_to, drain):
+    """Admit queued prompts into free slots and run blocks until the queue is admitted (or,
+    with `drain`, until no row is in flight), or until the prompts in flight and queued all fit
+    width `narrow_to`. `refill=False` admits only when every slot is free (static batches).
+    Returns (slots, the rows that ended, queue entries admitted, longest prompt in flight,
+    rows in flight)."""
+    S, T = sl.x_BT.shape
+    G, Q = gen.gen_length, q.len_Q.shape[0]
+    P, R = T - G, Q + S
+
+    def admit(sl, nxt):
+        free = ~sl.live_B
+        j = nxt + jnp.cumsum(free) - 1
+        take = free & (j < q.n) & (True if refill else free.all())
+        j = jnp.clip(j, 0, Q - 1)
+        zeros = jnp.zeros(S, jnp.int32)
+        new = SlotState(
+            x_BT=jnp.concatenate([q.prompt_QP[j], jnp.full((S, G), gen.mask_id, jnp.int32)], 1),
+            pad_B=P - q.len_Q[j], len_B=q.len_Q[j], block_B=zeros,
+            done_B=jnp.zeros(S, bool), live_B=jnp.ones(S, bool), nfe_B=zeros, steps_B=zeros,
+            revealed_B=zeros, limit_B=q.limit_Q[j], index_B=q.index_Q[j],
+            keydata_B=q.keydata_Q[j])
+        return _where_rows(take, new, sl), nxt + take.sum(dtype=jnp.int32)
+
+    def one_block(sl):
+        keys_B = jax.random.wrap_key_data(sl.keydata_B, impl=impl)
+        loop = sar.make_loop(params, cfg, gen, sl.pad_B, T)
+        idle = sl.done_B | ~sl.live_B  # idle rows change nothing
+        st = sar.LoopState(sl.x_BT, idle, sl.nfe_B, sl.steps_B, sl.revealed_B, sl.block_B, None)
+        st = sar.run_block(loop, keys_B, None, st)
+        return dataclasses.replace(
+            sl, x_BT=st.x_BT, done_B=st.done_B & sl.live_B,
+            block_B=jnp.where(idle, sl.block_B, st.block), nfe_B=st.nfe_B,
+            steps_B=st.steps_B, revealed_B=st.revealed_B)
+
+    def finish(sl, fin):
+        ended = sl.live_B & (sl.done_B | (sl.block_B >= sl.limit_B))
+        at = jnp.where(ended, fin.count + jnp.cumsum(ended) - 1, R)  # R: dropped
+        put = lambda buf, rows: buf.at[at].set(rows, mode="drop")
+        fin = Finished(put(fin.generated_RG, sl.x_BT[:, P:]), put(fin.nfe_R, sl.nfe_B),
+                       put(fin.steps_R, sl.steps_B), put(fin.revealed_R, sl.revealed_B),
+                       put(fin.index_R, sl.index_B), fin.count + ended.sum(dtype=jnp.int32))
+        return dataclasses.replace(sl, live_B=sl.live_B & ~ended,
+                                   len_B=jnp.where(ended, 0, sl.len_B)), fin
+
+    def longest(sl, nxt):
+        rest = (jnp.arange(Q) >= nxt) & (jnp.arange(Q) < q.n)
+        return jnp.maximum(jnp.where(sl.live_B, sl.len_B, 0).max(),
+                           jnp.where(rest, q.len_Q, 0).max())
+
+    def go_on(carry):
+        sl, _, nxt = carry
+        return sl.live_B.any() & ((nxt < q.n) | drain) & (longest(sl, nxt) > narrow_to)
+
+    def body(carry):
+        sl, fin, nxt = carry
+        sl, fin = finish(one_block(sl), fin)
+        sl, nxt = admit(sl, nxt)
+        return sl, fin, nxt
+
+    zeros_R = jnp.zeros(R, jnp.int32)
+    fin = Finished(jnp.full((R, G), gen.mask_id, jnp.int32), zeros_R, zeros_R, zeros_R,
+                   jnp.full(R, -1, jnp.int32), jnp.int32(0))
+    sl, nxt = admit(sl, jnp.int32(0))
+    sl, fin, nxt = jax.lax.while_loop(go_on, body, (sl, fin, nxt))
+    return (sl, fin, nxt, jnp.where(sl.live_B, sl.len_B, 0).max(),
+            sl.live_B.sum(dtype=jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("shift", "pad_id"))
+def _rewidth(sl: SlotState, shift: int, pad_id: int) -> SlotState:
+    """The slots at a prompt width `shift` columns wider (< 0: narrower): left padding added
+    or cut, which rows in flight never see (their prompts fit the new width)."""
+    S = sl.x_BT.shape[0]
+    x = (jnp.concatenate([jnp.full((S, shift), pad_id, jnp.int32), sl.x_BT], 1) if shift > 0
+         else sl.x_BT[:, -shift:])
+    return dataclasses.replace(sl, x_BT=x, pad_B=jnp.maximum(sl.pad_B + shift, 0))
+
+
+def _empty(S: int, P: int, gen: GenerationConfig, cfg: ModelConfig,
+           keydata_1: np.ndarray) -> SlotState:
+    """S free slots at width P (one pad token each: a free row computes nothing it keeps)."""
+    x = np.full((S, P + gen.gen_length), gen.mask_id, np.int32)
+    x[:, :P] = cfg.pad_id
+    z = np.zeros(S, np.int32)
+    return SlotState(x, np.full(S, P - 1, np.int32), z, z, np.zeros(S, bool), np.zeros(S, bool),
+                     z, z, z, z, z, keydata_1.repeat(S, 0))
+
+
+def _queue(prompts: list[np.ndarray], take: np.ndarray, P: int, Q: int, pad_id: int,
+           limits: np.ndarray, keydata: np.ndarray) -> Queue:
+    """Prompts `take` (indices into `prompts`, at most Q) left-padded to P; unused entries
+    repeat the last one (never admitted: `n`)."""
+    rows = np.full((Q, P), pad_id, np.int32)
+    for e, i in enumerate(take):
+        rows[e, P - len(prompts[i]):] = prompts[i]
+    idx = np.concatenate([take, np.full(Q - len(take), take[-1] if len(take) else 0)])
+    idx = idx.astype(np.int32)
+    lens = np.array([len(prompts[i]) for i in idx], np.int32)
+    return Queue(rows, lens, limits[idx].astype(np.int32), idx, keydata[idx],
+                 np.int32(len(take)))
 
 
 def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[np.ndarray],
@@ -146,12 +245,13 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
     `slots` rows in flight.
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
-    of `slots` through the same program (a baseline for benchmarks). `programs` maps a bucket
-    to a compiled `_slot_block` (compile_programs). `progress(rows_done, len(prompts))` is
-    called on the host whenever rows finish. `block_limits` (one per prompt; benchmarks only,
-    e.g. from a drawn answer length) ends row i after that many blocks, as if it had stopped
-    at EOS there. With `gen.flash` the Flash-dLLM scheduler runs instead (flash_slots.py; no
-    `block_limits`: its rows have no blocks).
+    of `slots` through the same program (a baseline for benchmarks). `programs` maps a width
+    to a compiled `_slot_run` (compile_programs; refill only). `progress(rows_done,
+    len(prompts))` is called on the host after each program call that ended rows.
+    `block_limits` (one per prompt; benchmarks only, e.g. from a drawn answer length) ends row
+    i after that many blocks, as if it had stopped at EOS there. With `gen.flash` the
+    Flash-dLLM scheduler runs instead (flash_slots.py; no `block_limits`: its rows have no
+    blocks).
     """
     if gen.flash is not None:
         if block_limits is not None:
@@ -159,55 +259,58 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         from lacache_jax import flash_slots
         return flash_slots.run(params, cfg, gen, prompts, keys, slots, refill=refill,
                                programs=programs, progress=progress)
-    n, nb = len(prompts), gen.num_blocks
-    B = min(int(slots), n)
-    cap = cfg.max_seq_len - gen.gen_length
+    n, G = len(prompts), gen.gen_length
+    S = min(int(slots), n)
+    Q, cap = queue_size(S), cfg.max_seq_len - G
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))
-    limits = np.full(n, nb) if block_limits is None else np.minimum(block_limits, nb)
-    order = sorted(range(n), key=lambda i: -len(prompts[i])) if refill else range(n)
-    queue = collections.deque(order)
-    sch = Scheduler(cfg, gen, prompts, B)
-    finished = 0
-    while True:
-        if refill or (sch.prompt_B < 0).all():
-            for slot in np.flatnonzero(sch.prompt_B < 0)[:len(queue)]:
-                sch.admit(slot, queue.popleft())
-        live_B = sch.prompt_B >= 0
-        if not live_B.any():
-            return sch.out
-        P = bucket(max(len(prompts[i]) for i in sch.prompt_B[live_B]), cap)
-        x, pad = sch.canvas(P)
-        prompt_B = np.where(live_B, sch.prompt_B, 0)
-        args = (x, pad, sch.block_B, sch.done_B | ~live_B, *sch.counts_3B, keydata[prompt_B])
-        if programs is not None and P in programs:
-            out = programs[P](params, *args)
+    limits = np.full(n, gen.num_blocks) if block_limits is None else np.minimum(
+        block_limits, gen.num_blocks)
+    lens = np.array([len(r) for r in prompts])
+    order = np.argsort(-lens, kind="stable") if refill else np.arange(n)
+    out = Outputs(np.zeros((n, G), np.int32), *np.zeros((3, n), np.int32))
+    sl, P, pos, longest, live, finished = None, 0, 0, 0, 0, 0
+    while pos < n or live:
+        take = order[pos:pos + Q]
+        width = bucket(max(longest, int(lens[take].max(initial=0))), cap)
+        sl = (_empty(S, width, gen, cfg, keydata[:1]) if sl is None
+              else sl if width == P else _rewidth(sl, width - P, cfg.pad_id))
+        P = width
+        q = _queue(prompts, take, P, Q, cfg.pad_id, limits, keydata)
+        args = (sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n))
+        if refill and programs is not None and P in programs:
+            res = programs[P](params, *args)
         else:
-            out = _slot_block(params, cfg, gen, impl, *args)
-        generated, done, block, *counts = jax.device_get(out)
-        sch.generated_B, sch.block_B = np.array(generated), np.array(block)
-        sch.done_B, sch.counts_3B = np.array(done), np.array(counts)
-        ended = sch.finish(np.where(live_B, limits[prompt_B], nb))
-        if ended and progress is not None:
-            finished += ended
+            res = _slot_run(params, cfg, gen, impl, refill, *args)
+        sl = res[0]
+        fin, nxt, longest, live = jax.device_get(res[1:])
+        pos, longest, live = pos + int(nxt), int(longest), int(live)
+        k = int(fin.count)
+        i = fin.index_R[:k]
+        out.generated[i] = fin.generated_RG[:k]
+        out.nfe[i], out.steps[i] = fin.nfe_R[:k], fin.steps_R[:k]
+        out.revealed[i] = fin.revealed_R[:k]
+        if k and progress is not None:
+            finished += k
             progress(finished, n)
+    return out
 
 
 def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
                      prompts: list[np.ndarray], keys: jax.Array, slots: int) -> dict:
-    """The per-block program of every bucket these prompts can use, compiled ahead of time
-    (with `gen.flash`, flash_slots.compile_programs: a `Programs` per bucket)."""
+    """The program of every width these prompts can use, compiled ahead of time (with
+    `gen.flash`, flash_slots.compile_programs: a `Programs` per bucket)."""
     if gen.flash is not None:
         from lacache_jax import flash_slots
         return flash_slots.compile_programs(params, cfg, gen, prompts, keys, slots)
-    B = min(int(slots), len(prompts))
+    S = min(int(slots), len(prompts))
     cap = cfg.max_seq_len - gen.gen_length
     impl = jax.random.key_impl(keys)
-    keydata_B = np.asarray(jax.random.key_data(keys))[:1].repeat(B, 0)
-    zeros_B = np.zeros(B, np.int32)
+    keydata = np.asarray(jax.random.key_data(keys))[:1]
     programs = {}
     for P in sorted({bucket(len(r), cap) for r in prompts}, reverse=True):
-        args = (np.zeros((B, P + gen.gen_length), np.int32), zeros_B, zeros_B,
-                np.zeros(B, bool), zeros_B, zeros_B, zeros_B, keydata_B)
-        programs[P] = _slot_block.lower(params, cfg, gen, impl, *args).compile()
+        args = (_empty(S, P, gen, cfg, keydata),
+                _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(S),
+                       cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True))
+        programs[P] = _slot_run.lower(params, cfg, gen, impl, True, *args).compile()
     return programs

@@ -17,6 +17,7 @@ import lacache_jax as lj
 from kernels import cached_attention as ca
 from lacache_jax import cache, sampling, slots
 from lacache_jax.canvas import Canvas
+from lacache_jax.generate import _slot_output
 from tests.conftest import GEN_CFG as CFG
 from tests.conftest import assert_valid_triton
 
@@ -61,14 +62,17 @@ def eos_id(models):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The per-block program's arguments, call by call."""
+    """The slots at the start of each program call, call by call, with a queue of one prompt
+    (each call admits one prompt: the slots seen are those of every admission)."""
     seen = []
-    real = slots._slot_block
+    real = slots._slot_run
 
-    def spy(params, cfg, gen, impl, x, pad, block, done, *rest):
-        seen.append(dict(T=x.shape[1], block=np.array(block), live=~np.array(done)))
-        return real(params, cfg, gen, impl, x, pad, block, done, *rest)
-    monkeypatch.setattr(slots, "_slot_block", spy)
+    def spy(params, cfg, gen, impl, refill, sl, *rest):
+        seen.append(dict(T=sl.x_BT.shape[1], block=np.array(sl.block_B),
+                         live=np.array(sl.live_B)))
+        return real(params, cfg, gen, impl, refill, sl, *rest)
+    monkeypatch.setattr(slots, "_slot_run", spy)
+    monkeypatch.setattr(slots, "queue_size", lambda S: 1)
     return seen
 
 
@@ -97,7 +101,7 @@ def test_slots_equal_generate(models, eos_id, calls, case):
     _assert_same(got, want)
     assert got.answers(G) == want.answers(G)
     # Not vacuous: rows stop blocks apart (one in its first block, one runs all four), slots
-    # are refilled, and one block call holds rows at different blocks.
+    # are refilled, and the slots hold rows at different blocks at once.
     blocks = _finish_blocks(want)
     assert blocks.min() == 1 and blocks.max() == NB
     assert len(calls) > NB and any(len(set(c["block"][c["live"]])) > 1 for c in calls)
@@ -121,6 +125,31 @@ def test_slot_row_equals_the_prompt_alone(models, eos_id):
                                       np.asarray(alone.tokens[0]))
         for field in ("nfe", "steps", "revealed", "gen_lengths"):
             assert int(getattr(got, field)[b]) == int(getattr(alone, field)[0]), field
+
+
+@pytest.mark.parametrize("refill", [True, False], ids=["refill", "static_batches"])
+def test_default_queue_and_static_batches(models, eos_id, monkeypatch, refill):
+    """The default queue (4 S prompts: every prompt queued in the first call) over two
+    buckets, and refill off (benchmarks' static batches: admitted only when every slot is
+    free, in input order), against `generate`. The program's calls: refill narrows the canvas
+    (16 -> 8) with rows in flight; static batches narrow once no longer prompt is left."""
+    params, _ = models
+    gen = _gen(eos_id=eos_id, steps=16)
+    keys = jax.random.split(jax.random.key(2), len(TWO_BUCKETS))
+    want = lj.generate(params, CFG, TWO_BUCKETS, gen, key=keys)
+    widths, real = [], slots._slot_run
+
+    def spy(params, cfg, gen, impl, refill, sl, *rest):
+        widths.append((sl.x_BT.shape[1] - G, int(np.array(sl.live_B).sum())))
+        return real(params, cfg, gen, impl, refill, sl, *rest)
+    monkeypatch.setattr(slots, "_slot_run", spy)
+    rows = [np.asarray(p, np.int32) for p in TWO_BUCKETS]
+    out = slots.run(params, CFG, gen.resolve(CFG), rows, keys, S, refill=refill)
+    _assert_same(_slot_output(out, rows, gen, CFG), want)
+    if refill:
+        assert widths[0] == (16, 0) and widths[1][0] == 8 and widths[1][1] > 0, widths
+    else:  # batches [3, 12, 5] and [8, 10, 4] at 16, then [7, 6] at 8
+        assert [w for w, _ in widths] == [16, 8], widths
 
 
 def test_fp8_ffn_through_compile_generate():
