@@ -10,6 +10,13 @@ values, then the result, and gives the asked value after `#` (a shortened exampl
     prompt  <|user|>a=47;b=8;c=b*3;d=a+c;e=d-19;f=e*c;f?<|assistant|>
     answer  c=b*3=8*3=24;d=a+c=47+24=71;e=d-19=71-19=52;f=e*c=52*24=1248;#1248
 
+The "mark" form (`Spec.form`, task `chain-d2m`; not trained yet) writes every value right after
+its name and a colon, in the prompt (`a:47;`) and in the answer (`c=b*3=8*3;c:24;`), so that
+an operand's value is always one copy at a fixed offset from a `name:` pair; in the restated
+form below a derived value stands at the end of its statement, after a definition and operands
+of varying width, and copying it was still the first error of 47 of the 114 failures of a
+`chain-d2` model at 43% (RESULTS.md, seventh session).
+
 Restating the definition splits finding an operand's value into two lookups, each a copy: the
 operand names from the prompt's definition, then each name's result from earlier in the
 answer (or the prompt's givens). Without it (the format until 2026-12-01) the value had to
@@ -64,7 +71,7 @@ from benchmarks import arith
 
 USER, ASSISTANT, MASK, EOS = arith.USER, arith.ASSISTANT, arith.MASK, arith.EOS
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-CHARS = "0123456789+-*=;#?" + LETTERS
+CHARS = "0123456789+-*=;#?" + LETTERS + ":"  # ':' last: the older tokenizers' ids stay
 GIVENS = (2, 4)        # given numbers per problem (inclusive range)
 STEPS = (6, 16)        # derived quantities per problem
 LITERAL_P = 0.3        # chance that an operation's right operand is a literal 2..99
@@ -73,11 +80,17 @@ LITERAL_P = 0.3        # chance that an operation's right operand is a literal 2
 class Spec(NamedTuple):
     """How hard the arithmetic of one statement is: every quantity lies in [1, max_value], the
     operations are `ops`, a product's right operand is a literal 2..mul_max (None: any
-    quantity or literal, as for + and -), the givens have 1..given_digits digits."""
+    quantity or literal, as for + and -), the givens have 1..given_digits digits. `form` is
+    how values are written: "restate" (`a=47;` in the prompt, `c=b*3=8*3=24;` in the answer)
+    or "mark" (`a:47;`, and `c=b*3=8*3;c:24;`: every value stands right after its name and a
+    ':', in the prompt and in the answer alike, so finding an operand's value is one copy at
+    a fixed offset from a `name:` pair, where "restate" puts a derived value at the end of its
+    statement, after a definition and operands of varying width)."""
     max_value: int
     ops: str
     mul_max: int | None
     given_digits: int
+    form: str = "restate"
 
 
 # The difficulties tried, with the fixed-schedule accuracy of their first training runs (fp32,
@@ -87,6 +100,8 @@ SPECS = {
     "d3x": Spec(999, "+-*", 9, 3),     # 3-digit sums and differences, products by one digit: 0%
     "d3": Spec(999, "+-", None, 3),    # 3-digit sums and differences only: 0%
     "d2": Spec(99, "+-*", 9, 2),       # 2-digit quantities, products by one digit: 1.7%
+    # (restated, 10,982 steps on the H200: 43.0%, RESULTS.md 2026-12-02)
+    "d2m": Spec(99, "+-*", 9, 2, "mark"),  # d2 with marked values: not trained yet
 }
 SPEC = SPECS["d4"]  # `chain` itself: to be set to the difficulty whose model lands in range
 MAX_VALUE, OPS = SPEC.max_value, SPEC.ops
@@ -123,16 +138,17 @@ def _apply(x: int, op: str, y: int) -> int:
     return x + y if op == "+" else x - y if op == "-" else x * y
 
 
-def program_text(p: Problem) -> str:
-    """The user message: the program and its question."""
-    g = len(p.givens)
-    given = [f"{n}={x}" for n, x in zip(p.names, p.givens)]
+def program_text(p: Problem, spec: Spec = SPEC) -> str:
+    """The user message: the program and its question (in the "restate" form whatever the
+    spec: the held-out split's hash, `is_test`)."""
+    g, mark = len(p.givens), ":" if spec.form == "mark" else "="
+    given = [f"{n}{mark}{x}" for n, x in zip(p.names, p.givens)]
     derived = [f"{n}={left}{op}{right}" for n, (left, op, right) in zip(p.names[g:], p.ops)]
     return ";".join(given + derived) + f";{p.names[-1]}?"
 
 
-def prompt_text(p: Problem) -> str:
-    return f"{USER}{program_text(p)}{ASSISTANT}"
+def prompt_text(p: Problem, spec: Spec = SPEC) -> str:
+    return f"{USER}{program_text(p, spec)}{ASSISTANT}"
 
 
 def solve_order(p: Problem, rng: random.Random | None = None) -> list[int]:
@@ -160,27 +176,29 @@ def solve_order(p: Problem, rng: random.Random | None = None) -> list[int]:
     return order
 
 
-def answer_text(p: Problem, rng: random.Random | None = None) -> str:
+def answer_text(p: Problem, rng: random.Random | None = None, spec: Spec = SPEC) -> str:
     """The worked answer; `rng` draws the order of the statements (see `solve_order`)."""
     v, g = values(p), len(p.givens)
     steps = []
     for i in solve_order(p, rng):
         left, op, right = p.ops[i]
         name = p.names[g + i]
-        steps.append(f"{name}={left}{op}{right}={v[left]}{op}{_operand(v, right)}={v[name]};")
+        work = f"{name}={left}{op}{right}={v[left]}{op}{_operand(v, right)}"
+        steps.append(f"{work};{name}:{v[name]};" if spec.form == "mark"
+                     else f"{work}={v[name]};")
     return "".join(steps) + f"#{v[p.names[-1]]}"
 
 
-def answer_length(p: Problem) -> int:
+def answer_length(p: Problem, spec: Spec = SPEC) -> int:
     """Characters (= tokens) of the answer; the same for every order."""
-    return len(answer_text(p))
+    return len(answer_text(p, spec=spec))
 
 
 def generate(rng: random.Random, spec: Spec = SPEC) -> Problem:
     """One problem from the task's distribution (before the split)."""
     while True:
         p = _attempt(rng, spec)
-        if p is not None and ANSWER_LEN[0] <= answer_length(p) <= ANSWER_LEN[1]:
+        if p is not None and ANSWER_LEN[0] <= answer_length(p, spec) <= ANSWER_LEN[1]:
             return p
 
 

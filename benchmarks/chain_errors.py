@@ -32,6 +32,13 @@ from benchmarks import accuracy, chain, tasks
 from lacache_jax.tokenizer import Tokenizer
 
 STATEMENT = re.compile(r"([a-z])=(?:([a-z])([-+*])([a-z]|\d+)=)?(-?\d+)([-+*])(-?\d+)=(-?\d+)")
+# The "mark" form (chain.Spec.form) writes `c=b*3=8*3;c:24;`: read as `c=b*3=8*3=24;`.
+MARKED = re.compile(r"([a-z])=([^;:#]*);([a-z]):(-?\d+);")
+
+
+def _restate(m: re.Match) -> str:
+    name, work, again, value = m.groups()
+    return f"{name}={work}={value};" if again == name else f"{name}={work};{again}:{value};"
 
 
 def classify(p: chain.Problem, text: str) -> str:
@@ -40,7 +47,7 @@ def classify(p: chain.Problem, text: str) -> str:
         return "ok"
     v = chain.values(p)
     defs = dict(zip(p.names[len(p.givens):], p.ops))
-    body = text.split("#")[0]
+    body = MARKED.sub(_restate, text.split("#")[0])
     for st in body.split(";")[:-1]:
         m = STATEMENT.fullmatch(st)
         if not m:

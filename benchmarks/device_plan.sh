@@ -5,7 +5,8 @@
 # 7 minutes: 43%), the traced demo run and 21 of the 26 GPU tests (none failed). Left, in
 # priority order:
 #   1  issue 15: chain training, the whole 10 minutes (a 10.3M model at 26 steps/s: ~11,000
-#      steps); VARIANTS picks the difficulty (benchmarks/chain.py SPECS)
+#      steps); VARIANTS picks the difficulty and form (benchmarks/chain.py SPECS): next
+#      chain-d2m, d2 with marked values (chain-d2 restated reached 43% in 7 minutes)
 #   2  issue 16: slot refill through the device-resident queue (slots.py since 2026-12-02):
 #      the demo at S = 64, 256 and blocks 4, 8, LLaDA-8B widths, one traced demo run; first
 #      the five GPU tests that the seventh session's box cut off
@@ -18,7 +19,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
 1)
-  VARIANTS=${VARIANTS:-chain-d2} MINUTES=${MINUTES:-7.5} EVAL_N=${EVAL_N:-200} \
+  VARIANTS=${VARIANTS:-chain-d2m} MINUTES=${MINUTES:-7.5} EVAL_N=${EVAL_N:-200} \
     bash benchmarks/device_chain.sh ;;
 2)
   timeout 150 python3 -m pytest -q -rA -m gpu tests/test_gpu.py::test_cublaslt_fp8_gemm_on_gpu \

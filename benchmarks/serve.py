@@ -6,6 +6,7 @@
     python -m benchmarks.serve llada [--n 128] [--slots 32] [--layers 32] [--tiny] [--flash]
     python -m benchmarks.serve memory [--slots 32] [--prompt 512] [--gen 256] [--layers 32]
                                       [--tiny]
+    python -m benchmarks.serve bounds [--n 2000] [--slots 64,256] [--block 2,4,8]
 
 `demo`: the demo model (converted from demo_model/ unless --checkpoint is given) on `--n`
 held-out problems (benchmarks/arith.py: answers of 1 to 5 digit columns, so 14 to 63 tokens).
@@ -47,6 +48,11 @@ weights accept one token per step, so that is the step that decodes its last dra
 program's (S slots, prompt bucket = --prompt), LLaDA-8B shapes (abstract weights: nothing is
 allocated; XLA's memory analysis of the compiled programs).
 
+`bounds`: `demo`'s two bounds from the reference answers on the CPU (no model: the demo model
+reproduces them): `refill_bound` (num_blocks / mean blocks per row) and `queue_bound`
+(`in_order_bound` over the order slots.py admits in, longest prompt first, which counts the
+queue's tail, where fewer rows than slots are left); `demo` records both from its own answers.
+
 `--tiny` (llada, memory) swaps in `lj.tiny()` shapes and small lengths: a CPU check that the
 code runs, not a measurement.
 """
@@ -82,20 +88,26 @@ def _settings(text: str) -> dict:
     return out
 
 
-def in_order_bound(units, S: int) -> float:
+def in_order_bound(units, S: int, order=None) -> float:
     """What slot refill gains over static batches of S in input order if every unit (block,
     or step with flash) costs the same: the static batches' sum of their longest row's units
-    over the makespan of refilling S slots in input order (a slot takes the next request
-    when it frees). A guide, not a ceiling: units do not cost quite the same (a slot program's
-    blocks cost more with a longer prompt bucket). The tail, where fewer than S requests are
-    left, keeps a short queue below num_blocks / mean blocks (`serve llada`'s draws, 32
-    slots: 1.46x by blocks for 128 requests, 1.74x for 512)."""
+    over the makespan of refilling S slots in `order` (default: input order; slots.py admits
+    the longest prompt first), a slot taking the next request when it frees. A guide, not a
+    ceiling: units do not cost quite the same (a slot program's blocks cost more with a longer
+    prompt bucket). The tail, where fewer than S requests are left, keeps a short queue below
+    num_blocks / mean blocks (`serve llada`'s draws, 32 slots: 1.46x by blocks for 128
+    requests, 1.74x for 512)."""
     units = np.asarray(units)
     static = sum(int(units[i:i + S].max()) for i in range(0, len(units), S))
     free = [0] * S
-    for u in units:
+    for u in units[np.arange(len(units)) if order is None else np.asarray(order)]:
         heapq.heappush(free, heapq.heappop(free) + int(u))
     return static / max(free)
+
+
+def queue_order(prompt_lengths) -> np.ndarray:
+    """The order slots.run admits prompts in: longest first, ties in input order."""
+    return np.argsort(-np.asarray(prompt_lengths), kind="stable")
 
 
 def _timed(fn):
@@ -172,10 +184,12 @@ def demo(args, out: dict) -> None:
         answer_tokens = int(lens.sum())
         slots_tokens = np.asarray(slots_out.tokens)
         # Block decoding refills at block ends: its gain is bounded (module docstring).
-        bound = (None if args.flash else
-                 gen.num_blocks / float(np.minimum(lens // block + 1, gen.num_blocks).mean()))
+        units = np.minimum(lens // block + 1, gen.num_blocks) if block else None
+        bound = None if args.flash else gen.num_blocks / float(units.mean())
+        queue_bound = None if args.flash else in_order_bound(
+            units, S, queue_order([len(r) for r in rows_in]))
         r = dict(S=S, block_length=block, n=len(prompts), answer_tokens=answer_tokens,
-                 refill_bound=bound,
+                 refill_bound=bound, queue_bound=queue_bound,
                  static_s=t_static, slots_s=t_slots, static_blocks_s=t_blocks,
                  static_tok_s=answer_tokens / t_static, slots_tok_s=answer_tokens / t_slots,
                  static_blocks_tok_s=answer_tokens / t_blocks, speedup=t_static / t_slots,
@@ -192,7 +206,7 @@ def demo(args, out: dict) -> None:
                              ("slot refill", run)):
                 print(f"profile, {name} (one whole run):\n"
                       + profile(lambda: jax.block_until_ready(fn()), 1), flush=True)
-        limit = "" if bound is None else f" of at most {bound:.2f}x"
+        limit = "" if bound is None else f" of at most {bound:.2f}x, {queue_bound:.2f}x"
         print(f"{'flash' if block is None else f'block {block:2d}'} S={S:4d}: static "
               f"{r['static_tok_s']:8.0f} tok/s, slots "
               f"{r['slots_tok_s']:8.0f} tok/s ({r['speedup']:.2f}x{limit}; static through "
@@ -257,6 +271,26 @@ def llada(args, out: dict) -> None:
               f"{r['in_order_bound']:.2f}x: `in_order_bound`)", flush=True)
 
 
+def bounds(args, out: dict) -> None:
+    """`refill_bound` (num_blocks / mean blocks) and `queue_bound` (in_order_bound over the
+    queue's order, with the tail) of `serve demo`, from the reference answers' token counts."""
+    from benchmarks.train_demo import GEN_LEN
+    from lacache_jax.tokenizer import Tokenizer
+    tok = Tokenizer("demo_model")
+    problems = arith.sample("test", args.n, seed=0)
+    lens = np.array([len(tok.encode(arith.answer_text(a, b))) for a, b in problems])
+    order = queue_order([len(tok.encode(arith.prompt_text(a, b))) for a, b in problems])
+    out.update(n=args.n, rows=[])
+    for block, S in itertools.product(map(int, args.block.split(",")),
+                                      map(int, args.slots.split(","))):
+        units = np.minimum(lens // block + 1, GEN_LEN // block)
+        r = dict(block_length=block, S=S, refill_bound=GEN_LEN // block / float(units.mean()),
+                 queue_bound=in_order_bound(units, S, order))
+        out["rows"].append(r)
+        print(f"block {block:2d} S={S:4d}: refill_bound {r['refill_bound']:.3f}x, queue_bound "
+              f"{r['queue_bound']:.3f}x", flush=True)
+
+
 def memory(args, out: dict) -> None:
     cfg = _model(args)
     params = jax.eval_shape(lambda: lj.init_params(cfg, jax.random.key(0), jnp.bfloat16))
@@ -308,11 +342,17 @@ def main():
     m.add_argument("--layers", type=int, default=32)
     m.add_argument("--block", type=int, default=32)
     m.add_argument("--tiny", action="store_true")
+    b = sub.add_parser("bounds", help="demo's refill bounds from the reference answers "
+                       "(CPU, no model: the demo model reproduces them)")
+    b.add_argument("--n", type=int, default=2000)
+    b.add_argument("--slots", default="64,256")
+    b.add_argument("--block", default="2,4,8")
     args = ap.parse_args()
     exit_on_sigterm()
     result = {}
     try:
-        {"demo": demo, "llada": llada, "memory": memory}[args.what](args, result)
+        {"demo": demo, "llada": llada, "memory": memory, "bounds": bounds}[args.what](
+            args, result)
     finally:
         print(f"-> {write_result('serve_' + args.what, result)}")
 

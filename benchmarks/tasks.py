@@ -65,13 +65,14 @@ def chain_task(name: str, spec: chain.Spec) -> Task:
         block_length=32,
         # 10.3M parameters, 20.5 MB in bf16: deeper than the demo (12 layers), since a layer
         # stack is what one forward pass can chain lookups and carries through; d_model and
-        # d_ff stay multiples of 128 for the FP8 FFN's 128 x 128 weight blocks. 47 tokens
-        # used of 48.
+        # d_ff stay multiples of 128 for the FP8 FFN's 128 x 128 weight blocks. All 48
+        # token ids used (':' the last, for the "mark" form).
         model=dict(d_model=256, n_layers=12, n_heads=4, n_kv_heads=4, d_ff=768, vocab_size=48,
                    rope_theta=10000.0, norm_eps=1e-5),
         batch=256, lr=1e-3, steps=6000,
         dpad=lj.DPadConfig(),  # the published defaults (window 256: the whole canvas)
-        prompt=chain.prompt_text, answer=chain.answer_text, check=chain.check,
+        prompt=functools.partial(chain.prompt_text, spec=spec),
+        answer=functools.partial(chain.answer_text, spec=spec), check=chain.check,
         sample=functools.partial(chain.sample, spec=spec),
         draw=functools.partial(chain.draw, spec=spec),
         write_tokenizer=chain.write_tokenizer, special_ids=chain.special_ids,

@@ -232,3 +232,35 @@ def test_error_kinds_of_the_first_wrong_statement():
     assert classify(p, wrong(f"{name}={left}={right}")).startswith("malformed")
     assert classify(p, wrong(first)).startswith("final")
     assert v[p.names[-1]] == int(final)
+
+
+def test_marked_form():
+    """chain-d2m (Spec.form "mark"): givens `a:47;`, statements `c=b*3=8*3;c:24;`. Read back
+    as the restated form, every answer passes the independent check; every value in prompt
+    and answer stands right after `name:`; it fits the canvas; the error kinds still read."""
+    from benchmarks.chain_errors import MARKED, _restate, classify
+    spec = chain.SPECS["d2m"]
+    t = tasks.get("chain-d2m")
+    rng = random.Random(0)
+    for p in chain.sample("test", 60, seed=5, spec=spec):
+        prompt, answer = t.prompt(p), t.answer(p, rng)
+        assert prompt == chain.prompt_text(p, spec) and ":" in prompt
+        restated = MARKED.sub(_restate, answer.split("#")[0]) + "#" + answer.rsplit("#", 1)[1]
+        assert ":" not in restated
+        verify_answer(p, restated)
+        v = chain.values(p)
+        marked = dict(re.findall(r"([a-z]):(\d+)", prompt + answer))
+        assert marked == {n: str(v[n]) for n in p.names}  # each quantity once, its value
+        assert chain.ANSWER_LEN[0] <= len(answer) <= chain.ANSWER_LEN[1]
+        assert classify(p, answer) == "ok"
+    # The split is that of the restated form (the hash reads the canonical program).
+    assert chain.program_text(p) != chain.program_text(p, spec) and chain.is_test(p)
+    first, rest = answer.split(";", 1)
+    name, work = first.split("=", 1)
+    op = next(c for c in "+-*" if c in work.split("=")[1])
+    x, y = work.split("=")[1].split(op)
+    body, final = rest.rsplit("#", 1)
+    bad = f"{name}={work.split('=')[0]}={int(x) + 1}{op}{y};{body}#{int(final) + 1}"
+    assert classify(p, bad).startswith("copy")
+    swapped = rest.split(";", 1)[1]  # the value's name differs from the statement's
+    assert classify(p, f"{first};z:1;{swapped.rsplit('#', 1)[0]}#0").startswith("malformed")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.serve import in_order_bound
+from benchmarks.serve import in_order_bound, queue_order
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +22,15 @@ def test_in_order_bound_is_static_over_the_in_order_makespan():
     # Many requests: the tail weighs less and the bound nears num_blocks / mean blocks.
     blocks = -(-np.random.default_rng(0).integers(32, 513, 4096) // 32)
     assert 1.7 < in_order_bound(blocks, 32) < 16 / blocks.mean()
+
+
+def test_bound_in_the_queue_order():
+    # Static batches [1, 1] and [4, 1] cost 1 + 4. In input order the 4 starts when the first
+    # two end (makespan 5); longest first it starts at once while the other slot runs the three
+    # 1s (makespan 4).
+    assert in_order_bound([1, 1, 4, 1], 2) == 5 / 5
+    assert in_order_bound([1, 1, 4, 1], 2, order=[2, 0, 1, 3]) == 5 / 4
+    assert queue_order([3, 9, 3, 12]).tolist() == [3, 1, 0, 2]  # ties keep input order
 
 
 def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
