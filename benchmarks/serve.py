@@ -259,7 +259,7 @@ def llada(args, out: dict) -> None:
         t0 = time.perf_counter()
         programs = slot_refill.compile_programs(params, cfg, gen, prompts, keys, S)
         r["compile_s"] = time.perf_counter() - t0
-        _warm(programs, params, S, gen, keys, cfg)
+        _warm(programs, params, min(S, args.n), gen, keys, cfg)
         for name, refill in (("static", False), ("slots", True)):
             _, seconds = _timed(lambda: run(params, cfg, gen, prompts, keys, S, refill=refill,
                                             programs=programs, **limits))

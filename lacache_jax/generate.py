@@ -72,7 +72,9 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     waits for a long one. Any number of prompts; the output is the same (rows in input order,
     every row's tokens those of `generate` without slots). One program is compiled per
     bucket of prompt lengths (powers of two: slots.py); `progress(rows_done, B)` is then called
-    on the host as rows finish. Not combined with `mesh` yet.
+    on the host after each program call that ended rows (a call admits up to 4S prompts; the
+    queue lives on the device, so rows end between calls unseen). Not combined with `mesh`
+    yet.
     Every invalid argument raises ValueError before anything is compiled.
     """
     if slots is not None:

@@ -132,12 +132,13 @@ def _where_rows(take_B, new, old):
                         new, old)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl", "refill"))
-def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, refill: bool,
-              sl: SlotState, q: Queue, narrow_to, drain):
+@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl"))
+def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, sl: SlotState,
+              q: Queue, narrow_to, drain, refill):
     """Admit queued prompts into free slots and run blocks until the queue is admitted (or,
     with `drain`, until no row is in flight), or until the prompts in flight and queued all fit
-    width `narrow_to`. `refill=False` admits only when every slot is free (static batches).
+    width `narrow_to`. `refill` False admits only when every slot is free (static batches; a
+    traced flag, so one compiled program serves both).
     Returns (slots, the rows that ended, queue entries admitted, longest prompt in flight,
     rows in flight)."""
     S, T = sl.x_BT.shape
@@ -147,7 +148,7 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, ref
     def admit(sl, nxt):
         free = ~sl.live_B
         j = nxt + jnp.cumsum(free) - 1
-        take = free & (j < q.n) & (True if refill else free.all())
+        take = free & (j < q.n) & (refill | free.all())
         j = jnp.clip(j, 0, Q - 1)
         zeros = jnp.zeros(S, jnp.int32)
         new = SlotState(
@@ -203,14 +204,15 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, ref
             sl.live_B.sum(dtype=jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("shift", "pad_id"))
 def _rewidth(sl: SlotState, shift: int, pad_id: int) -> SlotState:
-    """The slots at a prompt width `shift` columns wider (< 0: narrower): left padding added
-    or cut, which rows in flight never see (their prompts fit the new width)."""
-    S = sl.x_BT.shape[0]
-    x = (jnp.concatenate([jnp.full((S, shift), pad_id, jnp.int32), sl.x_BT], 1) if shift > 0
-         else sl.x_BT[:, -shift:])
-    return dataclasses.replace(sl, x_BT=x, pad_B=jnp.maximum(sl.pad_B + shift, 0))
+    """The slots (on the host) at a prompt width `shift` columns wider (< 0: narrower): left
+    padding added or cut, which rows in flight never see (their prompts fit the new width).
+    Host numpy: widths change a few times a run, and a jitted version would compile per
+    (shift, S, P) inside the first timed run."""
+    sl = jax.device_get(sl)
+    x = (np.concatenate([np.full((len(sl.x_BT), shift), pad_id, np.int32), sl.x_BT], 1)
+         if shift > 0 else sl.x_BT[:, -shift:])
+    return dataclasses.replace(sl, x_BT=x, pad_B=np.maximum(sl.pad_B + shift, 0))
 
 
 def _empty(S: int, P: int, gen: GenerationConfig, cfg: ModelConfig,
@@ -246,10 +248,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
     of `slots` through the same program (a baseline for benchmarks). `programs` maps a width
-    to a compiled `_slot_run` (compile_programs; refill only). `progress(rows_done,
+    to a compiled `_slot_run` (compile_programs). `progress(rows_done,
     len(prompts))` is called on the host after each program call that ended rows.
     `block_limits` (one per prompt; benchmarks only, e.g. from a drawn answer length) ends row
-    i after that many blocks, as if it had stopped at EOS there. With `gen.flash` the
+    i after that many blocks (at least one), as if it had stopped at EOS there. With `gen.flash` the
     Flash-dLLM scheduler runs instead (flash_slots.py; no `block_limits`: its rows have no
     blocks).
     """
@@ -264,8 +266,9 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
     Q, cap = queue_size(S), cfg.max_seq_len - G
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))
-    limits = np.full(n, gen.num_blocks) if block_limits is None else np.minimum(
-        block_limits, gen.num_blocks)
+    # A row decodes one block at least (it ends after a block), whatever its limit says.
+    limits = np.full(n, gen.num_blocks) if block_limits is None else np.clip(
+        block_limits, 1, gen.num_blocks)
     lens = np.array([len(r) for r in prompts])
     order = np.argsort(-lens, kind="stable") if refill else np.arange(n)
     out = Outputs(np.zeros((n, G), np.int32), *np.zeros((3, n), np.int32))
@@ -277,11 +280,11 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
               else sl if width == P else _rewidth(sl, width - P, cfg.pad_id))
         P = width
         q = _queue(prompts, take, P, Q, cfg.pad_id, limits, keydata)
-        args = (sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n))
-        if refill and programs is not None and P in programs:
+        args = (sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n), np.bool_(refill))
+        if programs is not None and P in programs:
             res = programs[P](params, *args)
         else:
-            res = _slot_run(params, cfg, gen, impl, refill, *args)
+            res = _slot_run(params, cfg, gen, impl, *args)
         sl = res[0]
         fin, nxt, longest, live = jax.device_get(res[1:])
         pos, longest, live = pos + int(nxt), int(longest), int(live)
@@ -311,6 +314,7 @@ def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
     for P in sorted({bucket(len(r), cap) for r in prompts}, reverse=True):
         args = (_empty(S, P, gen, cfg, keydata),
                 _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(S),
-                       cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True))
-        programs[P] = _slot_run.lower(params, cfg, gen, impl, True, *args).compile()
+                       cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True),
+                np.bool_(True))
+        programs[P] = _slot_run.lower(params, cfg, gen, impl, *args).compile()
     return programs

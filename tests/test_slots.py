@@ -60,20 +60,26 @@ def eos_id(models):
     return best
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """The slots at the start of each program call, call by call, with a queue of one prompt
-    (each call admits one prompt: the slots seen are those of every admission)."""
-    seen = []
-    real = slots._slot_run
+def _spy(monkeypatch, Q=None) -> list:
+    """The slots at the start of each program call, call by call (with a queue of Q prompts
+    when given)."""
+    seen, real = [], slots._slot_run
 
-    def spy(params, cfg, gen, impl, refill, sl, *rest):
+    def spy(params, cfg, gen, impl, sl, *rest):
         seen.append(dict(T=sl.x_BT.shape[1], block=np.array(sl.block_B),
                          live=np.array(sl.live_B)))
-        return real(params, cfg, gen, impl, refill, sl, *rest)
+        return real(params, cfg, gen, impl, sl, *rest)
     monkeypatch.setattr(slots, "_slot_run", spy)
-    monkeypatch.setattr(slots, "queue_size", lambda S: 1)
+    if Q is not None:
+        monkeypatch.setattr(slots, "queue_size", lambda S: Q)
     return seen
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The program calls with a queue of one prompt: each call admits one prompt, so the
+    slots seen are those of every admission."""
+    return _spy(monkeypatch, Q=1)
 
 
 CASES = {
@@ -128,28 +134,70 @@ def test_slot_row_equals_the_prompt_alone(models, eos_id):
 
 
 @pytest.mark.parametrize("refill", [True, False], ids=["refill", "static_batches"])
-def test_default_queue_and_static_batches(models, eos_id, monkeypatch, refill):
-    """The default queue (4 S prompts: every prompt queued in the first call) over two
-    buckets, and refill off (benchmarks' static batches: admitted only when every slot is
-    free, in input order), against `generate`. The program's calls: refill narrows the canvas
-    (16 -> 8) with rows in flight; static batches narrow once no longer prompt is left."""
+@pytest.mark.parametrize("Q", [None, S], ids=["queue_4S", "queue_S"])
+def test_queue_sizes_and_static_batches(models, eos_id, monkeypatch, refill, Q):
+    """The default queue (4S prompts: all of them queued in the first call) and a queue of S
+    (calls that admit several prompts over several blocks, then leave for the next queue),
+    with refill and with refill off (benchmarks' static batches: admitted only when every
+    slot is free, in input order), against `generate`, over two buckets."""
     params, _ = models
     gen = _gen(eos_id=eos_id, steps=16)
     keys = jax.random.split(jax.random.key(2), len(TWO_BUCKETS))
     want = lj.generate(params, CFG, TWO_BUCKETS, gen, key=keys)
-    widths, real = [], slots._slot_run
-
-    def spy(params, cfg, gen, impl, refill, sl, *rest):
-        widths.append((sl.x_BT.shape[1] - G, int(np.array(sl.live_B).sum())))
-        return real(params, cfg, gen, impl, refill, sl, *rest)
-    monkeypatch.setattr(slots, "_slot_run", spy)
+    calls = _spy(monkeypatch, Q)
     rows = [np.asarray(p, np.int32) for p in TWO_BUCKETS]
     out = slots.run(params, CFG, gen.resolve(CFG), rows, keys, S, refill=refill)
     _assert_same(_slot_output(out, rows, gen, CFG), want)
-    if refill:
-        assert widths[0] == (16, 0) and widths[1][0] == 8 and widths[1][1] > 0, widths
-    else:  # batches [3, 12, 5] and [8, 10, 4] at 16, then [7, 6] at 8
+    widths = [(c["T"] - G, int(c["live"].sum())) for c in calls]
+    apart = [len(set(c["block"][c["live"]])) > 1 for c in calls]
+    if refill:  # the canvas narrows (16 -> 8) with rows in flight
+        assert widths[0] == (16, 0) and any(w == 8 and live for w, live in widths), widths
+    if Q is None and not refill:  # batches [3, 12, 5] and [8, 10, 4] at 16, then [7, 6] at 8
         assert [w for w, _ in widths] == [16, 8], widths
+    if Q == S:  # refill starts a row while others are blocks into theirs; static never does
+        assert any(apart) if refill else not any(apart)
+
+
+def test_compiled_programs_serve_refill_and_static(models, eos_id, monkeypatch):
+    """compile_generate's programs over two buckets, a queue of S: slot refill and static
+    batches both run on them alone (the jitted program is never called) and give
+    `generate`'s tokens."""
+    params, _ = models
+    gen = _gen(eos_id=eos_id, steps=16)
+    keys = jax.random.split(jax.random.key(2), len(TWO_BUCKETS))
+    want = lj.generate(params, CFG, TWO_BUCKETS, gen, key=keys)
+    monkeypatch.setattr(slots, "queue_size", lambda S: S)
+    run = lj.compile_generate(params, CFG, TWO_BUCKETS, gen, key=keys, slots=S)
+    assert set(run.programs) == {8, 16}
+
+    def not_compiled(*args, **kwargs):
+        raise AssertionError("compiled inside the run")
+    monkeypatch.setattr(slots, "_slot_run", not_compiled)
+    _assert_same(run(), want)
+    rows = [np.asarray(p, np.int32) for p in TWO_BUCKETS]
+    out = slots.run(params, CFG, gen.resolve(CFG), rows, keys, S, refill=False,
+                    programs=run.programs)
+    _assert_same(_slot_output(out, rows, gen, CFG), want)
+
+
+def test_block_limits_end_rows_early(models, eos_id):
+    """Benchmarks' stop rule: row i ends after block_limits[i] blocks (at least one), its
+    decoded blocks those of `generate`, the rest still masks (unless EOS ended it first)."""
+    params, _ = models
+    gen = _gen(eos_id=eos_id, steps=16)
+    keys = jax.random.split(jax.random.key(2), len(TWO_BUCKETS))
+    want = lj.generate(params, CFG, TWO_BUCKETS, gen, key=keys)
+    rows = [np.asarray(p, np.int32) for p in TWO_BUCKETS]
+    limits = np.array([0, 1, 2, 3, 4, 9, 1, 2])
+    out = slots.run(params, CFG, gen.resolve(CFG), rows, keys, S, block_limits=limits)
+    ends = _finish_blocks(want)
+    want_gen = np.asarray(want.tokens)[:, -G:]
+    for i, k in enumerate(np.clip(limits, 1, NB)):
+        np.testing.assert_array_equal(out.generated[i, :k * BL], want_gen[i, :k * BL])
+        rest = out.generated[i, k * BL:]
+        assert (rest == want_gen[i, k * BL:]).all() if ends[i] <= k else (
+            rest == CFG.mask_id).all(), i
+    assert (ends > np.clip(limits, 1, NB)).any()  # some rows were cut short
 
 
 def test_fp8_ffn_through_compile_generate():
