@@ -38,7 +38,7 @@ MARKED = re.compile(r"([a-z])=([^;:#]*);([a-z]):(-?\d+);")
 
 def _restate(m: re.Match) -> str:
     name, work, again, value = m.groups()
-    return f"{name}={work}={value};" if again == name else f"{name}={work};{again}:{value};"
+    return f"{name}={work}={value};" if again == name else m.group(0)
 
 
 def classify(p: chain.Problem, text: str) -> str:

@@ -100,7 +100,7 @@ def in_order_bound(units, S: int, order=None) -> float:
     units = np.asarray(units)
     static = sum(int(units[i:i + S].max()) for i in range(0, len(units), S))
     free = [0] * S
-    for u in units[np.arange(len(units)) if order is None else np.asarray(order)]:
+    for u in units if order is None else units[np.asarray(order)]:
         heapq.heappush(free, heapq.heappop(free) + int(u))
     return static / max(free)
 
@@ -108,6 +108,16 @@ def in_order_bound(units, S: int, order=None) -> float:
 def queue_order(prompt_lengths) -> np.ndarray:
     """The order slots.run admits prompts in: longest first, ties in input order."""
     return np.argsort(-np.asarray(prompt_lengths), kind="stable")
+
+
+def block_bounds(answer_lengths, block: int, gen_length: int, S: int,
+                 prompt_lengths) -> tuple[float, float]:
+    """`demo`'s two bounds on refill at `block` tokens a block: `refill_bound` (num_blocks /
+    mean blocks per row, a row decoding up to the block that holds its EOS) and `queue_bound`
+    (in_order_bound in the queue's order, which counts its tail)."""
+    nb = gen_length // block
+    units = np.minimum(np.asarray(answer_lengths) // block + 1, nb)
+    return nb / float(units.mean()), in_order_bound(units, S, queue_order(prompt_lengths))
 
 
 def _timed(fn):
@@ -184,10 +194,8 @@ def demo(args, out: dict) -> None:
         answer_tokens = int(lens.sum())
         slots_tokens = np.asarray(slots_out.tokens)
         # Block decoding refills at block ends: its gain is bounded (module docstring).
-        units = np.minimum(lens // block + 1, gen.num_blocks) if block else None
-        bound = None if args.flash else gen.num_blocks / float(units.mean())
-        queue_bound = None if args.flash else in_order_bound(
-            units, S, queue_order([len(r) for r in rows_in]))
+        bound, queue_bound = (None, None) if args.flash else block_bounds(
+            lens, block, GEN_LEN, S, [len(r) for r in rows_in])
         r = dict(S=S, block_length=block, n=len(prompts), answer_tokens=answer_tokens,
                  refill_bound=bound, queue_bound=queue_bound,
                  static_s=t_static, slots_s=t_slots, static_blocks_s=t_blocks,
@@ -278,14 +286,13 @@ def bounds(args, out: dict) -> None:
     from lacache_jax.tokenizer import Tokenizer
     tok = Tokenizer("demo_model")
     problems = arith.sample("test", args.n, seed=0)
-    lens = np.array([len(tok.encode(arith.answer_text(a, b))) for a, b in problems])
-    order = queue_order([len(tok.encode(arith.prompt_text(a, b))) for a, b in problems])
+    lens = [len(tok.encode(arith.answer_text(a, b))) for a, b in problems]
+    prompt_lens = [len(tok.encode(arith.prompt_text(a, b))) for a, b in problems]
     out.update(n=args.n, rows=[])
     for block, S in itertools.product(map(int, args.block.split(",")),
                                       map(int, args.slots.split(","))):
-        units = np.minimum(lens // block + 1, GEN_LEN // block)
-        r = dict(block_length=block, S=S, refill_bound=GEN_LEN // block / float(units.mean()),
-                 queue_bound=in_order_bound(units, S, order))
+        refill, queue = block_bounds(lens, block, GEN_LEN, S, prompt_lens)
+        r = dict(block_length=block, S=S, refill_bound=refill, queue_bound=queue)
         out["rows"].append(r)
         print(f"block {block:2d} S={S:4d}: refill_bound {r['refill_bound']:.3f}x, queue_bound "
               f"{r['queue_bound']:.3f}x", flush=True)

@@ -180,10 +180,12 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, sl:
         return dataclasses.replace(sl, live_B=sl.live_B & ~ended,
                                    len_B=jnp.where(ended, 0, sl.len_B)), fin
 
+    def in_flight(sl):  # the longest prompt in flight (0: none)
+        return jnp.where(sl.live_B, sl.len_B, 0).max()
+
     def longest(sl, nxt):
         rest = (jnp.arange(Q) >= nxt) & (jnp.arange(Q) < q.n)
-        return jnp.maximum(jnp.where(sl.live_B, sl.len_B, 0).max(),
-                           jnp.where(rest, q.len_Q, 0).max())
+        return jnp.maximum(in_flight(sl), jnp.where(rest, q.len_Q, 0).max())
 
     def go_on(carry):
         sl, _, nxt = carry
@@ -200,8 +202,7 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, sl:
                    jnp.full(R, -1, jnp.int32), jnp.int32(0))
     sl, nxt = admit(sl, jnp.int32(0))
     sl, fin, nxt = jax.lax.while_loop(go_on, body, (sl, fin, nxt))
-    return (sl, fin, nxt, jnp.where(sl.live_B, sl.len_B, 0).max(),
-            sl.live_B.sum(dtype=jnp.int32))
+    return sl, fin, nxt, in_flight(sl), sl.live_B.sum(dtype=jnp.int32)
 
 
 def _rewidth(sl: SlotState, shift: int, pad_id: int) -> SlotState:
@@ -248,12 +249,11 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
     of `slots` through the same program (a baseline for benchmarks). `programs` maps a width
-    to a compiled `_slot_run` (compile_programs). `progress(rows_done,
-    len(prompts))` is called on the host after each program call that ended rows.
-    `block_limits` (one per prompt; benchmarks only, e.g. from a drawn answer length) ends row
-    i after that many blocks (at least one), as if it had stopped at EOS there. With `gen.flash` the
-    Flash-dLLM scheduler runs instead (flash_slots.py; no `block_limits`: its rows have no
-    blocks).
+    to a compiled `_slot_run` (compile_programs). `progress(rows_done, len(prompts))` is
+    called on the host after each program call that ended rows. `block_limits` (one per
+    prompt; benchmarks only, e.g. from a drawn answer length) ends row i after that many
+    blocks (at least one), as if it had stopped at EOS there. With `gen.flash` the Flash-dLLM
+    scheduler runs instead (flash_slots.py; no `block_limits`: its rows have no blocks).
     """
     if gen.flash is not None:
         if block_limits is not None:
