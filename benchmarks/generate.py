@@ -99,11 +99,7 @@ def main():
                     help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
 
-    if args.tiny:
-        cfg = lj.tiny(max_seq_len=4096, **({"n_layers": args.layers} if args.layers else {}))
-        ceil, params = measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.float32)
-    else:
-        cfg, ceil, params = llada_8b_setup(args.layers)
+    cfg, ceil, params = setup(args.tiny, args.layers)
     if args.fp8_ffn != "off":
         params = lj.quantize_ffn(params)
     rows, baseline = [], {}
@@ -111,7 +107,19 @@ def main():
     try:
         measure_all(args, cfg, ceil, params, rows, baseline)
     finally:
-        report(args, cfg, ceil, rows)
+        dpad = (None if args.dpad == "off" else
+                dict(strategy=args.dpad_strategy, window=args.dpad_window, keep=args.dpad_keep))
+        report(cfg, ceil, rows, gen=args.gen, block=args.block, dpad=dpad, tiny=args.tiny)
+
+
+def setup(tiny: bool, layers: int | None):
+    """(config, measured ceilings, params): random LLaDA-8B in bf16, or with `tiny` a tiny fp32
+    model (a CPU check of a script; widths of 128 so that the FP8 FFN applies)."""
+    if not tiny:
+        return llada_8b_setup(layers)
+    cfg = lj.tiny(max_seq_len=4096, d_model=128, d_ff=256,
+                  **({"n_layers": layers} if layers else {}))
+    return cfg, measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.float32)
 
 
 def measure_all(args, cfg, ceil, params, rows, baseline):
@@ -145,12 +153,13 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
               f"    rows per block (first forward / later query rows): {rows_txt}", flush=True)
 
 
-def report(args, cfg, ceil, rows):
-    dpad = (None if args.dpad == "off" else
-            dict(strategy=args.dpad_strategy, window=args.dpad_window, keep=args.dpad_keep))
+def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
+           tiny: bool = False):
+    """Write the rows' JSON (`generate-*.json`) and print them as a table; `dpad`: the DPad
+    settings the runs with DPad used."""
     path = write_result("generate", {"config": cfg.to_dict(), "ceilings": ceil,
-                                     "gen": args.gen, "block": args.block, "dpad": dpad,
-                                     "tiny": args.tiny, "rows": rows})
+                                     "gen": gen, "block": block, "dpad": dpad,
+                                     "tiny": tiny, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
     print("| B | prompt | cache | decoding | fp8 FFN | DPad | latency s | tokens/s | NFE | "

@@ -144,3 +144,21 @@ def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys
     assert all(r["nfe"] == 16 and r["ms_per_step"] > 0 for r in rows)
     out = capsys.readouterr().out
     assert "rows per block" in out and "× no DPad" in out
+
+
+def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch, capsys):
+    """`python -m benchmarks.fp8_e2e --tiny`: every run without and with the FP8 FFN, its
+    steps field honoured, the JSON and the table written (the seventh session's device call
+    lost its JSON to a crash in the shared report)."""
+    from benchmarks import fp8_e2e
+    monkeypatch.setenv("OUT", str(tmp_path))
+    fp8_e2e.main(["--tiny", "--layers", "2", "--gen", "16", "--block", "8",
+                  "--runs", "1:16:none:fixed,2:16:exact:fixed:1:4"])
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert [(r["B"], r["cache"], r["fp8_ffn"]) for r in rows] == [
+        (1, "none", False), (1, "none", True), (2, "exact", True)]
+    assert [r["nfe"] for r in rows] == [16, 16, 4]
+    assert all(r["dpad"] is None and r["ms_per_step"] > 0 for r in rows)
+    table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    assert [ln.split(" | ")[:3] for ln in table[1:]] == [
+        ["| 1", "16", "none"], ["| 1", "16", "none"], ["| 2", "16", "exact"]]

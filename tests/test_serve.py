@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import serve
 from benchmarks.serve import in_order_bound, queue_order
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +48,13 @@ def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
     lengths = np.asarray(row["answer_lengths"])
     assert len(lengths) == 8 and row["answer_tokens"] == lengths.sum()
     assert row["in_order_bound"] == in_order_bound(-(-lengths // 8), 4)
+
+
+def test_timed_runs_repeats_times_and_takes_the_median(monkeypatch):
+    """`_timed` calls the function `repeats` times and reports the median of their seconds
+    (a slow outlier run moves nothing), every run's seconds, and the last run's output."""
+    clock = iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # runs of 1, 3 and 2 seconds
+    monkeypatch.setattr(serve.time, "perf_counter", lambda: next(clock))
+    calls = []
+    out, median, runs = serve._timed(lambda: calls.append(0) or len(calls), repeats=3)
+    assert (out, median, runs, len(calls)) == (3, 2.0, [1.0, 3.0, 2.0], 3)

@@ -285,3 +285,40 @@ def test_forced_attention_reaches_the_traced_train_step(monkeypatch):
         step = train_demo.make_train_step(cfg, opt, compute=jnp.bfloat16, attention=forced)
         jax.make_jaxpr(step)(params, opt.init(params), tokens, pad, jax.random.key(0), 1e-3)
         assert len(seen) == 2 and set(seen) == {want}, (forced, seen)
+
+
+def test_paired_difference_interval():
+    """Newcombe's paired interval (accuracy.paired_difference): antisymmetric, holds the
+    point estimate, narrower than either accuracy's Wilson interval when the modes mostly
+    agree, and at large n equal to the Wald interval of the paired difference, to which it is
+    asymptotically equivalent (sd of the mean difference sqrt(b + c - (b - c)^2 / n) / n)."""
+    import pytest
+
+    from benchmarks import accuracy
+    rng = np.random.default_rng(0)
+    first = rng.random(200) < 0.62
+    second = first.copy()
+    flip = rng.choice(200, 14, replace=False)
+    second[flip] = ~second[flip]
+    d, lo, hi = accuracy.paired_difference(first, second)
+    assert d == pytest.approx(second.mean() - first.mean(), abs=1e-15)
+    assert -1 <= lo <= d <= hi <= 1
+    assert accuracy.paired_difference(second, first) == pytest.approx((-d, -hi, -lo), abs=1e-12)
+    w_lo, w_hi = accuracy.wilson(int(second.sum()), 200)
+    # 14 discordant of 200: paired sd sqrt(14) / 200 = 0.0187 against the marginal's
+    # sqrt(0.24 / 200) = 0.0346, a ratio of 0.54.
+    assert hi - lo < 0.6 * (w_hi - w_lo)
+    same = accuracy.paired_difference(first, first)
+    assert same[0] == 0 and same[1] <= 0 <= same[2]
+    # Large n: 30% / 40% marginals with 25% of problems discordant.
+    n = 400_000
+    u = rng.random(n)
+    a = u < 0.30
+    b = (u >= 0.05) & (u < 0.45)  # only-a: [0, 0.05), only-b: [0.30, 0.45)
+    d, lo, hi = accuracy.paired_difference(a, b)
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    sd = np.sqrt(only_a + only_b - (only_b - only_a) ** 2 / n) / n
+    # The two intervals differ by O(1/n) (Wilson's centre shift); sd here is 6.5e-4.
+    assert (lo, hi) == pytest.approx((d - accuracy.Z95 * sd, d + accuracy.Z95 * sd), abs=2e-5)
+    with pytest.raises(ValueError, match="equal"):
+        accuracy.paired_difference([True], [True, False])
