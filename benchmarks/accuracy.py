@@ -94,8 +94,9 @@ def paired_difference(first, second, z: float = Z95) -> tuple[float, float, floa
     """(difference, lower, upper) of accuracy `second` - `first` over the same problems, from
     per-problem correctness: Newcombe's hybrid score interval for paired proportions (his
     1998 method 10: each accuracy's Wilson interval, combined with the pairs' correlation
-    phi). Pairing is what resolves small differences: two modes that agree on most problems
-    differ by far less than either accuracy's own interval."""
+    phi, whose numerator both * neither - only1 * only2 he shrinks by n / 2 when positive;
+    phi 0 where a margin is empty). Pairing is what narrows small differences: two modes that agree
+    on most problems differ by far less than either accuracy's own interval."""
     a1, a2 = np.asarray(first, bool), np.asarray(second, bool)
     if a1.shape != a2.shape or a1.ndim != 1 or a1.size == 0:
         raise ValueError(f"need two equal, non-empty 1-D outcome lists, got shapes {a1.shape} "
@@ -106,7 +107,10 @@ def paired_difference(first, second, z: float = Z95) -> tuple[float, float, floa
     p1, p2 = (both + only1) / n, (both + only2) / n
     (l1, u1), (l2, u2) = wilson(both + only1, n, z), wilson(both + only2, n, z)
     denom = (both + only1) * (only2 + neither) * (both + only2) * (only1 + neither)
-    phi = (both * neither - only1 * only2) / math.sqrt(denom) if denom else 0.0
+    agree = both * neither - only1 * only2
+    if agree > 0:
+        agree = max(agree - n / 2, 0.0)
+    phi = agree / math.sqrt(denom) if denom else 0.0
     theta = p2 - p1
     lower = math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
     upper = math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2))

@@ -4,9 +4,11 @@ SwiGLU quantisation against their bandwidth floors, both GEMMs), the M = 32 FFN 
 FP8 weight-read floor, and the accuracy ablation (group / token / tensor activation scales).
 
     python -m benchmarks.fp8_ffn [--ms 32,256,1024,4096,16384] [--ablation-layers 32]
-        [--quant-tiles 16x1,32x4,64x2] [--quant-ms 1024,4096]
+        [--quant-tiles 16x1,1x32x1,4x32x4] [--quant-ms 768,1024,4096]
 
---quant-tiles: the two quantisation kernels at each rows x groups tile, at --quant-ms rows.
+--quant-tiles: the two quantisation kernels at each rows x groups[x warps] tile (32 groups =
+LLaDA's whole 4096-wide rows: the RMSNorm kernel then computes its statistics itself; a tile
+a kernel refuses is recorded as such), and XLA's fusion of each reference, at --quant-ms rows.
 Times are per call with dependent calls chained in one jitted program (`time_chained`).
 """
 
@@ -22,8 +24,9 @@ import numpy as np
 import lacache_jax as lj
 from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
 from kernels.fp8_matmul import fp8_matmul
-from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas, swiglu_quant,
-                                 swiglu_quant_pallas)
+from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas,
+                                 rmsnorm_quant_ref, swiglu_quant, swiglu_quant_pallas,
+                                 swiglu_quant_ref)
 from lacache_jax.model import mlp
 
 
@@ -99,25 +102,37 @@ def ffn_parts(cfg, fp8_layer, x, ceil, n: int) -> tuple[dict, dict]:
 
 
 def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list) -> None:
-    """Both fused quantisation kernels per tile at each M, against their bandwidth floor."""
+    """Both fused quantisation kernels per tile at each M, and XLA's fusion of their
+    references (`tiles` None), against their bandwidth floor."""
     D, F = cfg.d_model, cfg.d_ff
     norm = jnp.ones((D,), jnp.bfloat16)
     for M in ms:
         x = jax.random.normal(jax.random.key(M), (M, D), jnp.bfloat16)
         gu = jax.random.normal(jax.random.key(M + 1), (M, 2 * F), jnp.bfloat16)
-        for t in tiles:
-            row = dict(M=M, rows=t.rows, groups=t.groups)
+        for t in [None, *tiles]:
+            row = dict(M=M, tiles="xla" if t is None else f"{t.rows}x{t.groups}x{t.warps}")
+            # XLA's references behind a barrier: `time_chained` reads one element of the
+            # output, and XLA would otherwise compute only what that element needs.
             for name, fn, arg, nbytes in (
-                    ("rmsnorm_quant", lambda x, t=t: rmsnorm_quant_pallas(
-                        x, norm, cfg.norm_eps, tiles=t), x, quant_bytes(M, D, D)),
-                    ("swiglu_quant", lambda g, t=t: swiglu_quant_pallas(g, tiles=t), gu,
+                    ("rmsnorm_quant", (lambda x: jax.lax.optimization_barrier(
+                        rmsnorm_quant_ref(x, norm, cfg.norm_eps)))
+                     if t is None else (lambda x, t=t: rmsnorm_quant_pallas(
+                         x, norm, cfg.norm_eps, tiles=t)), x, quant_bytes(M, D, D)),
+                    ("swiglu_quant", (lambda g: jax.lax.optimization_barrier(
+                        swiglu_quant_ref(g))) if t is None else (
+                        lambda g, t=t: swiglu_quant_pallas(g, tiles=t)), gu,
                      quant_bytes(M, 2 * F, F))):
-                ms_ = time_chained(fn, arg)["median_ms"]
+                try:
+                    ms_ = time_chained(fn, arg)["median_ms"]
+                except ValueError as e:  # a tile this kernel refuses
+                    row[f"{name}_refused"] = str(e)
+                    continue
                 row[f"{name}_ms"] = ms_
                 row[f"{name}_x_floor"] = ms_ / (nbytes / ceil["copy_tb_per_s"] / 1e9)
             rows.append(row)
             print("quant tiles", {k: round(v, 4) if isinstance(v, float) else v
-                                  for k, v in row.items()}, flush=True)
+                                  for k, v in row.items() if not k.endswith("_refused")},
+                  flush=True)
 
 
 def ablation(cfg, n_layers: int):
@@ -140,7 +155,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="32,256,1024,4096,16384")
     ap.add_argument("--ablation-layers", type=int, default=32)
-    ap.add_argument("--quant-tiles", default="", help="e.g. 16x1,32x4,64x2")
+    ap.add_argument("--quant-tiles", default="", help="rows x groups [x warps], e.g. "
+                    "16x1,1x32x1,4x32x4")
     ap.add_argument("--quant-ms", default="1024,4096")
     args = ap.parse_args()
     cfg = lj.llada_8b()

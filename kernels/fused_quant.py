@@ -10,6 +10,15 @@ to nearest even. Each has a pure-jnp reference (`*_ref`) and a dispatcher (Palla
 lowering on GPU, the reference elsewhere). Shapes: x [M, D], outputs q [M, D] fp8 and scales
 [M, D / 128] fp32; M is padded to the row tile inside the wrappers. A program quantises a
 `QuantTiles` tile (rows x groups of 128 columns), chosen by M (`QuantTiles.get_default`).
+
+Whole rows (`QuantTiles(rows, groups=D / 128)`, RMSNorm only): a program also computes its
+rows' statistics, so x is read from HBM once and no XLA pass runs before the kernel (the tiled
+form reads x twice: `rms_rstd` in XLA, then the kernel). Its sum of squares runs in another
+order than XLA's mean, so 1 / RMS can differ in the last fp32 bit, and a normed value then
+rounds to the other bf16 (and rarely FP8) neighbour: the same bound the tests hold the tiled
+form to against the reference. Unmeasured on the GPU: `benchmarks/fp8_ffn.py --quant-tiles`
+times both forms and XLA's fusion of the references against the byte floor (the tiled forms
+ran at 1.4-5.7x it at M 768-4096, RESULTS.md, issue 23).
 """
 
 from __future__ import annotations
@@ -24,14 +33,15 @@ from jax.experimental import pallas as pl
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
 GROUP = 128
-ROWS = 16  # the smallest row tile (Triton's smallest tile height)
+ROWS = 16  # the default row tile
 
 
 @dataclasses.dataclass(frozen=True)
 class QuantTiles:
     """Rows x 128-column groups per program (hashable: a static jit argument)."""
     rows: int = ROWS
-    groups: int = 1  # divides the output's group count D / 128
+    groups: int = 1  # divides the output's group count D / 128; all of them: whole rows
+    warps: int = 4   # Triton warps per program
 
     @classmethod
     def get_default(cls, M: int, G: int) -> QuantTiles:
@@ -111,16 +121,33 @@ def _quantize_tile(a):
 
 
 def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref, *, interpret: bool):
+    _norm_quantize(x_ref, rstd_ref[...], w_ref, q_ref, s_ref, interpret)
+
+
+def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool):
+    """Normalise (times `rstd` [rows, 1]), round, weight and quantise the tile group by group."""
     # Triton rounds at every half-precision cast and product; XLA, which runs the kernel in
     # interpret mode, may not (`rounded`), and the Triton lowering has no reduce_precision.
     round_ = rounded if interpret else (lambda a: a)
-    rstd = rstd_ref[...]
     for g in range(s_ref.shape[1]):  # the tile's 128-column groups, one scale each
         cols = pl.ds(g * GROUP, GROUP)
         x = x_ref[:, cols]
         h = round_(round_((x.astype(jnp.float32) * rstd).astype(x.dtype))
                    * w_ref[cols][None, :])
         q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(h.astype(jnp.float32))
+
+
+def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interpret: bool):
+    """Whole rows: the statistics (`rms_rstd`'s fp32 mean of squares, summed group by group),
+    then the tiled kernel's per-group arithmetic; the second read of each group comes from
+    cache, not HBM."""
+    G = s_ref.shape[1]
+    ss = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
+    for g in range(G):
+        x = x_ref[:, pl.ds(g * GROUP, GROUP)].astype(jnp.float32)
+        ss += jnp.sum(x * x, axis=1, keepdims=True)
+    _norm_quantize(x_ref, jax.lax.rsqrt(ss / (G * GROUP) + eps), w_ref, q_ref, s_ref,
+                   interpret)
 
 
 def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref):
@@ -155,16 +182,18 @@ def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, tiles: QuantTile
     return pl.pallas_call(
         body, grid=(Mp // R, G // C), in_specs=in_specs + out_specs[:len(poisoned)],
         out_specs=out_specs, out_shape=out_shape, interpret=interpret, name=name,
-        compiler_params=_triton(),
+        compiler_params=_triton(tiles.warps),
         input_output_aliases={n_in + j: j for j in range(len(poisoned))},
     )(*inputs, *poisoned)
 
 
 def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
     t = tiles or QuantTiles.get_default(M, G)
-    if G % t.groups or t.groups & (t.groups - 1) or t.rows % ROWS or t.rows & (t.rows - 1):
+    if G % t.groups or t.groups & (t.groups - 1) or t.rows < 1 or t.rows & (t.rows - 1):
         raise ValueError(f"tiles {t}: groups must be a power of two dividing the {G} groups "
-                         f"of 128 and rows a power of two >= {ROWS} (Triton's block shapes)")
+                         f"of 128 and rows a power of two (Triton's block shapes)")
+    if t.warps not in (1, 2, 4, 8):
+        raise ValueError(f"tiles {t}: warps must be 1, 2, 4 or 8")
     return t
 
 
@@ -178,15 +207,21 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = No
     M, D = x_MD.shape
     if D % GROUP:
         raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
-    t = _tiles(tiles, M, D // GROUP)
+    G = D // GROUP
+    t = _tiles(tiles, M, G)
     x, M, Mp = _pad_rows(x_MD, t.rows)
-    rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), t.rows)
     cols = t.groups * GROUP
-    in_specs = [pl.BlockSpec((t.rows, cols), lambda i, g: (i, g)),
-                pl.BlockSpec((t.rows, 1), lambda i, g: (i, 0)),
-                pl.BlockSpec((cols,), lambda i, g: (g,))]
+    x_spec = pl.BlockSpec((t.rows, cols), lambda i, g: (i, g))
+    w_spec = pl.BlockSpec((cols,), lambda i, g: (g,))
+    if t.groups == G:  # whole rows: the statistics inside the kernel
+        kernel = functools.partial(_rmsnorm_quant_rows_kernel, eps=eps, interpret=interpret)
+        q, s = _quantising_call(kernel, (x, w_D), [x_spec, w_spec], Mp, G, t,
+                                "rmsnorm_quant_rows", interpret, poison)
+        return q[:M], s[:M]
+    rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), t.rows)
+    in_specs = [x_spec, pl.BlockSpec((t.rows, 1), lambda i, g: (i, 0)), w_spec]
     kernel = functools.partial(_rmsnorm_quant_kernel, interpret=interpret)
-    q, s = _quantising_call(kernel, (x, rstd, w_D), in_specs, Mp, D // GROUP,
+    q, s = _quantising_call(kernel, (x, rstd, w_D), in_specs, Mp, G,
                             t, "rmsnorm_quant", interpret, poison)
     return q[:M], s[:M]
 
@@ -210,10 +245,10 @@ def swiglu_quant_pallas(gate_up_M2F, *, tiles: QuantTiles | None = None,
     return q[:M], s[:M]
 
 
-def _triton():
+def _triton(warps: int = 4):
     # Triton compiler params also select the Triton lowering (the GPU default is Mosaic).
     from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+    return plgpu.CompilerParams(num_warps=warps, num_stages=2)
 
 
 def rmsnorm_quant(x_MD, w_D, eps: float):

@@ -148,7 +148,7 @@ def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys
 
 def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch, capsys):
     """`python -m benchmarks.fp8_e2e --tiny`: every run without and with the FP8 FFN, its
-    steps field honoured, the JSON and the table written (the seventh session's device call
+    steps field honoured, the JSON and the table written (the eighth session's device call 4
     lost its JSON to a crash in the shared report)."""
     from benchmarks import fp8_e2e
     monkeypatch.setenv("OUT", str(tmp_path))
@@ -162,3 +162,41 @@ def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch
     table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
     assert [ln.split(" | ")[:3] for ln in table[1:]] == [
         ["| 1", "16", "none"], ["| 1", "16", "none"], ["| 2", "16", "exact"]]
+
+
+def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch):
+    """`benchmarks/flash.py --parts gamma` on a stand-in task (a tiny random model; a problem is
+    solved when its answer's first token is even): every verify setting carries its paired
+    difference to flash without verify on the same problems and its tokens-per-step ratio;
+    the baseline row carries none; each row keeps which problems it solved."""
+    import argparse
+    import types
+
+    from benchmarks import accuracy, flash, tasks
+    cfg = lj.tiny(n_layers=1)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.float32)
+
+    class Tok:
+        encode = staticmethod(lambda text: [int(t) for t in text.split()])
+        decode = staticmethod(lambda ids: " ".join(map(str, ids)))
+    task = types.SimpleNamespace(
+        name="stand-in", gen_len=16,
+        sample=lambda split, n, seed: list(range(n)),
+        prompt=lambda p: " ".join(str((7 * p + j) % 200) for j in range(3 + p % 4)),
+        check=lambda p, answer: int(answer.split()[0]) % 2 == 0)
+    monkeypatch.setattr(tasks, "get", lambda name: task)
+    monkeypatch.setattr(flash, "task_model", lambda args: (cfg, params, Tok()))
+    args = argparse.Namespace(task="stand-in", n=6, gammas="0.9", accept="cumprod",
+                              window=4, lookahead=4, track=4)
+    rows = []
+    flash.part_gamma(args, cfg, None, params, rows)
+    assert [r["mode"] for r in rows] == ["flash", "flash+verify0.9"]
+    assert "vs_flash" not in rows[0]
+    base = [c == "1" for c in rows[0]["solved"]]
+    for r in rows[1:]:
+        solved = [c == "1" for c in r["solved"]]
+        assert len(solved) == 6 and r["accuracy"] == sum(solved) / 6
+        d, lo, hi = accuracy.paired_difference(base, solved)
+        assert r["vs_flash"]["accuracy_diff"] == d and r["vs_flash"]["ci95"] == [lo, hi]
+        assert r["vs_flash"]["tokens_per_step_ratio"] == pytest.approx(
+            r["tokens_per_step"] / rows[0]["tokens_per_step"])

@@ -91,6 +91,33 @@ def test_rmsnorm_quant(M, D):
     assert rel_err(dequantize_act(q, s), rms_normed(x, w, 1e-5).astype(jnp.float32)) <= FP8_REL
 
 
+@pytest.mark.parametrize("rows,warps", [(1, 1), (2, 2), (16, 4)])
+def test_rmsnorm_quant_whole_rows(rows, warps, monkeypatch):
+    """Whole-row programs compute their rows' statistics in the kernel (no XLA pass): against
+    the reference within test_rmsnorm_quant's bounds (its 1 / RMS sums in another order: the
+    last fp32 bit, then one bf16 rounding of a normed value), at a ragged M; their Triton IR
+    passes the verifier; tiles that are no Triton block shape are refused."""
+    from kernels.fused_quant import QuantTiles
+    M, D = 37, 512
+    kx, kw = jax.random.split(jax.random.key(11))
+    x = (jax.random.normal(kx, (M, D)) * 3).astype(jnp.bfloat16)
+    w = (1 + 0.2 * jax.random.normal(kw, (D,))).astype(jnp.bfloat16)
+    tiles = QuantTiles(rows, D // 128, warps)
+    q, s = rmsnorm_quant_pallas(x, w, 1e-5, tiles=tiles, interpret=True, poison=True)
+    qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
+    assert q.shape == (M, D) and s.shape == (M, D // 128)
+    np.testing.assert_allclose(s, sr, rtol=2.0 ** -7)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
+    assert rel_err(dequantize_act(q, s), rms_normed(x, w, 1e-5).astype(jnp.float32)) <= FP8_REL
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=tiles), x, w,
+                        monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match="rows a power of two"):
+        swiglu_quant_pallas(jnp.concatenate([x, x], 1), tiles=QuantTiles(12, 1),
+                            interpret=True)
+    with pytest.raises(ValueError, match="warps"):
+        rmsnorm_quant_pallas(x, w, 1e-5, tiles=QuantTiles(1, D // 128, 3), interpret=True)
+
+
 @pytest.mark.parametrize("M,F", [(2, 128), (35, 384)])
 def test_swiglu_quant(M, F):
     gu = (jax.random.normal(jax.random.key(F), (M, 2 * F)) * 2).astype(jnp.bfloat16)
@@ -329,3 +356,23 @@ def test_cublaslt_finds_headers_and_libraries(monkeypatch, tmp_path):
     jax_lt = tmp_path / "elsewhere" / "libcublasLt.so.13.2.0"
     monkeypatch.setattr(lt, "loaded_libraries", lambda: [jax_lt])
     assert lt.find_cuda()[1][0] == jax_lt
+
+
+def test_quant_tile_sweep_records_xla_tiles_and_refusals(monkeypatch):
+    """`benchmarks/fp8_ffn.py --quant-tiles` (kernels in interpret mode here): a row for XLA's
+    fusion of the references and one per tile, each with both kernels' times or the reason a
+    kernel refused the tile (4 groups do not divide SwiGLU's 2 here)."""
+    import lacache_jax as lj
+    from benchmarks import fp8_ffn
+    from kernels import fused_quant as fq
+    from kernels.fused_quant import QuantTiles
+    for name in ("rmsnorm_quant_pallas", "swiglu_quant_pallas"):
+        monkeypatch.setattr(fp8_ffn, name, functools.partial(getattr(fq, name), interpret=True))
+    cfg = lj.tiny(d_model=512, d_ff=256)
+    rows = []
+    ceil = {"copy_tb_per_s": 1.0}
+    fp8_ffn.quant_tiles(cfg, ceil, [QuantTiles(), QuantTiles(1, 4, 1)], [8], rows)  # G 4, 2
+    assert [r["tiles"] for r in rows] == ["xla", "16x1x4", "1x4x1"]
+    assert all(r["rmsnorm_quant_ms"] > 0 for r in rows)
+    assert [("swiglu_quant_ms" in r, "swiglu_quant_refused" in r) for r in rows] == [
+        (True, False), (True, False), (False, True)]

@@ -79,7 +79,7 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     from kernels.fp8_matmul import fp8_matmul_ref
     from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
-    from kernels.fused_quant import (rmsnorm_quant_pallas, rmsnorm_quant_ref,
+    from kernels.fused_quant import (QuantTiles, rmsnorm_quant_pallas, rmsnorm_quant_ref,
                                      swiglu_quant_pallas, swiglu_quant_ref)
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
     k = jax.random.split(jax.random.key(0), 4)
@@ -106,9 +106,11 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
             assert rel_err(out, ref) <= 2.0 ** -12
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
-    q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True)
     qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
-    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5  # as on CPU
+    # the tiled form, then whole rows (statistics in the kernel) at a few row and warp counts
+    for tiles in (None, QuantTiles(1, 32, 1), QuantTiles(4, 32, 4), QuantTiles(16, 32, 8)):
+        q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True, tiles=tiles)
+        assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5  # as on CPU
     gu = jax.random.normal(k[2], (77, 2 * 12288)).astype(jnp.bfloat16)
     q, s = swiglu_quant_pallas(gu, poison=True)
     qr, sr = swiglu_quant_ref(gu)
