@@ -3,8 +3,8 @@
 # (bash benchmarks/device_plan.sh N; COMMIT=<sha>), each a time-boxed stage list under 10
 # minutes. Done in the eighth session: stage 2 (slot refill 1.30-1.52x, 1.91x; one repeat at
 # 1.10x), stage 1 (chain-d2m, 7.5 minutes: 80%), stage 3 on that model (the accuracy table and
-# the gamma sweep at n = 200). Left, in priority order 4, 1, 2, 3 (issue 23 has the first
-# claim on device time):
+# the gamma sweep at n = 200). Left, in priority order 4, 1, 2, 3, 5, 6 (issue 23 has
+# the first claim on device time):
 #   1  issue 15: chain-d2m for most of the box (MINUTES=8.0: the 570 s box also holds ~30 s
 #      of set-up before training and the evaluation after it; an evaluation cut off by the
 #      box loses the model); goal fixed 85-98%, threshold 0.9 1.5-8 tokens per step
@@ -17,6 +17,12 @@
 #   4  issue 23: the quantisation kernels' tiles, the whole-row RMSNorm form and XLA's fusions
 #      against the byte floor at M 768-4096, with the FP8 GPU test (it checks the whole-row
 #      form's precision); a faster form then becomes the default (QuantTiles.get_default)
+#   5  issue 20: the batch-1 steps since the prefix cache got one program per block and DPad
+#      its compact canvas (neither measured on the GPU): dual and prefix, bf16 and FP8 FFN,
+#      without and with DPad, as ratios to the same run's floor, compile times included
+#   6  issues 17, 18: the fused cache update against the unfused ops again (1.14x and 1.33x in
+#      two runs, 128:128:8:3 1.25x once: goal 1.3x), more iterations; the verify pass's cost
+#      at batch 32 (only batch 1 measured: 0.93-0.96x a main step)
 # Logs and JSON land in $OUT (at most 8 files come back: copy no extra files there).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -53,4 +59,12 @@ case "${1:-1}" in
   timeout 300 python3 -m benchmarks.fp8_ffn --ms 768,1024 --ablation-layers 0 --quant-ms \
     768,1024,4096 --quant-tiles 16x1,16x1x2,16x2x4,1x32x1,2x32x1,2x32x2,4x32x4,8x32x4,16x32x8 \
     2>&1 | tee "$OUT/fp8_ffn_quant.log" | quiet | tail -32 ;;
+5)
+  timeout 400 python3 -m benchmarks.generate --batch 1 --prompt 512 --modes dual,prefix \
+    --decoding fixed --fp8-ffn both --dpad both --iters 2 2>&1 | tee "$OUT/generate_floor.log" \
+    | quiet | grep "^|\|ceilings" | tail -16 ;;
+6)
+  timeout 420 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
+    --update-blocks 128:128:8:3,128:64:8:4 2>&1 | tee "$OUT/flash_update_verify.log" \
+    | quiet | grep -v "^$" | tail -20 ;;
 esac
