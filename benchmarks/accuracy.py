@@ -95,8 +95,8 @@ def paired_difference(first, second, z: float = Z95) -> tuple[float, float, floa
     per-problem correctness: Newcombe's hybrid score interval for paired proportions (his
     1998 method 10: each accuracy's Wilson interval, combined with the pairs' correlation
     phi, whose numerator both * neither - only1 * only2 he shrinks by n / 2 when positive;
-    phi 0 where a margin is empty). Pairing is what narrows small differences: two modes that agree
-    on most problems differ by far less than either accuracy's own interval."""
+    phi 0 where a margin is empty). Pairing is what narrows small differences: two modes that
+    agree on most problems differ by far less than either accuracy's own interval."""
     a1, a2 = np.asarray(first, bool), np.asarray(second, bool)
     if a1.shape != a2.shape or a1.ndim != 1 or a1.size == 0:
         raise ValueError(f"need two equal, non-empty 1-D outcome lists, got shapes {a1.shape} "
