@@ -35,12 +35,17 @@ case "${1:-1}" in
 2)
   timeout 260 python3 -m benchmarks.serve demo --n 2000 --slots 64,256 --block 2,4,8 \
     --repeats 3 2>&1 | tee "$OUT/serve_demo.log" | quiet | tail -8
-  # exact caching in fp32 (highest matmul precision) against the fixed schedule on the chain
-  # model: token identity where bf16 gave 84% of rows (RESULTS.md, eighth session)
+  # with the chain model: where it fails, then exact caching in fp32 (highest matmul
+  # precision) against the fixed schedule: token identity where bf16 gave 84% of rows
   if [ -n "${CHAIN_HF:-}" ]; then
+    # where the model fails (bf16, 200 held-out problems): which difficulty to train next
+    python3 -m convert "$CHAIN_HF" /tmp/ck16 --force --quiet \
+      && timeout 120 python3 -m benchmarks.chain_errors --checkpoint /tmp/ck16 \
+      --task "${TASK:-chain-d2m}" --n 200 --slots 200 2>&1 | tee "$OUT/chain_errors.log" \
+      | quiet | tail -3
     python3 -m convert "$CHAIN_HF" /tmp/ck32 --dtype float32 --force --quiet \
-      && JAX_DEFAULT_MATMUL_PRECISION=highest timeout 240 python3 -m benchmarks.accuracy \
-      --task chain-d2m --checkpoint /tmp/ck32 --n 100 --no-plot --modes fixed,exact 2>&1 \
+      && JAX_DEFAULT_MATMUL_PRECISION=highest timeout 180 python3 -m benchmarks.accuracy \
+      --task chain-d2m --checkpoint /tmp/ck32 --n ${FP32_N:-100} --no-plot --modes fixed,exact 2>&1 \
       | tee "$OUT/accuracy_chain_fp32.log" | quiet | tail -4
   fi ;;
 3)
