@@ -10,7 +10,7 @@ values, then the result, and gives the asked value after `#` (a shortened exampl
     prompt  <|user|>a=47;b=8;c=b*3;d=a+c;e=d-19;f=e*c;f?<|assistant|>
     answer  c=b*3=8*3=24;d=a+c=47+24=71;e=d-19=71-19=52;f=e*c=52*24=1248;#1248
 
-The "mark" form (`Spec.form`, task `chain-d2m`; not trained yet) writes every value right after
+The "mark" form (`Spec.form`, tasks `chain-d2m` and `chain-d2ms`) writes every value right after
 its name and a colon, in the prompt (`a:47;`) and in the answer (`c=b*3=8*3;c:24;`), so that
 an operand's value is always one copy at a fixed offset from a `name:` pair; in the restated
 form below a derived value stands at the end of its statement, after a definition and operands
@@ -85,12 +85,15 @@ class Spec(NamedTuple):
     or "mark" (`a:47;`, and `c=b*3=8*3;c:24;`: every value stands right after its name and a
     ':', in the prompt and in the answer alike, so finding an operand's value is one copy at
     a fixed offset from a `name:` pair, where "restate" puts a derived value at the end of its
-    statement, after a definition and operands of varying width)."""
+    statement, after a definition and operands of varying width). `steps`: the range of
+    derived quantities per problem (answers outside `ANSWER_LEN` are redrawn, so short
+    ranges lose their shortest problems)."""
     max_value: int
     ops: str
     mul_max: int | None
     given_digits: int
     form: str = "restate"
+    steps: tuple[int, int] = STEPS
 
 
 # The difficulties tried, with the fixed-schedule accuracy of their first training runs (fp32,
@@ -101,7 +104,12 @@ SPECS = {
     "d3": Spec(999, "+-", None, 3),    # 3-digit sums and differences only: 0%
     "d2": Spec(99, "+-*", 9, 2),       # 2-digit quantities, products by one digit: 1.7%
     # (restated, 10,982 steps on the H200: 43.0%, RESULTS.md 2026-12-02)
-    "d2m": Spec(99, "+-*", 9, 2, "mark"),  # d2 with marked values: not trained yet
+    # (7.5 minutes, 11,818 steps: 80.0% in bf16; its first errors: an operand value copied
+    # wrong 24 of 40, a result 8, the final number 7, RESULTS.md 2026-12-02)
+    "d2m": Spec(99, "+-*", 9, 2, "mark"),  # d2 with marked values
+    # d2m with shorter chains: 4-9 statements (6.6 on average against 11) leave fewer lookups
+    # to get wrong; at d2m's error rate per statement (0.98) that is 87% per problem.
+    "d2ms": Spec(99, "+-*", 9, 2, "mark", (4, 9)),
 }
 SPEC = SPECS["d4"]  # `chain` itself: to be set to the difficulty whose model lands in range
 MAX_VALUE, OPS = SPEC.max_value, SPEC.ops
@@ -203,7 +211,7 @@ def generate(rng: random.Random, spec: Spec = SPEC) -> Problem:
 
 
 def _attempt(rng: random.Random, spec: Spec) -> Problem | None:
-    g, k = rng.randint(*GIVENS), rng.randint(*STEPS)
+    g, k = rng.randint(*GIVENS), rng.randint(*spec.steps)
     givens = []
     for _ in range(g):
         d = rng.randint(1, spec.given_digits)

@@ -264,3 +264,15 @@ def test_marked_form():
     assert classify(p, bad).startswith("copy")
     swapped = rest.split(";", 1)[1]  # the value's name differs from the statement's
     assert classify(p, f"{first};z:1;{swapped.rsplit('#', 1)[0]}#0").startswith("malformed")
+
+
+def test_spec_steps_bound_the_statements():
+    """`Spec.steps` (chain-d2ms: 4-9) is the range of derived quantities; answers still fit
+    `ANSWER_LEN`, and the held-out split is the hash's whatever the spec."""
+    spec = chain.SPECS["d2ms"]
+    problems = chain.sample("test", 80, seed=3, spec=spec)
+    counts = {len(p.ops) for p in problems}
+    assert counts <= set(range(4, 10)) and len(counts) >= 4
+    assert all(chain.ANSWER_LEN[0] <= chain.answer_length(p, spec) <= chain.ANSWER_LEN[1]
+               for p in problems)
+    assert all(chain.is_test(p) for p in problems)
