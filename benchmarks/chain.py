@@ -87,13 +87,18 @@ class Spec(NamedTuple):
     a fixed offset from a `name:` pair, where "restate" puts a derived value at the end of its
     statement, after a definition and operands of varying width). `steps`: the range of
     derived quantities per problem (answers outside `ANSWER_LEN` are redrawn, so short
-    ranges lose their shortest problems)."""
+    ranges lose their shortest problems). `asked_last`: training answers work the asked
+    quantity out last (nothing depends on it, so any order of the rest still respects the
+    dependencies), so that its statement says locally that the answer is complete; otherwise
+    the model must check that every quantity is done before writing `#`, and a d2ms model
+    that got every quantity right ran on instead (RESULTS.md, ninth session)."""
     max_value: int
     ops: str
     mul_max: int | None
     given_digits: int
     form: str = "restate"
     steps: tuple[int, int] = STEPS
+    asked_last: bool = False
 
 
 # The difficulties tried, with the fixed-schedule accuracy of their first training runs (fp32,
@@ -107,9 +112,13 @@ SPECS = {
     # (7.5 minutes, 11,818 steps: 80.0% in bf16; its first errors: an operand value copied
     # wrong 24 of 40, a result 8, the final number 7, RESULTS.md 2026-12-02)
     "d2m": Spec(99, "+-*", 9, 2, "mark"),  # d2 with marked values
-    # d2m with shorter chains: 4-9 statements (6.6 on average against 11) leave fewer lookups
-    # to get wrong; at d2m's error rate per statement (0.98) that is 87% per problem.
+    # d2m with shorter chains: 4-9 statements (6.7 on average against 10.6). 8 minutes,
+    # 12,553 steps: 37.2%, nearly all failures answers that ran on after every quantity was
+    # right (RESULTS.md, ninth session).
     "d2ms": Spec(99, "+-*", 9, 2, "mark", (4, 9)),
+    # The same two with the asked quantity worked out last: not trained yet.
+    "d2ml": Spec(99, "+-*", 9, 2, "mark", asked_last=True),
+    "d2msl": Spec(99, "+-*", 9, 2, "mark", (4, 9), asked_last=True),
 }
 SPEC = SPECS["d4"]  # `chain` itself: to be set to the difficulty whose model lands in range
 MAX_VALUE, OPS = SPEC.max_value, SPEC.ops
@@ -159,9 +168,11 @@ def prompt_text(p: Problem, spec: Spec = SPEC) -> str:
     return f"{USER}{program_text(p, spec)}{ASSISTANT}"
 
 
-def solve_order(p: Problem, rng: random.Random | None = None) -> list[int]:
+def solve_order(p: Problem, rng: random.Random | None = None,
+                asked_last: bool = False) -> list[int]:
     """Indices into `p.ops` in the order the answer works them out: prompt order without `rng`,
-    else at each statement a uniform pick among those whose operands are all known."""
+    else at each statement a uniform pick among those whose operands are all known (the asked
+    quantity, the last, only when nothing else is left if `asked_last`)."""
     g = len(p.givens)
     if rng is None:
         return list(range(len(p.ops)))
@@ -174,8 +185,11 @@ def solve_order(p: Problem, rng: random.Random | None = None) -> list[int]:
             unknown[i] += 1
     ready = [i for i, n in enumerate(unknown) if n == 0]
     order = []
+    asked = len(p.ops) - 1
     while ready:
-        i = ready.pop(rng.randrange(len(ready)))
+        pool = [j for j in ready if j != asked] if asked_last and len(ready) > 1 else ready
+        i = pool[rng.randrange(len(pool))]
+        ready.remove(i)
         order.append(i)
         for j in dependents[i]:
             unknown[j] -= 1
@@ -188,7 +202,7 @@ def answer_text(p: Problem, rng: random.Random | None = None, spec: Spec = SPEC)
     """The worked answer; `rng` draws the order of the statements (see `solve_order`)."""
     v, g = values(p), len(p.givens)
     steps = []
-    for i in solve_order(p, rng):
+    for i in solve_order(p, rng, spec.asked_last):
         left, op, right = p.ops[i]
         name = p.names[g + i]
         work = f"{name}={left}{op}{right}={v[left]}{op}{_operand(v, right)}"

@@ -23,6 +23,8 @@
 #   6  issues 17, 18: the fused cache update against the unfused ops again (1.14x and 1.33x in
 #      two runs, 128:128:8:3 1.25x once: goal 1.3x), more iterations; the verify pass's cost
 #      at batch 32 (only batch 1 measured: 0.93-0.96x a main step)
+#   7  issue 23, route (b): the knob sweep with the new probes (consumers at 240 registers, no
+#      promotion, no epilogue) at gate/up and down M 4096, and ptxas' spill report
 # Logs and JSON land in $OUT (at most 8 files come back: copy no extra files there).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -72,4 +74,21 @@ case "${1:-1}" in
   timeout 420 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
     --update-blocks 128:128:8:3,128:64:8:4 2>&1 | tee "$OUT/flash_update_verify.log" \
     | quiet | grep -v "^$" | tail -20 ;;
+7)
+  # issue 23, route (b): where the 256 x 128 kernel loses against DeepGEMM's 1,350+. Each knob
+  # and timing probe (fp8_gemm.WS_SWEEP: 240 consumer registers, no promotion, no epilogue)
+  # beside cuBLASLt's block-scaled GEMM, then ptxas' spill report at producer 40 and 24
+  timeout 250 python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096 2>&1 \
+    | tee "$OUT/ws_sweep_gate_up.log" | quiet | grep "tflops\|error" | cut -c1-160
+  timeout 200 python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:4096 2>&1 \
+    | tee "$OUT/ws_sweep_down.log" | quiet | grep "tflops\|error" | cut -c1-160
+  for r in 40 24; do
+    mkdir -p /tmp/wsdump$r && MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/wsdump$r \
+      timeout 60 python3 -c "from tests.test_fp8_mgpu_ws import operands; \
+from kernels.fp8_matmul_mgpu_ws import WsConfig, fp8_matmul_mgpu_ws as f; \
+print(f(*operands(1024, 4096, 24576), config=WsConfig(memory_registers=$r)).shape)" \
+      2>&1 | quiet | tail -1
+    { echo "memory_registers $r"; cat /tmp/wsdump$r/*.ptxas 2>/dev/null; } >> "$OUT/ws_ptxas.txt"
+  done
+  grep -i "spill\|stack\|registers" "$OUT/ws_ptxas.txt" | head -12 ;;
 esac

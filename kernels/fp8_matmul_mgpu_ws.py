@@ -50,8 +50,11 @@ gate/up M 1024; logs lost, numbers in RESULTS.md): 168 registers per thread at l
 setmaxnreg split comes after), an 80-byte stack frame, 100 bytes of spill stores and 132 of
 spill loads; the SASS has 128 FFMA (the promotion is one FMA per element, as meant), 24 STL and
 32 LDL. Left, in this order: which warpgroup spills (the 40-register producer or the
-consumers) and whether inside the K loop, then the one-slot epilogue (a wave's store waits for
-the previous one).
+consumers: `memory_registers` 24 or 32 gives the consumers 240) and whether inside the K loop,
+then the one-slot epilogue (a wave's store waits for the previous one). The timing probes
+(`WsConfig.probe`) bound both: "carry_acc" drops the promotion (and with it the zero-fill of
+the accumulator every group, since Mosaic's Hopper wgmma has no overwrite flag: DeepGEMM's
+first wgmma of a group overwrites), "no_store" the epilogue.
 Every GPU call runs under `timeout`: a wrong barrier phase hangs rather than fails.
 """
 
@@ -70,6 +73,7 @@ GROUP = 128
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
+PROBES = ("", "carry_acc", "no_store")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,12 @@ class WsConfig:
     epi_cols: int = 64            # output columns per epilogue TMA store (32, 64 or 128)
     epi_slots: int = 1            # SMEM slots per warpgroup for the epilogue stores (1 or 2)
     steady: bool = True           # carry the TMA pipeline over a CTA's tiles
+    memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
+    #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
+    # Timing probes (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
+    # K group into one wgmma accumulator per wave with no promotion (this pipeline's upper
+    # bound, the scheme of a per-tensor GEMM); "no_store" skips the epilogue.
+    probe: str = ""
 
     @property
     def block_m(self) -> int:
@@ -143,6 +153,11 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.epi_cols not in (32, 64, 128) or c.epi_slots not in (1, 2):
         raise ValueError(f"epi_cols must be 32, 64 or 128 and epi_slots 1 or 2, got "
                          f"{c.epi_cols}, {c.epi_slots}")
+    if c.memory_registers % 8 or not 24 <= c.memory_registers <= 256:
+        raise ValueError(f"memory_registers must be a multiple of 8 in [24, 256], got "
+                         f"{c.memory_registers}")
+    if c.probe not in PROBES:
+        raise ValueError(f"probe must be one of {PROBES}, got {c.probe!r}")
     if c.stages < 2:
         raise ValueError(f"stages must be at least 2, got {c.stages}")
     cluster_n = BLOCK_N * (c.cluster if c.cluster_dim == "n" else 1)
@@ -210,6 +225,9 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     N = wq.shape[0]
     c = config or WsConfig.get_default(M, N, K, sm_count, out_dtype)
     _check_config(c, N, K)
+    if c.probe and interpret:
+        raise ValueError(f"probe {c.probe!r} times the compiled kernel; the interpreter has "
+                         f"no wgmma accumulator to carry")
     G, bm, tn, waves = K // GROUP, c.block_m, BLOCK_N, c.wg_rows // WAVE
     pair_m = c.cluster == 2 and c.cluster_dim == "m"
     pair_n = c.cluster == 2 and c.cluster_dim == "n"
@@ -239,7 +257,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(G,), memory_registers=40, max_concurrent_steps=c.stages,
+            body, grid=(G,), memory_registers=c.memory_registers, max_concurrent_steps=c.stages,
             wg_axis="wg", num_compute_wgs=2, in_specs=in_specs, compute_context=context,
             pipeline_state=state)
 
@@ -252,10 +270,18 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         cta = jax.lax.axis_index("cluster")
 
         def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
+            if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
+                for h, acc in enumerate(sums):
+                    plgpu.wgmma(acc, x_smem.at[pl.ds(wg * c.wg_rows + h * WAVE, WAVE)],
+                                plgpu.transpose_ref(w_smem, (1, 0)))
+                plgpu.wgmma_wait(0)
+                return sums
             return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
                                  interpret)
 
         def store(sums, ms, ns):
+            if c.probe == "no_store":
+                return
             pieces = tn // c.epi_cols
             for h, acc_sum in enumerate(sums):
                 for p in range(pieces):
@@ -291,7 +317,15 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                                       plgpu.PipelinePipeline.STEADY).astype(jnp.int32)
 
                 def context(run):
-                    store(run((zeros(),) * waves), ms, ns)
+                    if c.probe != "carry_acc":
+                        store(run((zeros(),) * waves), ms, ns)
+                        return
+
+                    def scoped(*accs):  # zeroed once per tile, summed into over all of K
+                        run(accs)
+                        store(tuple(plgpu.wgmma_accumulator_load(a, wait_n=0) for a in accs),
+                              ms, ns)
+                    pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
                 pipeline(body, context, state)(
                     x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns],
                     ws_gmem.at[:, pl.ds(ni * WAVE, WAVE)], allocations=allocations)

@@ -276,3 +276,47 @@ def test_spec_steps_bound_the_statements():
     assert all(chain.ANSWER_LEN[0] <= chain.answer_length(p, spec) <= chain.ANSWER_LEN[1]
                for p in problems)
     assert all(chain.is_test(p) for p in problems)
+
+
+def test_asked_last_orders():
+    """`Spec.asked_last` (chain-d2ml, d2msl): every training answer works the asked quantity
+    out last and still respects the dependencies, in orders that differ between draws; the
+    other specs draw exactly the orders they drew before the option existed (the models
+    trained on them stay reproducible)."""
+    from benchmarks.chain_errors import MARKED, _restate
+    spec = chain.SPECS["d2msl"]
+    t = tasks.get("chain-d2msl")
+    rng = random.Random(1)
+    orders = set()
+    for p in chain.sample("test", 40, seed=2, spec=spec):
+        for _ in range(3):
+            answer = t.answer(p, rng)
+            statements = re.findall(r"([a-z])=[^;]*;[a-z]:\d+;", answer)
+            assert statements[-1] == p.names[-1]
+            assert answer.endswith(f"{p.names[-1]}:{chain.values(p)[p.names[-1]]};"
+                                   f"#{chain.values(p)[p.names[-1]]}")
+            orders.add(tuple(statements))
+        restated = MARKED.sub(_restate, answer.split("#")[0]) + "#" + answer.rsplit("#", 1)[1]
+        verify_answer(p, restated)
+    assert len(orders) > 40
+
+    def old_order(p, rng):  # the draw before asked_last: pop a uniform index of `ready`
+        g = len(p.givens)
+        index = {name: i for i, name in enumerate(p.names[g:])}
+        deps, unknown = [[] for _ in p.ops], [0] * len(p.ops)
+        for i, (left, _, right) in enumerate(p.ops):
+            for d in {index[x] for x in (left, right) if x in index}:
+                deps[d].append(i)
+                unknown[i] += 1
+        ready, order = [i for i, n in enumerate(unknown) if n == 0], []
+        while ready:
+            i = ready.pop(rng.randrange(len(ready)))
+            order.append(i)
+            for j in deps[i]:
+                unknown[j] -= 1
+                if unknown[j] == 0:
+                    ready.append(j)
+        return order
+
+    for p in chain.sample("test", 30, seed=4, spec=chain.SPECS["d2m"]):
+        assert chain.solve_order(p, random.Random(7)) == old_order(p, random.Random(7))
