@@ -130,20 +130,27 @@ def generation_config(task: str | tasks.Task, settings: dict) -> lj.GenerationCo
 
 def evaluate(params, cfg: lj.ModelConfig, tok: Tokenizer, problems, settings: dict,
              key=jax.random.key(0), task: str | tasks.Task = "arith",
-             slots: int | None = 256) -> dict:
+             slots: int | None = 256, warmup: bool = False) -> dict:
+    """One mode on `problems`: accuracy (Wilson 95%), `solved` (which problems, in order, as
+    a "0"/"1" string for paired comparisons), tokens per step, NFE, tokens/s of one timed run
+    (`warmup`: after an untimed one, which may still carry one-time costs) and the tokens."""
     t = tasks.get(task)
     gen = generation_config(t, settings)
     prompts = [tok.encode(t.prompt(p)) for p in problems]
     keys = jax.random.split(key, len(prompts))
     refill = slots or None  # slot refill (`slots` rows in flight), Flash-dLLM included
     run = lj.compile_generate(params, cfg, prompts, gen, key=keys, slots=refill)
+    if warmup:
+        jax.block_until_ready(run())
     t0 = time.perf_counter()
     out = jax.block_until_ready(run())
     seconds = time.perf_counter() - t0
     answers = out.answers(t.gen_len)
-    correct = int(sum(t.check(p, tok.decode(ans)) for p, ans in zip(problems, answers)))
+    solved = [bool(t.check(p, tok.decode(ans))) for p, ans in zip(problems, answers)]
+    correct = sum(solved)
     return {"accuracy": correct / len(problems), "ci95": list(wilson(correct, len(problems))),
             "correct": correct, "n": len(problems),
+            "solved": "".join("1" if ok else "0" for ok in solved),
             "tokens_per_step": float(np.mean(np.asarray(out.tokens_per_step))),
             "nfe": float(np.mean(np.asarray(out.nfe))),
             "tokens_per_s": float(np.sum(np.asarray(out.gen_lengths)) / seconds),

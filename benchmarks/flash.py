@@ -346,41 +346,31 @@ def task_model(args):
 def part_gamma(args, cfg, ceil, params, rows):
     """The gamma sweep (see the module docstring); the random-weight model is not used."""
     from benchmarks import tasks
-    from benchmarks.accuracy import paired_difference, wilson
+    from benchmarks.accuracy import evaluate, paired_difference
     task = tasks.get(args.task)
     cfg, params, tok = task_model(args)
     problems = task.sample("test", args.n, seed=0)
-    prompts = [tok.encode(task.prompt(p)) for p in problems]
     settings = [("flash", {})] + [(f"flash+verify{g:g}", dict(verify=True, gamma=g,
                                                              accept=args.accept))
                                   for g in map(float, args.gammas.split(","))]
-    base_solved = base_tps = None  # flash without verify, the first setting
+    base = None  # flash without verify, the first setting
     for name, verify in settings:
-        gen = lj.GenerationConfig(gen_length=task.gen_len, threshold=0.9,
-                                  flash=budget_of(args, **verify))
-        run = lj.compile_generate(params, cfg, prompts, gen)
-        jax.block_until_ready(run())  # the first call may still carry one-time costs
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(run())
-        seconds = time.perf_counter() - t0
-        answers = out.answers(task.gen_len)
-        solved = [bool(task.check(p, tok.decode(a))) for p, a in zip(problems, answers)]
-        correct = sum(solved)
-        r = dict(part="gamma", task=task.name, mode=name, n=len(problems),
-                 accuracy=correct / len(problems), ci95=list(wilson(correct, len(problems))),
-                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
-                 nfe=float(np.mean(np.asarray(out.nfe))),
-                 tokens_per_s=float(np.sum(np.asarray(out.gen_lengths)) / seconds),
-                 solved="".join("1" if ok else "0" for ok in solved))
+        r = evaluate(params, cfg, tok, problems,
+                     dict(threshold=0.9, flash=budget_of(args, **verify)), task=task,
+                     slots=None, warmup=True)
+        r = dict(part="gamma", task=task.name, mode=name,
+                 **{k: v for k, v in r.items() if k not in ("tokens", "seconds", "correct")})
         against = ""
-        if base_solved is None:
-            base_solved, base_tps = solved, r["tokens_per_step"]
+        if base is None:
+            base = r
         else:
             # Against part 1 on the same problems: the goal's "at most 1 point of loss" is a
             # difference that the paired interval narrows far more than two separate ones.
-            d, lo, hi = paired_difference(base_solved, solved)
+            d, lo, hi = paired_difference([c == "1" for c in base["solved"]],
+                                          [c == "1" for c in r["solved"]])
             r["vs_flash"] = dict(accuracy_diff=d, ci95=[lo, hi],
-                                 tokens_per_step_ratio=r["tokens_per_step"] / base_tps)
+                                 tokens_per_step_ratio=r["tokens_per_step"]
+                                 / base["tokens_per_step"])
             against = (f"; against flash: {100 * d:+.1f} points [{100 * lo:+.1f}, "
                        f"{100 * hi:+.1f}], {r['vs_flash']['tokens_per_step_ratio']:.2f}x "
                        f"tokens/step")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -106,29 +107,30 @@ def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list) -
     references (`tiles` None), against their bandwidth floor."""
     D, F = cfg.d_model, cfg.d_ff
     norm = jnp.ones((D,), jnp.bfloat16)
+    # (name, reference, kernel at a tiling, bytes at M); XLA's references behind a barrier:
+    # `time_chained` reads one element of the output, and XLA would otherwise compute only
+    # what that element needs.
+    kernels = (
+        ("rmsnorm_quant", lambda x: rmsnorm_quant_ref(x, norm, cfg.norm_eps),
+         lambda x, t: rmsnorm_quant_pallas(x, norm, cfg.norm_eps, tiles=t),
+         lambda M: quant_bytes(M, D, D)),
+        ("swiglu_quant", swiglu_quant_ref, lambda g, t: swiglu_quant_pallas(g, tiles=t),
+         lambda M: quant_bytes(M, 2 * F, F)))
     for M in ms:
         x = jax.random.normal(jax.random.key(M), (M, D), jnp.bfloat16)
         gu = jax.random.normal(jax.random.key(M + 1), (M, 2 * F), jnp.bfloat16)
         for t in [None, *tiles]:
             row = dict(M=M, tiles="xla" if t is None else f"{t.rows}x{t.groups}x{t.warps}")
-            # XLA's references behind a barrier: `time_chained` reads one element of the
-            # output, and XLA would otherwise compute only what that element needs.
-            for name, fn, arg, nbytes in (
-                    ("rmsnorm_quant", (lambda x: jax.lax.optimization_barrier(
-                        rmsnorm_quant_ref(x, norm, cfg.norm_eps)))
-                     if t is None else (lambda x, t=t: rmsnorm_quant_pallas(
-                         x, norm, cfg.norm_eps, tiles=t)), x, quant_bytes(M, D, D)),
-                    ("swiglu_quant", (lambda g: jax.lax.optimization_barrier(
-                        swiglu_quant_ref(g))) if t is None else (
-                        lambda g, t=t: swiglu_quant_pallas(g, tiles=t)), gu,
-                     quant_bytes(M, 2 * F, F))):
+            for (name, ref, kernel, nbytes), arg in zip(kernels, (x, gu)):
+                fn = ((lambda a, ref=ref: jax.lax.optimization_barrier(ref(a))) if t is None
+                      else functools.partial(kernel, t=t))
                 try:
                     ms_ = time_chained(fn, arg)["median_ms"]
                 except ValueError as e:  # a tile this kernel refuses
                     row[f"{name}_refused"] = str(e)
                     continue
                 row[f"{name}_ms"] = ms_
-                row[f"{name}_x_floor"] = ms_ / (nbytes / ceil["copy_tb_per_s"] / 1e9)
+                row[f"{name}_x_floor"] = ms_ / (nbytes(M) / ceil["copy_tb_per_s"] / 1e9)
             rows.append(row)
             print("quant tiles", {k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items() if not k.endswith("_refused")},
