@@ -13,6 +13,8 @@ prints one line per problem, then the count of each kind:
               session; older models' answers have none, and are read without it)
   copy        an operand value is not that operand's value (a lookup gone wrong)
   arith       the operands are right, the result is not
+  run-on      every quantity worked out right, then more statements instead of `#` (a model
+              that cannot tell its answer is complete: chain-d2ms, RESULTS.md ninth session)
   final       every statement right, the number after `#` wrong or missing
 
 The first kind found in an answer counts; statements are checked in the answer's own order.
@@ -48,7 +50,10 @@ def classify(p: chain.Problem, text: str) -> str:
     v = chain.values(p)
     defs = dict(zip(p.names[len(p.givens):], p.ops))
     body = MARKED.sub(_restate, text.split("#")[0])
+    done: set[str] = set()
     for st in body.split(";")[:-1]:
+        if done == defs.keys():
+            return f"run-on {st!r} after every quantity"
         m = STATEMENT.fullmatch(st)
         if not m:
             return f"malformed {st!r}"
@@ -63,6 +68,7 @@ def classify(p: chain.Problem, text: str) -> str:
             return f"copy {st!r} want {want_x}{op}{want_y}"
         if int(result) != v[name]:
             return f"arith {st!r} want {v[name]}"
+        done.add(name)
     return f"final {text[text.find('#'):][:12]!r} want {v[p.names[-1]]}"
 
 

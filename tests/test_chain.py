@@ -231,6 +231,8 @@ def test_error_kinds_of_the_first_wrong_statement():
         "definition")
     assert classify(p, wrong(f"{name}={left}={right}")).startswith("malformed")
     assert classify(p, wrong(first)).startswith("final")
+    # Every quantity right, then a statement again where `#` belongs: the answer ran on.
+    assert classify(p, f"{first};{body}{first};").startswith("run-on")
     assert v[p.names[-1]] == int(final)
 
 
