@@ -5,13 +5,14 @@
 # error kinds and its fp32 exact check, chain-d2ms (37%: run-on answers), the gamma sweep
 # over 2,000 problems on d2m, the quantisation tiles (stage 4: the whole-row form is slower;
 # nothing left there). Left, in priority order 1, 7, 3, 6, 5:
-#   1  issue 15: chain-d2ml (d2m with the asked quantity worked out last: no "final" errors,
-#      7 of d2m's 40 in bf16) for most of the box (MINUTES=8.0: the 570 s box also holds ~30 s
-#      of set-up before training and the evaluation after it; an evaluation cut off by the
-#      box loses the model); goal fixed 85-98% (bf16; fp32 reported beside it), threshold 0.9
-#      1.5-8 tokens per step; ship it if in range (20 MB bf16)
-#   2  with CHAIN_HF=<a chain model's HF directory, carried in>: its error kinds (bf16, 200
-#      held-out problems) and exact caching in fp32 against the fixed schedule
+#   1  issue 15: chain-d2ml (d2m with the asked quantity worked out last: fewer "final"
+#      errors expected, 7 of d2m's 40) for most of the box (MINUTES=8.0: the 570 s box also
+#      holds ~40 s of set-up before training and the evaluation after it; an evaluation cut
+#      off by the box loses the model); goal fixed 85-98%, threshold 0.9 1.5-8 tokens per
+#      step; ship it if in range (20 MB bf16)
+#   2  with CHAIN_HF=<a chain model's HF directory, carried in> and TASK=<its task, default
+#      chain-d2m>: its error kinds (bf16, 200 held-out problems) and exact caching in fp32
+#      against the fixed schedule
 #   3  issues 15, 18: the accuracy table and the gamma sweep on the chain model (CHAIN_HF=its
 #      HF directory, carried in; converted here), the sweep over 2,000 problems with the paired
 #      interval against part 1 (the goal: >= 1.6x tokens per step at <= 1 point of loss; on

@@ -432,18 +432,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def quick_eval(params, cfg: lj.ModelConfig, task: tasks.Task, tokenizer_dir, n: int) -> dict:
     """Accuracy and tokens per step of the fixed schedule and threshold 0.9 on `n` held-out
-    problems (benchmarks/accuracy.py measures every mode), then the fixed schedule again with
-    the same (bf16) weights computing in fp32: the chain-d2m model scored 80% in bf16 and 85%
-    in fp32 (RESULTS.md, ninth session), so both are reported."""
+    problems (benchmarks/accuracy.py measures every mode)."""
     from benchmarks import accuracy
     tok = Tokenizer(tokenizer_dir)
     problems = task.sample("test", n, seed=0)
     out = {}
-    runs = (("fixed", params), ("threshold", params),
-            ("fixed fp32", jax.tree.map(lambda a: a.astype(jnp.float32), params)))
-    for name, p in runs:
-        r = accuracy.evaluate(p, cfg, tok, problems, accuracy.MODES[name.split()[0]][0],
-                              task=task)
+    for name in ("fixed", "threshold"):
+        r = accuracy.evaluate(params, cfg, tok, problems, accuracy.MODES[name][0], task=task)
         lo, hi = r["ci95"]
         print(f"{task.name} held-out {name}: accuracy {r['accuracy']:.3f} ({lo:.3f}-{hi:.3f}), "
               f"{r['tokens_per_step']:.2f} tokens/step, NFE {r['nfe']:.1f}", flush=True)

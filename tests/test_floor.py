@@ -191,7 +191,9 @@ def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch)
     rows = []
     flash.part_gamma(args, cfg, None, params, rows)
     assert [r["mode"] for r in rows] == ["flash", "flash+verify0.9"]
-    assert "vs_flash" not in rows[0]
+    fields = {"part", "task", "mode", "n", "accuracy", "ci95", "solved", "tokens_per_step",
+              "nfe", "tokens_per_s"}
+    assert set(rows[0]) == fields and set(rows[1]) == fields | {"vs_flash"}
     base = [c == "1" for c in rows[0]["solved"]]
     for r in rows[1:]:
         solved = [c == "1" for c in r["solved"]]

@@ -111,7 +111,8 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(epi_cols=48), "epi_cols must be 32, 64 or 128"),
                     (dict(cluster=4), "cluster must be 1 or 2"),
                     (dict(stages=1, steady=False), "stages must be at least 2"),
-                    (dict(memory_registers=20), "memory_registers must be a multiple of 8"),
+                    (dict(memory_registers=16), "memory_registers must be a multiple of 8"),
+                    (dict(memory_registers=36), "memory_registers must be a multiple of 8"),
                     (dict(probe="fast"), "probe must be one of")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
