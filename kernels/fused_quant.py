@@ -16,9 +16,11 @@ rows' statistics, so x is read from HBM once and no XLA pass runs before the ker
 form reads x twice: `rms_rstd` in XLA, then the kernel). Its sum of squares runs in another
 order than XLA's mean, so 1 / RMS can differ in the last fp32 bit, and a normed value then
 rounds to the other bf16 (and rarely FP8) neighbour: the same bound the tests hold the tiled
-form to against the reference. Unmeasured on the GPU: `benchmarks/fp8_ffn.py --quant-tiles`
-times both forms and XLA's fusion of the references against the byte floor (the tiled forms
-ran at 1.4-5.7x it at M 768-4096, RESULTS.md, issue 23).
+form to against the reference. Measured on the H200 (`benchmarks/fp8_ffn.py --quant-tiles`,
+2026-12-02, RESULTS.md ninth session): the whole-row form is slower than the per-group tiles
+at every tiling tried (8.3-12.8x its byte floor against 4.3-7.0x at M 768 and 1024), so the
+default stays per group; no form gets RMSNorm's quantisation near its floor (16-18 us against
+2.6 us of bytes at M 768).
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ class QuantTiles:
     @classmethod
     def get_default(cls, M: int, G: int) -> QuantTiles:
         """16 x 128 (so even M = 32 spreads over many SMs), or from `BIG_M` rows `BIG_TILES`
-        (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset
-        until measured on the GPU (`python -m benchmarks.fp8_ffn --quant-tiles ...`: the
-        2026-12-01 device run did not get that far)."""
+        (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset:
+        the one sweep so far (H200, 2026-12-02, M 768 and 1024, one median per cell) had the
+        default fastest at M 768 and 16 x 1 x 2 / 16 x 2 x 4 1.4-1.6x faster at M 1024, a
+        difference to repeat before it changes the default."""
         if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES
