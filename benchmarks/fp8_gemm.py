@@ -129,13 +129,14 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # cluster's shared operand, no cluster, one 64-row wave per warpgroup, the per-tile pipeline,
 # 3 stages with a double-buffered epilogue (3 divides no gate/up K group count: per tile),
 # wider snake bands, the other snake direction; the consumers at 240 registers (producer 32
-# or 24: spills?); and two timing probes with wrong outputs (WsConfig.probe): no promotion (one
-# accumulator per wave over all of K: what this pipeline gives without DeepGEMM's per-group
-# FFMAs and the accumulator's zero-fill every group) and no epilogue.
+# or 24: spills?); both waves' scales loaded before the first wgmma; and two timing probes
+# with wrong outputs (WsConfig.probe): no promotion (one accumulator per wave over all of K:
+# what this pipeline gives without DeepGEMM's per-group FFMAs and the accumulator's zero-fill
+# every group) and no epilogue.
 WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
             dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"),
-            dict(memory_registers=32), dict(memory_registers=24), dict(probe="carry_acc"),
-            dict(probe="no_store"))
+            dict(memory_registers=32), dict(memory_registers=24), dict(early_scales=True),
+            dict(probe="carry_acc"), dict(probe="no_store"))
 
 
 def ws_sweep(spec: str, rows: list) -> None:

@@ -90,6 +90,7 @@ class WsConfig:
     epi_cols: int = 64            # output columns per epilogue TMA store (32, 64 or 128)
     epi_slots: int = 1            # SMEM slots per warpgroup for the epilogue stores (1 or 2)
     steady: bool = True           # carry the TMA pipeline over a CTA's tiles
+    early_scales: bool = False    # load both waves' row scales before the first wgmma
     memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
     #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
     # Timing probes (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
@@ -172,9 +173,12 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
 
-def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret):
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret,
+                  early_scales=False):
     """One K group on one consumer warpgroup: per 64-row wave, the group's FP8 wgmma into a
-    fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`."""
+    fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`. `early_scales`: every
+    wave's row scales are loaded before the first wave's wgmma (DeepGEMM's order: no shared
+    memory load between the second wave's wait and its FFMAs)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def load_rows(ref):  # one value per accumulator row (the interpreter has no layouts)
@@ -185,10 +189,14 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret
     # row scales makes the promotion one multiply-add per element (DeepGEMM's scale_a *
     # scale_b). Loaded before the wgmmas are issued: used only after they are waited for.
     w_rows = load_rows(ws_smem.at[0])
+
+    def wave_scale(h):
+        return load_rows(xs_smem.at[0, pl.ds(wg * wg_rows + h * WAVE, WAVE)]) * w_rows
+    early = [wave_scale(h) for h in range(len(sums))] if early_scales else None
     out = []
     for h, acc_sum in enumerate(sums):
         rows = pl.ds(wg * wg_rows + h * WAVE, WAVE)
-        s = load_rows(xs_smem.at[0, rows]) * w_rows
+        s = early[h] if early_scales else wave_scale(h)
 
         def wave(acc, rows=rows, acc_sum=acc_sum, s=s):
             plgpu.wgmma(acc, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
@@ -280,7 +288,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                 plgpu.wgmma_wait(0)
                 return sums
             return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
-                                 interpret)
+                                 interpret, c.early_scales)
 
         def store(sums, ms, ns, mi=None):
             if c.probe == "no_store" and mi is not None:

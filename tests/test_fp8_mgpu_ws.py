@@ -57,7 +57,7 @@ def test_knobs_lower_for_hopper():
     for kw in (dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64, stages=6, steady=False),
                dict(steady=False, stages=3, epi_cols=128, epi_slots=2),
                dict(snake_dim="n", snake_width=16), dict(ctas=6), dict(memory_registers=24),
-               dict(probe="carry_acc"), dict(probe="no_store"),
+               dict(early_scales=True), dict(probe="carry_acc"), dict(probe="no_store"),
                dict(probe="carry_acc", wg_rows=64, stages=3, steady=False)):
         assert "mosaic_gpu" in export_cuda(1000, 1024, 512, config=WsConfig(**kw)), kw
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -69,7 +69,9 @@ def test_knobs_lower_for_hopper():
     # M padded (300 -> 512), 4 K groups: the 2 slots turn over twice per tile.
     (300, 512, 256, 2, dict(cluster=1, stages=2)),
     # 128-row tiles (one wave per warpgroup), 2 tiles walked by one CTA along N.
-    (100, 256, 256, 1, dict(cluster=1, wg_rows=64, stages=2, snake_dim="n"))])
+    (100, 256, 256, 1, dict(cluster=1, wg_rows=64, stages=2, snake_dim="n")),
+    # Both waves' scales loaded first: the same tile walk with the scales in another order.
+    (300, 512, 256, 2, dict(cluster=1, stages=2, early_scales=True))])
 def test_interpreted_matches_reference(M, K, N, sms, kw):
     """The kernel in Pallas' Mosaic GPU interpreter (TMA, barriers and warpgroups simulated;
     clusters are not: `cluster_barrier` is unimplemented there) against the reference: a
