@@ -74,7 +74,10 @@ WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
 PROBES = ("", "carry_acc", "no_store")
-NO_STORE_TILE = 46605  # the least row-tile index with 7919 * i % 104729 == 104728
+# "no_store" stores a tile only where `i * A % P == P - 1` (i its row-tile index): a condition
+# the compiler cannot fold that holds first at i = NO_STORE_TILE (46,605), so never in use.
+_NEVER_A, _NEVER_P = 7919, 104729
+NO_STORE_TILE = -pow(_NEVER_A, -1, _NEVER_P) % _NEVER_P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +176,11 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
 
+def _wave_rows(wg, wg_rows: int, h: int):
+    """The rows of warpgroup `wg`'s wave `h` in the CTA's tile."""
+    return pl.ds(wg * wg_rows + h * WAVE, WAVE)
+
+
 def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret,
                   early_scales=False):
     """One K group on one consumer warpgroup: per 64-row wave, the group's FP8 wgmma into a
@@ -191,11 +199,11 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret
     w_rows = load_rows(ws_smem.at[0])
 
     def wave_scale(h):
-        return load_rows(xs_smem.at[0, pl.ds(wg * wg_rows + h * WAVE, WAVE)]) * w_rows
+        return load_rows(xs_smem.at[0, _wave_rows(wg, wg_rows, h)]) * w_rows
     early = [wave_scale(h) for h in range(len(sums))] if early_scales else None
     out = []
     for h, acc_sum in enumerate(sums):
-        rows = pl.ds(wg * wg_rows + h * WAVE, WAVE)
+        rows = _wave_rows(wg, wg_rows, h)
         s = early[h] if early_scales else wave_scale(h)
 
         def wave(acc, rows=rows, acc_sum=acc_sum, s=s):
@@ -268,7 +276,8 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(G,), memory_registers=c.memory_registers, max_concurrent_steps=c.stages,
+            body, grid=(G,), memory_registers=c.memory_registers,
+            max_concurrent_steps=c.stages,
             wg_axis="wg", num_compute_wgs=2, in_specs=in_specs, compute_context=context,
             pipeline_state=state)
 
@@ -283,7 +292,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
             if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
                 for h, acc in enumerate(sums):
-                    plgpu.wgmma(acc, x_smem.at[pl.ds(wg * c.wg_rows + h * WAVE, WAVE)],
+                    plgpu.wgmma(acc, x_smem.at[_wave_rows(wg, c.wg_rows, h)],
                                 plgpu.transpose_ref(w_smem, (1, 0)))
                 plgpu.wgmma_wait(0)
                 return sums
@@ -293,9 +302,10 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         def store(sums, ms, ns, mi=None):
             if c.probe == "no_store" and mi is not None:
                 # Sums that nothing reads would let the compiler drop the promotion with the
-                # store: store behind a condition that it cannot fold and that no tile meets
-                # (below `NO_STORE_TILE`), so the probe removes the epilogue and nothing else.
-                pl.when(mi * 7919 % 104729 == 104728)(lambda: store(sums, ms, ns))
+                # store: store behind a condition no tile meets (`NO_STORE_TILE`), so the
+                # probe removes the epilogue and nothing else.
+                pl.when(mi * _NEVER_A % _NEVER_P == _NEVER_P - 1)(
+                    lambda: store(sums, ms, ns))
                 return
             pieces = tn // c.epi_cols
             for h, acc_sum in enumerate(sums):
@@ -308,7 +318,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                         out_dtype)
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(slot, o_gmem.at[ms, ns].at[
-                        pl.ds(wg * c.wg_rows + h * WAVE, WAVE), cols])
+                        _wave_rows(wg, c.wg_rows, h), cols])
 
         def ignore(*_, **__):
             return None
