@@ -8,16 +8,21 @@
 # batch-building processes per run (default: 14 of the 16 cores shared among the runs; a
 # chain batch takes 0.13 s of Python, a bf16 step far less). The logs keep the measured step
 # rate and a progress line every 30 s, so a run cut off by its box still shows how far it got.
+# INIT (an earlier run's HF directory, carried in; one variant, its task): go on training that
+# model (`train_demo --init`) with SEED (default 1: batches the first run did not see) and LR
+# (default: the task's) over a fresh schedule.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader | tee "$OUT/env.txt"
 VARIANTS=${VARIANTS:-chain}
 n=$(wc -w <<< "$VARIANTS")
+[ -z "${INIT:-}" ] || [ "$n" = 1 ] || { echo "INIT goes on training one variant" >&2; exit 2; }
 for v in $VARIANTS; do
   XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") timeout 570 \
     python3 -m benchmarks.train_demo --task "$v" --out "/tmp/$v" --minutes ${MINUTES:-6.3} \
-    --workers ${WORKERS:-$((14 / n))} --eval ${EVAL_N:-300} 2>&1 | tr '\r' '\n' \
+    --workers ${WORKERS:-$((14 / n))} --eval ${EVAL_N:-300} \
+    ${INIT:+--init "$INIT" --seed "${SEED:-1}"} ${LR:+--lr "$LR"} 2>&1 | tr '\r' '\n' \
     | grep -v -i "warn" > "$OUT/train-$v.log" &
 done
 wait

@@ -135,8 +135,7 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # every group) and no epilogue.
 WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
             dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"),
-            dict(memory_registers=32), dict(memory_registers=24), dict(early_scales=True),
-            dict(probe="carry_acc"), dict(probe="no_store"))
+            dict(early_scales=True), dict(probe="carry_acc"))
 
 
 def ws_sweep(spec: str, rows: list) -> None:

@@ -44,12 +44,14 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import json
 import multiprocessing
 import os
 import random
 import re
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -287,8 +289,9 @@ def device_rate(step, params, opt_state, batch, key, n: int = 10) -> float:
 def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: int = 0,
           progress: bool = True, minutes: float | None = None,
           task: str | tasks.Task = "arith", log_every: int = 50, workers: int = 0,
-          compute: str | None = None, attention: str = "auto"):
+          compute: str | None = None, attention: str = "auto", init=None):
     """Returns (params in fp32, losses every `log_every` steps and at the last, steps run).
+    `init`: params to start from (a trained model to train on) instead of a random draw.
     With `minutes`, `steps` is chosen to fit that much training time. `workers` > 0 builds
     the batches in that many processes (a registered task by name only). `compute` ("fp32"
     or "bf16"; default: the task's) is the forward pass's dtype. `attention`: "cudnn", "xla"
@@ -315,7 +318,8 @@ def train(cfg: lj.ModelConfig, steps: int | None, batch: int, lr: float, seed: i
         else:
             next_batch = lambda: encode_batch(t.draw("train", batch, rng), encode, cfg.eos_id,
                                               t, rng)
-        params = lj.init_params(cfg, jax.random.key(seed), jnp.float32)
+        params = (lj.init_params(cfg, jax.random.key(seed), jnp.float32) if init is None
+                  else jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init))
         optimizer = optax.inject_hyperparams(optax.adamw)(learning_rate=lr, b2=0.98,
                                                           weight_decay=0.01)
         opt_state = optimizer.init(params)
@@ -394,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=None, help="default: the task's")
     ap.add_argument("--layers", type=int, default=None, help="default: the task's")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", default=None, metavar="HF_DIR",
+                    help="go on training this model (an earlier run's --out: the task's model "
+                         "and tokenizer) with a fresh optimizer and schedule; give another "
+                         "--seed so the batches are new ones")
     ap.add_argument("--compute", choices=["fp32", "bf16"], default=None,
                     help="the forward pass's dtype (default: the task's)")
     ap.add_argument("--attention", choices=ATTENTION, default="auto",
@@ -414,9 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.steps is None and args.minutes is None:
         args.steps = t.steps
+    init = None if args.init is None else load_init(args.init, cfg, t)
     params, losses, steps = train(cfg, args.steps, batch, lr, seed=args.seed,
                                   minutes=args.minutes, task=t, workers=args.workers,
-                                  compute=args.compute, attention=args.attention)
+                                  compute=args.compute, attention=args.attention, init=init)
     print(f"{t.name}: trained {cfg.n_params / 1e6:.1f}M params, {steps} steps of {batch} in "
           f"{time.perf_counter() - t0:.0f} s; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print("loss every 50 steps: " + " ".join(f"{x:.3f}" for x in losses))
@@ -428,6 +437,23 @@ def main(argv: list[str] | None = None) -> int:
         quick_eval(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params), cfg, t, args.out,
                    args.eval)
     return 0
+
+
+def load_init(hf_dir: str, cfg: lj.ModelConfig, task: tasks.Task):
+    """An earlier run's exported model (HF layout) as fp32 params, refused unless it is this
+    task's model (config and tokenizer), so training goes on from where that run ended (bf16
+    weights: the fp32 master copy was not exported)."""
+    from convert import convert
+    vocab = lambda d: json.loads((Path(d) / "tokenizer.json").read_text())["model"]["vocab"]
+    with tempfile.TemporaryDirectory() as d:
+        task.write_tokenizer(d)
+        if not (Path(hf_dir) / "tokenizer.json").exists() or vocab(hf_dir) != vocab(d):
+            raise ValueError(f"{hf_dir}: its tokenizer is not the {task.name} task's")
+        convert(hf_dir, f"{d}/ckpt", dtype="float32", progress=False)
+        got, params = lj.load(f"{d}/ckpt", progress=False)
+    if got != cfg:
+        raise ValueError(f"{hf_dir}: its model is not the {task.name} task's: {got} != {cfg}")
+    return params
 
 
 def quick_eval(params, cfg: lj.ModelConfig, task: tasks.Task, tokenizer_dir, n: int) -> dict:

@@ -4,7 +4,6 @@ IR through MLIR's verifier, and the kernel on the GPU (`-m gpu`)."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -112,7 +111,17 @@ def test_kernel_on_gpu(B, R):
         # bf16 operands, fp32 accumulation in both; summation order over 1024 terms may move
         # the bf16 rounding of the projection by an ulp (2^-8), rotated into two outputs.
         np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
-    assert dataclasses.asdict(BlockSizes.get_default(B * R, 1024))["depth"] == 64
+
+
+def test_default_tiles():
+    """A batch-1 step's 128 rows take the tiles fastest on the H200 (128-deep chunks, 3
+    stages, RESULTS.md tenth session); smaller row tiles keep 64-deep chunks, 4 stages; a
+    d_model that 128 does not divide falls back to the largest chunk that divides it."""
+    assert BlockSizes.get_default(128, 4096) == BlockSizes(128, 128, 8, 3)
+    assert BlockSizes.get_default(4096, 4096) == BlockSizes(128, 128, 8, 3)
+    assert BlockSizes.get_default(70, 4096) == BlockSizes(128, 128, 8, 3)
+    assert BlockSizes.get_default(40, 4096) == BlockSizes(64, 64, 4, 4)
+    assert BlockSizes.get_default(128, 96) == BlockSizes(128, 32, 8, 4)
 
 
 def test_dispatch_leaves_large_batches_to_xla(monkeypatch):

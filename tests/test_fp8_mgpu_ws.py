@@ -56,8 +56,8 @@ def test_knobs_lower_for_hopper():
     refused by the lowering (so the lowering does check the budget)."""
     for kw in (dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64, stages=6, steady=False),
                dict(steady=False, stages=3, epi_cols=128, epi_slots=2),
-               dict(snake_dim="n", snake_width=16), dict(ctas=6), dict(memory_registers=24),
-               dict(early_scales=True), dict(probe="carry_acc"), dict(probe="no_store"),
+               dict(snake_dim="n", snake_width=16), dict(ctas=6), dict(memory_registers=48),
+               dict(early_scales=True), dict(probe="carry_acc"),
                dict(probe="carry_acc", wg_rows=64, stages=3, steady=False)):
         assert "mosaic_gpu" in export_cuda(1000, 1024, 512, config=WsConfig(**kw)), kw
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -113,7 +113,7 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(epi_cols=48), "epi_cols must be 32, 64 or 128"),
                     (dict(cluster=4), "cluster must be 1 or 2"),
                     (dict(stages=1, steady=False), "stages must be at least 2"),
-                    (dict(memory_registers=16), "memory_registers must be a multiple of 8"),
+                    (dict(memory_registers=32), "memory_registers must be a multiple of 8"),
                     (dict(memory_registers=36), "memory_registers must be a multiple of 8"),
                     (dict(probe="fast"), "probe must be one of")):
         with pytest.raises(ValueError, match=msg):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import lacache_jax as lj
-from benchmarks import arith, train_demo
+from benchmarks import arith, tasks, train_demo
 from convert.__main__ import main as convert_main
 
 
@@ -94,6 +97,19 @@ def test_short_training_run_learns_and_exports(tmp_path):
     arith.write_tokenizer(tmp_path / "hf")
     assert convert_main([str(tmp_path / "hf"), str(tmp_path / "ck"), "--quiet"]) == 0
     assert (tmp_path / "ck" / "tokenizer.json").is_file() and lj.load(tmp_path / "ck")[0] == cfg
+    # --init: training goes on from the exported (bf16-rounded) weights, at the trained
+    # loss rather than the first step's; another task's or another size's model is refused.
+    arith_task = tasks.get("arith")
+    init = train_demo.load_init(tmp_path / "hf", cfg, arith_task)
+    rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), init, rounded))
+    _, more, _ = train_demo.train(cfg, steps=2, batch=16, lr=3e-3, progress=False, seed=1,
+                                  init=init)
+    assert more[0] < 0.6 * losses[0], (more, losses)
+    with pytest.raises(ValueError, match="its model is not the arith task's"):
+        train_demo.load_init(tmp_path / "hf", dataclasses.replace(cfg, n_layers=1), arith_task)
+    with pytest.raises(ValueError, match="its tokenizer is not the chain-d2m task's"):
+        train_demo.load_init(tmp_path / "hf", cfg, tasks.get("chain-d2m"))
 
 
 def test_accuracy_harness_plumbing(tmp_path):
@@ -125,7 +141,6 @@ def test_wilson_interval_solves_the_score_equation():
     (p_hat - p)^2 = z^2 p (1 - p) / n. Checked by bisection, independently of the closed form."""
     import statistics
 
-    import pytest
 
     from benchmarks import accuracy
     z = accuracy.Z95
@@ -154,7 +169,6 @@ def test_mode_table_baselines_and_missing_plot(tmp_path, monkeypatch, capsys):
     import sys
     from pathlib import Path
 
-    import pytest
 
     from benchmarks import accuracy, tasks
     assert accuracy.with_baselines(["threshold+exact", "exact", "dual"]) == [
@@ -214,7 +228,6 @@ def test_bf16_compute_runs_the_matmuls_in_bf16():
 def test_attention_choice_reaches_the_model_and_bad_names_are_refused(monkeypatch):
     """bf16 training on the GPU can force XLA's attention over cuDNN's (see train_demo's
     docstring); elsewhere the model runs XLA's whatever is forced."""
-    import pytest
 
     from lacache_jax import model
     monkeypatch.setattr(model.jax, "default_backend", lambda: "gpu")
@@ -240,7 +253,6 @@ def test_char_encoder_is_the_tokenizer(tmp_path):
     and answers, and leaves text it cannot encode to the tokenizer's own error."""
     import random
 
-    import pytest
 
     from benchmarks import tasks
     from lacache_jax.tokenizer import Tokenizer, TokenizerError
@@ -263,7 +275,6 @@ def test_char_encoder_is_the_tokenizer(tmp_path):
 def test_forced_attention_reaches_the_traced_train_step(monkeypatch):
     """The choice made by `make_train_step(attention=...)` is what the traced step's
     attention calls receive (as if on the GPU in bf16, where the default is cuDNN)."""
-    import optax
 
     from lacache_jax import model
     seen = []
@@ -295,7 +306,6 @@ def test_paired_difference_interval():
     estimate, narrower than either accuracy's Wilson interval when the modes mostly agree, and
     at large n equal to the Wald interval of the paired difference, to which it is
     asymptotically equivalent (sd of the mean difference sqrt(b + c - (b - c)^2 / n) / n)."""
-    import pytest
 
     from benchmarks import accuracy
 
