@@ -20,6 +20,8 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+from lacache_jax import config as lj_config
+
 
 class CLIError(ValueError):
     """Bad command-line input: printed as one line, exit status 1."""
@@ -121,17 +123,7 @@ def cmd_generate(args) -> int:
     eot_id = args.eot_id
     if args.confidence_eos_eot_inf and eot_id is None:
         eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
-    dpad = None
-    if args.dpad:
-        dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
-    gen = lj.GenerationConfig(
-        gen_length=args.gen_length, block_length=args.block_length, steps=args.steps or
-        args.gen_length, temperature=args.temperature, remasking=args.remasking,
-        threshold=args.threshold, factor=args.factor, cache=args.cache,
-        refresh_interval=args.refresh_interval, dpad=dpad, fp8_ffn=args.fp8_ffn,
-        stop_at_eos=not args.no_stop_at_eos, cfg_scale=args.cfg_scale,
-        logits_eos_inf=args.logits_eos_inf, confidence_eos_eot_inf=args.confidence_eos_eot_inf,
-        eot_id=eot_id)
+    gen = generation_config(args, eot_id)
     ids = [_encode(tok, p, args.chat) for p in prompts]
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if len(ids[longest]) + gen.gen_length > config.max_seq_len:
@@ -308,7 +300,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate answers to prompts with a converted checkpoint",
         description="Generate answers to prompts (one ragged batch) with a checkpoint written "
                     "by python -m convert; answers on stdout (or --out), speed on stderr.")
-    g = p.add_argument_group("input and output")
+    _io_arguments(p.add_argument_group("input and output"))
+    _decoding_arguments(p.add_argument_group("decoding"))
+    _flash_arguments(p.add_argument_group(
+        "Flash-dLLM (sliding-window decoding; --threshold is its acceptance epsilon)"))
+    g = p.add_argument_group("model")
+    g.add_argument("--fp8-ffn", action="store_true",
+                   help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
+    g.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+                   help="weight dtype (default: as stored)")
+    p.set_defaults(run=cmd_generate)
+    return parser
+
+
+def _io_arguments(g) -> None:
     g.add_argument("--checkpoint", required=True,
                    help="directory written by python -m convert (required)")
     g.add_argument("--prompt", action="append",
@@ -332,11 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--slots", type=int, default=None,
                    help="slot refill: at most this many prompts in flight, a finished row "
                         "taking the next prompt (default: all prompts as one batch)")
-    g = p.add_argument_group("decoding")
+
+
+def _decoding_arguments(g) -> None:
     g.add_argument("--gen-length", type=int, default=128, help="tokens generated per prompt")
-    g.add_argument("--block-length", type=int, default=32, help="semi-autoregressive block")
+    g.add_argument("--block-length", type=int, default=None,
+                   help="semi-autoregressive block (default: 32; not with --flash)")
     g.add_argument("--steps", type=int, default=None,
-                   help="decoding steps (default: --gen-length, one token per step)")
+                   help="decoding steps (default: --gen-length, one token per step; not with "
+                        "--flash)")
     g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     g.add_argument("--remasking", default="low_confidence", choices=["low_confidence", "random"],
                    help="which masked positions to reveal first")
@@ -364,13 +373,73 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end-of-turn id (default: the tokenizer's <|eot_id|>)")
     g.add_argument("--seed", type=int, default=0, help="random key (temperature, DPad, random "
                                                        "remasking)")
-    g = p.add_argument_group("model")
-    g.add_argument("--fp8-ffn", action="store_true",
-                   help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
-    g.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
-                   help="weight dtype (default: as stored)")
-    p.set_defaults(run=cmd_generate)
-    return parser
+
+
+def _count_or_all(text: str) -> int | None:
+    """A Flash-dLLM budget: a count, or `all` (None: no bound)."""
+    if text == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count or 'all', got {text!r}") from None
+
+
+def _flash_arguments(g) -> None:
+    flash = lj_config.FlashConfig()  # the defaults shown are the library's
+    g.add_argument("--flash", action="store_true",
+                   help="Flash-dLLM: decode from a sliding window, re-querying only the window, "
+                        "a look-ahead of masks and tracked decoded positions (needs "
+                        "--threshold; block, step and cache settings do not apply)")
+    g.add_argument("--flash-window", type=int, default=flash.window,
+                   help="undecoded positions decoded from per step")
+    g.add_argument("--flash-lookahead", type=_count_or_all, default=flash.lookahead,
+                   help="masks after the window re-queried each step ('all': every one)")
+    g.add_argument("--flash-track", type=_count_or_all, default=flash.track,
+                   help="decoded positions re-queried each step ('all': every one, a full "
+                        "recompute)")
+    g.add_argument("--flash-verify", action="store_true",
+                   help="Flash-Verify: a second pass per step checks the drafts the threshold "
+                        "rejected")
+    g.add_argument("--flash-gamma", type=float, default=flash.gamma,
+                   help="Flash-Verify's acceptance level")
+    g.add_argument("--flash-accept", choices=lj_config.ACCEPT_RULES, default=flash.accept,
+                   help="Flash-Verify's rule: cumprod (the released code's) or agree (the "
+                        "paper's)")
+
+
+def generation_config(args, eot_id: int | None):
+    """The GenerationConfig of the generate command's flags. With --flash, the block and step
+    settings are passed only when given, so the library refuses them by name."""
+    import lacache_jax as lj
+    dpad = None
+    if args.dpad:
+        dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
+    flash_flags = [f"--flash-{n}" for n, v in (
+        ("window", args.flash_window != lj_config.FlashConfig.window),
+        ("lookahead", args.flash_lookahead != lj_config.FlashConfig.lookahead),
+        ("track", args.flash_track != lj_config.FlashConfig.track),
+        ("verify", args.flash_verify),
+        ("gamma", args.flash_gamma != lj_config.FlashConfig.gamma),
+        ("accept", args.flash_accept != lj_config.FlashConfig.accept)) if v]
+    if flash_flags and not args.flash:
+        raise CLIError(f"{', '.join(flash_flags)} without --flash: add --flash")
+    kw = {}
+    if args.flash:
+        kw["flash"] = lj.FlashConfig(
+            window=args.flash_window, lookahead=args.flash_lookahead, track=args.flash_track,
+            verify=args.flash_verify, gamma=args.flash_gamma, accept=args.flash_accept)
+    if args.block_length is not None or not args.flash:
+        kw["block_length"] = 32 if args.block_length is None else args.block_length
+    if args.steps is not None or not args.flash:
+        kw["steps"] = args.gen_length if args.steps is None else args.steps
+    return lj.GenerationConfig(
+        gen_length=args.gen_length, temperature=args.temperature, remasking=args.remasking,
+        threshold=args.threshold, factor=args.factor, cache=args.cache,
+        refresh_interval=args.refresh_interval, dpad=dpad, fp8_ffn=args.fp8_ffn,
+        stop_at_eos=not args.no_stop_at_eos, cfg_scale=args.cfg_scale,
+        logits_eos_inf=args.logits_eos_inf, confidence_eos_eot_inf=args.confidence_eos_eot_inf,
+        eot_id=eot_id, **kw)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -147,6 +147,43 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
         "--checkpoint", ck, "--prompt", "x", "--prompt", "1" * n, "--gen-length", "32")
 
 
+def test_generate_flash_flags(checkpoint, capsys):
+    """--flash and its options build the library's FlashConfig ('all' lifts a budget): the CLI
+    prints what lj.generate gives with it. Flash options without --flash, and block or step
+    settings with it, are refused by name, exit 1; a budget that is not a count, exit 2."""
+    flags = ["--threshold", "0.5", "--flash", "--flash-window", "4", "--flash-lookahead", "all",
+             "--flash-track", "2", "--flash-verify", "--flash-gamma", "0.7", "--flash-accept",
+             "agree"]
+    rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
+               "--gen-length", "16", "--dtype", "float32", "--quiet", *flags])
+    assert rc == 0
+    out = capsys.readouterr().out
+    tok = Tokenizer(checkpoint)
+    config, params = lj.load(checkpoint, dtype="float32")
+    gen = lj.GenerationConfig(gen_length=16, threshold=0.5, flash=lj.FlashConfig(
+        window=4, lookahead=None, track=2, verify=True, gamma=0.7, accept="agree"))
+    ref = lj.generate(params, config, [tok.encode("12+30=")], gen, key=jax.random.key(0))
+    assert out == tok.decode(ref.answers(16)[0]) + "\n"
+
+    def error(*argv):
+        assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x",
+                     "--gen-length", "16", *argv]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+        return err
+    assert "--flash-window, --flash-verify without --flash" in error(
+        "--threshold", "0.5", "--flash-window", "4", "--flash-verify")
+    assert "block_length=8 does not apply with flash" in error(
+        "--threshold", "0.5", "--flash", "--block-length", "8")
+    assert "steps=16 does not apply with flash" in error(
+        "--threshold", "0.5", "--flash", "--steps", "16")
+    assert "threshold is required with flash" in error("--flash")
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x", "--flash",
+              "--flash-track", "some"])
+    assert done.value.code == 2 and "a count or 'all', got 'some'" in capsys.readouterr().err
+
+
 def test_unencodable_text_is_refused(checkpoint, capsys):
     """The char tokenizer maps unknown characters to <|endoftext|>, the model's EOS: 'é' would
     silently end the prompt, so it is refused, naming the character and its place in the
