@@ -91,7 +91,10 @@ class Spec(NamedTuple):
     quantity out last (nothing depends on it, so any order of the rest still respects the
     dependencies), so that its statement says locally that the answer is complete; otherwise
     the model must check that every quantity is done before writing `#`, and a d2ms model
-    that got every quantity right ran on instead (RESULTS.md, ninth session)."""
+    that got every quantity right ran on instead (RESULTS.md, ninth session). `in_order`:
+    training answers work the statements out in prompt order, one answer per problem, so the
+    model copies each statement in turn instead of choosing among the ready ones and keeping
+    track of which are done (the checker accepts any order either way)."""
     max_value: int
     ops: str
     mul_max: int | None
@@ -99,6 +102,7 @@ class Spec(NamedTuple):
     form: str = "restate"
     steps: tuple[int, int] = STEPS
     asked_last: bool = False
+    in_order: bool = False
 
 
 # The difficulties tried, with the fixed-schedule accuracy of their first training runs (fp32,
@@ -121,6 +125,8 @@ SPECS = {
     # statement not in the program 3, arith 3, run-on 2 (RESULTS.md, tenth session).
     "d2ml": Spec(99, "+-*", 9, 2, "mark", asked_last=True),
     "d2msl": Spec(99, "+-*", 9, 2, "mark", (4, 9), asked_last=True),
+    # d2m in prompt order: not trained yet.
+    "d2mo": Spec(99, "+-*", 9, 2, "mark", in_order=True),
 }
 SPEC = SPECS["d4"]  # `chain` itself: to be set to the difficulty whose model lands in range
 MAX_VALUE, OPS = SPEC.max_value, SPEC.ops
@@ -201,10 +207,11 @@ def solve_order(p: Problem, rng: random.Random | None = None,
 
 
 def answer_text(p: Problem, rng: random.Random | None = None, spec: Spec = SPEC) -> str:
-    """The worked answer; `rng` draws the order of the statements (see `solve_order`)."""
+    """The worked answer; `rng` draws the order of the statements (see `solve_order`) unless
+    `spec.in_order`."""
     v, g = values(p), len(p.givens)
     steps = []
-    for i in solve_order(p, rng, spec.asked_last):
+    for i in solve_order(p, None if spec.in_order else rng, spec.asked_last):
         left, op, right = p.ops[i]
         name = p.names[g + i]
         work = f"{name}={left}{op}{right}={v[left]}{op}{_operand(v, right)}"

@@ -315,3 +315,15 @@ def test_asked_last_orders():
                     for p in chain.sample("test", 30, seed=4, spec=chain.SPECS["d2m"]))
     assert hashlib.sha256(text.encode()).hexdigest() == (
         "a3d96c9d50811acc8e434a502a5944f1390b80e847d8ab68d30e51ca94cb824e")
+
+
+def test_in_order_answers_follow_the_prompt():
+    """`Spec.in_order` (chain-d2mo): the one training answer per problem works the statements
+    out in prompt order whatever the draw; it is d2m's answer without a draw."""
+    t, d2m = tasks.get("chain-d2mo"), tasks.get("chain-d2m")
+    for p in chain.sample("test", 20, seed=3, spec=chain.SPECS["d2mo"]):
+        answers = {t.answer(p, random.Random(k)) for k in range(4)}
+        assert answers == {d2m.answer(p)}, answers
+        statements = re.findall(r"([a-z])=[^;]*;[a-z]:\d+;", answers.pop())
+        assert statements == list(p.names[len(p.givens):])
+
