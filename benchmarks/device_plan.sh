@@ -27,8 +27,9 @@
 #      its compact canvas (neither measured on the GPU): dual and prefix, bf16 and FP8 FFN,
 #      without and with DPad, as ratios to the same run's floor, compile times included
 #   6  issues 17, 18: the fused cache update against the unfused ops (1.14x, 1.23x, 1.33x in
-#      three runs; 128:128:8:3, now the default, 1.25x and 1.28x: goal 1.3x) and the verify
-#      pass at batch 1 and 32 (tenth session: 0.92x and 0.33x a main step)
+#      three runs; 128:128:8:3, now the default, 1.25x and 1.28x: goal 1.3x), now also with
+#      each head split over two programs (192 programs on 132 SMs where one per head leaves
+#      36 idle), and the verify pass at batch 1 and 32 (tenth: 0.92x and 0.33x a main step)
 #   7  issue 23, route (b): the knob sweep at down and gate/up M 4096 (the tenth session's box
 #      ended in a hung `memory_registers=32`, now refused), with the carry_acc probe in the
 #      same run as the default this time, and ptxas' spill report
@@ -82,7 +83,7 @@ case "${1:-1}" in
     | quiet | grep "^|\|ceilings" | tail -16 ;;
 6)
   timeout 420 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
-    --update-blocks 128:128:8:3,128:64:8:4 2>&1 | tee "$OUT/flash_update_verify.log" \
+    --update-blocks 128:64:8:4,128:128:8:3:2,128:64:8:4:2,128:128:4:3:2 2>&1 | tee "$OUT/flash_update_verify.log" \
     | quiet | grep -v "^$" | tail -20 ;;
 7)
   # issue 23, route (b): the knob sweep (fp8_gemm.WS_SWEEP, the carry_acc probe last) beside

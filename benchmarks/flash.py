@@ -1,7 +1,7 @@
 """Flash-dLLM decoding (lacache_jax/flash.py) at LLaDA-8B shapes with random bf16 weights.
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
-                               [--update-blocks 128:128:8:3,64:128:4:4]
+                               [--update-blocks 128:128:8:3,128:128:8:3:2]
                                [--parts step,dual,update,attention,memory,verify] [--layers N]
                                [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
@@ -401,8 +401,9 @@ def main():
     ap.add_argument("--accept", default="cumprod", help="gamma: acceptance rule")
     ap.add_argument("--n", type=int, default=500, help="gamma: held-out problems")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
-    ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES,...",
-                    help="update: flash_cache tiles timed beside the default")
+    ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS],...",
+                    help="update: flash_cache tiles timed beside the default (SPLITS: "
+                         "programs per head, default 1)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--tiny", action="store_true",
                     help="small config and shapes: checks the script on CPU")

@@ -74,12 +74,17 @@ def flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Tiles of the Pallas kernel: `rows` query rows per program, `depth` the d_model chunk
-    of the projection loop, Triton's `warps` and `stages`. Programs run row tile fastest, so
-    the row tiles of one head's weight columns follow each other and share them in L2."""
+    of the projection loop, Triton's `warps` and `stages`, and `splits` programs per head,
+    each taking 1/splits of both RoPE halves' columns (pairs i, i + K/2 stay together). A
+    batch-1 step of LLaDA-8B has one row tile and 96 heads: 96 programs on 132 SMs, each
+    streaming a 1 MB weight column block; `splits` 2 gives 192 smaller ones. Programs run
+    row tile fastest, so the row tiles of one head's weight columns follow each other and
+    share them in L2."""
     rows: int = 64
     depth: int = 64
     warps: int = 4
     stages: int = 2
+    splits: int = 1
 
     @classmethod
     def get_default(cls, M: int, D: int) -> "BlockSizes":
@@ -106,14 +111,18 @@ def use_kernel(M: int, tp: int) -> bool:
 
 
 def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v_ref, *,
-            n_heads, n_kv, tp, K, rows, depth, n_valid):
-    """Program (row tile i, column head j): j < H a query head, then G key heads, then G
-    value heads. Projects the tile's rows onto the head's K columns (two K/2 halves, so
-    RoPE pairs stay in registers), rotates q and k, then stores q, or scatters k / v rows
-    into the cache at their flat row index; rows at index n_valid (padding) are masked."""
+            n_heads, n_kv, tp, K, rows, depth, splits, n_valid):
+    """Program (row tile i, column head j, part s of `splits`): j < H a query head, then G
+    key heads, then G value heads. Projects the tile's rows onto the part's columns of both
+    K/2 halves (so RoPE pairs stay in registers), rotates q and k, then stores q, or
+    scatters k / v rows into the cache at their flat row index; rows at index n_valid
+    (padding) are masked."""
     del k_in, v_in  # aliased to k_ref / v_ref: only the queried rows are overwritten
-    i, j = pl.program_id(0), pl.program_id(1)
+    i, js = pl.program_id(0), pl.program_id(1)
+    j, part = jax.lax.div(js, jnp.int32(splits)), jax.lax.rem(js, jnp.int32(splits))
     half = K // 2
+    width_s = half // splits  # the part's columns in each half
+    off = part * width_s
     D = h_ref.shape[1]
     # Column of head j in w_qkv: `tp` groups of [q heads | k heads | v heads] (Layer.tp).
     hq, hk = n_heads // tp, n_kv // tp
@@ -124,29 +133,29 @@ def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v
     per = jnp.where(is_q, i32(hq), i32(hk))
     first = jnp.where(is_q, i32(0), jnp.where(is_k, i32(hq), i32(hq + hk)))
     # Non-negative operands: C division (lax) is floor division here, and lowers to Triton.
-    col = jax.lax.div(local, per) * width + (first + jax.lax.rem(local, per)) * K
+    col = jax.lax.div(local, per) * width + (first + jax.lax.rem(local, per)) * K + off
     r = pl.ds(i * rows, rows)
 
     def step(d, acc):
         a1, a2 = acc
         h = h_ref[r, pl.ds(d * depth, depth)]
-        w1 = w_ref[pl.ds(d * depth, depth), pl.ds(col, half)]
-        w2 = w_ref[pl.ds(d * depth, depth), pl.ds(col + half, half)]
+        w1 = w_ref[pl.ds(d * depth, depth), pl.ds(col, width_s)]
+        w2 = w_ref[pl.ds(d * depth, depth), pl.ds(col + half, width_s)]
         return (a1 + jnp.dot(h, w1, preferred_element_type=jnp.float32),
                 a2 + jnp.dot(h, w2, preferred_element_type=jnp.float32))
-    zero = jnp.zeros((rows, half), jnp.float32)
+    zero = jnp.zeros((rows, width_s), jnp.float32)
     x1, x2 = jax.lax.fori_loop(0, D // depth, step, (zero, zero))
     # The reference rounds the projection to the activation dtype before RoPE: so do we.
     x1 = x1.astype(h_ref.dtype).astype(jnp.float32)
     x2 = x2.astype(h_ref.dtype).astype(jnp.float32)
-    cos, sin = cos_ref[r, :], sin_ref[r, :]
+    cos, sin = cos_ref[r, pl.ds(off, width_s)], sin_ref[r, pl.ds(off, width_s)]
     o1 = jnp.where(j < n_heads + n_kv, x1 * cos - x2 * sin, x1)
     o2 = jnp.where(j < n_heads + n_kv, x2 * cos + x1 * sin, x2)
 
     @pl.when(is_q)
     def _():
-        q_ref[r, pl.ds(j * K, half)] = o1.astype(q_ref.dtype)
-        q_ref[r, pl.ds(j * K + half, half)] = o2.astype(q_ref.dtype)
+        q_ref[r, pl.ds(j * K + off, width_s)] = o1.astype(q_ref.dtype)
+        q_ref[r, pl.ds(j * K + half + off, width_s)] = o2.astype(q_ref.dtype)
 
     idx = idx_ref[r]
     ok = (idx < n_valid)[:, None]
@@ -157,7 +166,7 @@ def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v
         # index past the cache: Triton never dereferences a masked lane, and interpret
         # mode's scatter drops out-of-bounds rows, where any in-bounds stand-in could
         # collide with a real row's write.
-        lanes = jnp.arange(half, dtype=jnp.int32)[None, :] + g * K
+        lanes = jnp.arange(width_s, dtype=jnp.int32)[None, :] + g * K + off
         for lo, o in ((0, o1), (half, o2)):
             plgpu.store(ref.at[idx[:, None], lanes + lo], o.astype(ref.dtype), mask=ok)
 
@@ -186,6 +195,8 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     block = block or BlockSizes.get_default(M, D)
     if D % block.depth:
         raise ValueError(f"block.depth={block.depth} must divide d_model={D}")
+    if block.splits < 1 or (K // 2) % block.splits:
+        raise ValueError(f"block.splits={block.splits} must divide head_dim / 2 = {K // 2}")
     Mp = pl.cdiv(M, block.rows) * block.rows
     pad = Mp - M
     b = jnp.arange(B, dtype=jnp.int32)[:, None]
@@ -195,9 +206,9 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     sin = jnp.pad(sin_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
     idx = jnp.pad(flat, [(0, pad)], constant_values=B * T)
     kernel = functools.partial(_kernel, n_heads=n_heads, n_kv=G, tp=tp, K=K, rows=block.rows,
-                               depth=block.depth, n_valid=B * T)
+                               depth=block.depth, splits=block.splits, n_valid=B * T)
     q, k, v = pl.pallas_call(
-        kernel, grid=(Mp // block.rows, n_heads + 2 * G),
+        kernel, grid=(Mp // block.rows, (n_heads + 2 * G) * block.splits),
         out_shape=[jax.ShapeDtypeStruct((Mp, n_heads * K), h.dtype),
                    jax.ShapeDtypeStruct((B * T, G * K), k_BTGK.dtype),
                    jax.ShapeDtypeStruct((B * T, G * K), v_BTGK.dtype)],

@@ -4,6 +4,7 @@ IR through MLIR's verifier, and the kernel on the GPU (`-m gpu`)."""
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -39,13 +40,16 @@ CASES = {  # B, R, D, T, H, G, K, tp: 21 rows over three 8-row tiles (the last o
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_kernel_matches_reference_interpret(case):
+@pytest.mark.parametrize("case,splits", [(c, 1) for c in CASES] + [("gqa_tp2", 2)])
+def test_kernel_matches_reference_interpret(case, splits):
+    """Every head's columns in one program, or split over `splits` programs (each taking
+    part of both RoPE halves)."""
     B, R, D, T, H, G, K, tp = CASES[case]
     args = operands(B, R, D, T, H, G, K)
     q_r, k_r, v_r = flash_cache_ref(*args, n_heads=H, tp=tp)
     q, k, v = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, tp=tp,
-                                 block=BlockSizes(rows=8, depth=16), interpret=True)
+                                 block=BlockSizes(rows=8, depth=16, splits=splits),
+                                 interpret=True)
     # fp32: the kernel sums the projection in 16-wide chunks, XLA in one pass: summation order
     # over D <= 64 terms of magnitude ~1 changes the result by ~1e-6.
     for got, want in ((q, q_r), (k, k_r), (v, v_r)):
@@ -91,21 +95,27 @@ def test_bad_shapes_are_refused():
         flash_cache_ref(args[0], args[1][:, :-16], *args[2:], n_heads=4)
     with pytest.raises(ValueError, match="block.depth"):
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 48), interpret=True)
+    with pytest.raises(ValueError, match="block.splits=3 must divide head_dim / 2 = 8"):
+        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=3), interpret=True)
 
 
-def test_triton_ir_verifies(monkeypatch):
-    args = operands(2, 40, 128, 50, 4, 2, 32, dtype=jnp.bfloat16)
-    fn = lambda *a: flash_cache_pallas(*a, n_heads=4)  # noqa: E731
+@pytest.mark.parametrize("splits", [1, 2])
+def test_triton_ir_verifies(monkeypatch, splits):
+    args = operands(2, 40, 128, 50, 4, 2, 64, dtype=jnp.bfloat16)
+    block = dataclasses.replace(BlockSizes.get_default(80, 128), splits=splits)
+    fn = lambda *a: flash_cache_pallas(*a, n_heads=4, block=block)  # noqa: E731
     assert_valid_triton(fn, *args, monkeypatch=monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,R", [(1, 128), (4, 128), (3, 70)])
-def test_kernel_on_gpu(B, R):
-    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model."""
+@pytest.mark.parametrize("B,R,splits", [(1, 128, 1), (4, 128, 1), (3, 70, 1), (1, 128, 2)])
+def test_kernel_on_gpu(B, R, splits):
+    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; default tiles, and
+    each head split over two programs."""
     args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
     ref = flash_cache_ref(*args, n_heads=32)
-    out = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=32)
+    block = dataclasses.replace(BlockSizes.get_default(B * R, 1024), splits=splits)
+    out = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=32, block=block)
     for got, want in zip(out, ref):
         g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
         # bf16 operands, fp32 accumulation in both; summation order over 1024 terms may move
