@@ -4,7 +4,7 @@
 # minutes. Done in the tenth session: chain-d2ml (28%: the asked quantity last made it worse),
 # route (b)'s sweep at gate/up M 4096 and its pipeline-only probe (1,245 TFLOP/s without the
 # promotion), the fused cache update and the verify pass at batch 1 and 32. Left, in priority
-# order 1, 8, 3, 5, 7:
+# order 1, 8, 3, 6, 5, 7:
 #   1  issue 15: chain-d2mo (d2m's problems, answers in prompt order: no choice of the next
 #      statement to learn, so easier than d2m's 80%; VARIANTS=chain-d2m for d2m itself, whose
 #      eighth-session model was not kept), 8 minutes, brought back as a split tar (the box's

@@ -128,11 +128,11 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # Knobs of `fp8_matmul_mgpu_ws` timed by --mgpu-ws-sweep, each a change from the default: the
 # cluster's shared operand, no cluster, one 64-row wave per warpgroup, the per-tile pipeline,
 # 3 stages with a double-buffered epilogue (3 divides no gate/up K group count: per tile),
-# wider snake bands, the other snake direction; the consumers at 240 registers (producer 32
-# or 24: spills?); both waves' scales loaded before the first wgmma; and two timing probes
-# with wrong outputs (WsConfig.probe): no promotion (one accumulator per wave over all of K:
-# what this pipeline gives without DeepGEMM's per-group FFMAs and the accumulator's zero-fill
-# every group) and no epilogue.
+# wider snake bands, the other snake direction; both waves' scales loaded before the first
+# wgmma; and a timing probe with wrong outputs (WsConfig.probe): no promotion (one accumulator
+# per wave over all of K: what this pipeline gives without DeepGEMM's per-group FFMAs and the
+# accumulator's zero-fill every group). Gone since the tenth session: the consumers at 240
+# registers (producer 32 hung the GPU) and a no-epilogue probe (it ran above the FP8 peak).
 WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
             dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"),
             dict(early_scales=True), dict(probe="carry_acc"))

@@ -197,6 +197,9 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
         raise ValueError(f"block.depth={block.depth} must divide d_model={D}")
     if block.splits < 1 or (K // 2) % block.splits:
         raise ValueError(f"block.splits={block.splits} must divide head_dim / 2 = {K // 2}")
+    if not interpret and K // 2 // block.splits < 16:
+        raise ValueError(f"block.splits={block.splits} leaves {K // 2 // block.splits} columns "
+                         f"per RoPE half: Triton's dot needs at least 16")
     Mp = pl.cdiv(M, block.rows) * block.rows
     pad = Mp - M
     b = jnp.arange(B, dtype=jnp.int32)[:, None]

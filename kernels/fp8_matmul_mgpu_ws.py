@@ -52,9 +52,10 @@ spill loads; the SASS has 128 FFMA (the promotion is one FMA per element, as mea
 32 LDL. The tenth session (RESULTS.md) timed the pipeline without the promotion
 (`WsConfig.probe` "carry_acc", which also drops the zero-fill of the accumulator every group,
 since Mosaic's Hopper wgmma has no overwrite flag: DeepGEMM's first wgmma of a group
-overwrites): 1,245 TFLOP/s at gate/up M 4096 against 1,001 with it (two calls of one lease),
-so the promotion is where the 20% to the goal goes; giving the consumers more registers
-(`memory_registers` 32) hung the GPU, so the producer keeps at least 40.
+overwrites): 1,245 TFLOP/s at gate/up M 4096 against 1,001 with it, in two calls 10-14
+minutes apart (across calls timings move 10-20%), so the promotion takes about a fifth of
+the time, more than the 15% between the kernel and the goal; giving the consumers more
+registers (`memory_registers` 32) hung the GPU, so the producer keeps at least 40.
 Every GPU call runs under `timeout`: a wrong barrier phase hangs rather than fails.
 """
 

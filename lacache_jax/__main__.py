@@ -375,10 +375,13 @@ def _decoding_arguments(g) -> None:
                                                        "remasking)")
 
 
-def _count_or_all(text: str) -> int | None:
-    """A Flash-dLLM budget: a count, or `all` (None: no bound)."""
-    if text == "all":
-        return None
+ALL = "all"  # a Flash-dLLM budget without bound (FlashConfig's None)
+
+
+def _count_or_all(text: str) -> int | str:
+    """A Flash-dLLM budget: a count, or `all`."""
+    if text == ALL:
+        return ALL
     try:
         return int(text)
     except ValueError:
@@ -386,52 +389,56 @@ def _count_or_all(text: str) -> int | None:
 
 
 def _flash_arguments(g) -> None:
-    flash = lj_config.FlashConfig()  # the defaults shown are the library's
+    # Defaults None: given options are told apart from omitted ones (refused without
+    # --flash); the defaults shown are the library's.
+    f = lj_config.FlashConfig()
+    shown = lambda v: ALL if v is None else v  # noqa: E731
     g.add_argument("--flash", action="store_true",
                    help="Flash-dLLM: decode from a sliding window, re-querying only the window, "
                         "a look-ahead of masks and tracked decoded positions (needs "
                         "--threshold; block, step and cache settings do not apply)")
-    g.add_argument("--flash-window", type=int, default=flash.window,
-                   help="undecoded positions decoded from per step")
-    g.add_argument("--flash-lookahead", type=_count_or_all, default=flash.lookahead,
-                   help="masks after the window re-queried each step ('all': every one)")
-    g.add_argument("--flash-track", type=_count_or_all, default=flash.track,
+    g.add_argument("--flash-window", type=int, default=None,
+                   help=f"undecoded positions decoded from per step (default: {f.window})")
+    g.add_argument("--flash-lookahead", type=_count_or_all, default=None,
+                   help="masks after the window re-queried each step ('all': every one; "
+                        f"default: {shown(f.lookahead)})")
+    g.add_argument("--flash-track", type=_count_or_all, default=None,
                    help="decoded positions re-queried each step ('all': every one, a full "
-                        "recompute)")
+                        f"recompute; default: {shown(f.track)})")
     g.add_argument("--flash-verify", action="store_true",
                    help="Flash-Verify: a second pass per step checks the drafts the threshold "
                         "rejected")
-    g.add_argument("--flash-gamma", type=float, default=flash.gamma,
-                   help="Flash-Verify's acceptance level")
-    g.add_argument("--flash-accept", choices=lj_config.ACCEPT_RULES, default=flash.accept,
+    g.add_argument("--flash-gamma", type=float, default=None,
+                   help=f"Flash-Verify's acceptance level (default: {f.gamma})")
+    g.add_argument("--flash-accept", choices=lj_config.ACCEPT_RULES, default=None,
                    help="Flash-Verify's rule: cumprod (the released code's) or agree (the "
-                        "paper's)")
+                        f"paper's) (default: {f.accept})")
+
+
+FLASH_OPTIONS = ("window", "lookahead", "track", "verify", "gamma", "accept")
 
 
 def generation_config(args, eot_id: int | None):
-    """The GenerationConfig of the generate command's flags. With --flash, the block and step
-    settings are passed only when given, so the library refuses them by name."""
+    """The GenerationConfig of the generate command's flags."""
     import lacache_jax as lj
     dpad = None
     if args.dpad:
         dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
-    flash_flags = [f"--flash-{n}" for n, v in (
-        ("window", args.flash_window != lj_config.FlashConfig.window),
-        ("lookahead", args.flash_lookahead != lj_config.FlashConfig.lookahead),
-        ("track", args.flash_track != lj_config.FlashConfig.track),
-        ("verify", args.flash_verify),
-        ("gamma", args.flash_gamma != lj_config.FlashConfig.gamma),
-        ("accept", args.flash_accept != lj_config.FlashConfig.accept)) if v]
-    if flash_flags and not args.flash:
-        raise CLIError(f"{', '.join(flash_flags)} without --flash: add --flash")
+    given = {n: getattr(args, f"flash_{n}") for n in FLASH_OPTIONS
+             if getattr(args, f"flash_{n}") not in (None, False)}
     kw = {}
     if args.flash:
-        kw["flash"] = lj.FlashConfig(
-            window=args.flash_window, lookahead=args.flash_lookahead, track=args.flash_track,
-            verify=args.flash_verify, gamma=args.flash_gamma, accept=args.flash_accept)
-    if args.block_length is not None or not args.flash:
+        for flag in ("block_length", "steps"):
+            if getattr(args, flag) is not None:
+                raise CLIError(f"--{flag.replace('_', '-')} does not apply with --flash (it "
+                               "decodes from a sliding window until every position is "
+                               "decoded): leave it out")
+        kw["flash"] = lj.FlashConfig(**{n: None if v == ALL else v for n, v in given.items()})
+    else:
+        if given:
+            raise CLIError(", ".join(f"--flash-{n}" for n in given) + " without --flash: add "
+                           "--flash")
         kw["block_length"] = 32 if args.block_length is None else args.block_length
-    if args.steps is not None or not args.flash:
         kw["steps"] = args.gen_length if args.steps is None else args.steps
     return lj.GenerationConfig(
         gen_length=args.gen_length, temperature=args.temperature, remasking=args.remasking,

@@ -328,6 +328,9 @@ def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: K
     trk_BT = st.decoded_BT & (d.order_BT >= (n_dec - (R - 2 * S_B))[:, None])
     nT_B = jnp.minimum(R - 2 * S_B, n_dec)
     trk_cols = jnp.argsort(jnp.where(trk_BT, col, T + col), axis=-1)[:, :R].astype(jnp.int32)
+    # A canvas shorter than the R slots (T < 2 window): pad; slots past the T columns are never
+    # tracked (nT_B <= n_dec <= T).
+    trk_cols = jnp.pad(trk_cols, [(0, 0), (0, R - trk_cols.shape[1])])
     kind, idx = verify_slots(S_B, nT_B, R)
     is_cand = (kind == V_DRAFT) | (kind == V_MASK)
     ci = jnp.clip(idx, 0, Sm - 1)

@@ -148,21 +148,34 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
 
 
 def test_generate_flash_flags(checkpoint, capsys):
-    """--flash and its options build the library's FlashConfig ('all' lifts a budget): the CLI
-    prints what lj.generate gives with it. Flash options without --flash, and block or step
-    settings with it, are refused by name, exit 1; a budget that is not a count, exit 2."""
+    """--flash and its options build the library's FlashConfig ('all' lifts a budget; omitted
+    options keep its defaults), and the CLI prints what lj.generate gives with it. Flash
+    options without --flash, and block or step settings with it, are refused by name, exit 1;
+    a budget that is not a count, exit 2."""
+    def config(*flags):
+        args = cli.build_parser().parse_args(["generate", "--checkpoint", "ck", "--prompt", "x",
+                                              "--gen-length", "16", *flags])
+        return cli.generation_config(args, None)
+    base = dict(gen_length=16, threshold=0.5)
     flags = ["--threshold", "0.5", "--flash", "--flash-window", "4", "--flash-lookahead", "all",
              "--flash-track", "2", "--flash-verify", "--flash-gamma", "0.7", "--flash-accept",
              "agree"]
+    want = lj.GenerationConfig(**base, flash=lj.FlashConfig(
+        window=4, lookahead=None, track=2, verify=True, gamma=0.7, accept="agree"))
+    assert config(*flags) == want
+    assert config("--threshold", "0.5", "--flash") == lj.GenerationConfig(
+        **base, flash=lj.FlashConfig())
+    assert config("--threshold", "0.5", "--flash", "--flash-track", "all",
+                  "--flash-lookahead", "5") == lj.GenerationConfig(
+        **base, flash=lj.FlashConfig(track=None, lookahead=5))
+
     rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
                "--gen-length", "16", "--dtype", "float32", "--quiet", *flags])
     assert rc == 0
     out = capsys.readouterr().out
     tok = Tokenizer(checkpoint)
-    config, params = lj.load(checkpoint, dtype="float32")
-    gen = lj.GenerationConfig(gen_length=16, threshold=0.5, flash=lj.FlashConfig(
-        window=4, lookahead=None, track=2, verify=True, gamma=0.7, accept="agree"))
-    ref = lj.generate(params, config, [tok.encode("12+30=")], gen, key=jax.random.key(0))
+    params = lj.load(checkpoint, dtype="float32")[1]
+    ref = lj.generate(params, CFG, [tok.encode("12+30=")], want, key=jax.random.key(0))
     assert out == tok.decode(ref.answers(16)[0]) + "\n"
 
     def error(*argv):
@@ -171,11 +184,12 @@ def test_generate_flash_flags(checkpoint, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, err
         return err
-    assert "--flash-window, --flash-verify without --flash" in error(
-        "--threshold", "0.5", "--flash-window", "4", "--flash-verify")
-    assert "block_length=8 does not apply with flash" in error(
-        "--threshold", "0.5", "--flash", "--block-length", "8")
-    assert "steps=16 does not apply with flash" in error(
+    assert "--flash-window, --flash-gamma without --flash" in error(
+        "--threshold", "0.5", "--flash-window", "16", "--flash-gamma", "0.8")
+    assert "--flash-verify without --flash" in error("--flash-verify")
+    assert "--block-length does not apply with --flash" in error(
+        "--threshold", "0.5", "--flash", "--block-length", "32")
+    assert "--steps does not apply with --flash" in error(
         "--threshold", "0.5", "--flash", "--steps", "16")
     assert "threshold is required with flash" in error("--flash")
     with pytest.raises(SystemExit) as done:

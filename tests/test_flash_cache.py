@@ -97,6 +97,8 @@ def test_bad_shapes_are_refused():
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 48), interpret=True)
     with pytest.raises(ValueError, match="block.splits=3 must divide head_dim / 2 = 8"):
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=3), interpret=True)
+    with pytest.raises(ValueError, match="leaves 4 columns per RoPE half: Triton's dot"):
+        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=2))
 
 
 @pytest.mark.parametrize("splits", [1, 2])

@@ -100,6 +100,19 @@ def test_ragged_batch_matches_reference_row_by_row(deep, accept, gamma):
     assert (np.asarray(out.revealed) == G).all()
 
 
+def test_canvas_shorter_than_the_verify_slots(deep):
+    """A canvas of fewer columns than the verify pass's 2 x window query slots (prompt 3 + 24
+    < 32): once failed on broadcasting the tracked columns; the reference's tokens, NFE and
+    steps."""
+    params, model = deep
+    prompt = PROMPT[:3]
+    gen = _gen(window=16, lookahead=4, track=3, verify=True, gamma=0.5)
+    out = lj.generate(params, CFG, [prompt], gen)
+    ref, nfe, steps = _reference(model, prompt, gen)
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+    assert (int(out.nfe[0]), int(out.steps[0])) == (nfe, steps)
+
+
 def test_eos_accepted_by_the_verify_pass_stops_the_row(deep):
     """EOS := the first token the verify pass accepts in a free run of row 0, so row 0 sets its
     predicted length in the verify pass; the rows stop at different steps."""
