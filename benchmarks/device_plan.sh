@@ -32,7 +32,9 @@
 #      36 idle), and the verify pass at batch 1 and 32 (tenth: 0.92x and 0.33x a main step)
 #   7  issue 23, route (b): the knob sweep at down and gate/up M 4096 (the tenth session's box
 #      ended in a hung `memory_registers=32`, now refused), with the carry_acc probe in the
-#      same run as the default this time, and ptxas' spill report
+#      same run as the default this time and the new `step_groups=2` (a warpgroup's own
+#      wgmma under its promotion: the probe put the promotion at a fifth of the time), and
+#      ptxas' spill report
 # Logs and JSON land in $OUT (at most 8 files come back: copy no extra files there).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -129,13 +129,15 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # cluster's shared operand, no cluster, one 64-row wave per warpgroup, the per-tile pipeline,
 # 3 stages with a double-buffered epilogue (3 divides no gate/up K group count: per tile),
 # wider snake bands, the other snake direction; both waves' scales loaded before the first
-# wgmma; and a timing probe with wrong outputs (WsConfig.probe): no promotion (one accumulator
+# wgmma; two K groups per pipeline step on 64-row warpgroups (each wave's first promotion
+# under its second wgmma), 2 stages steady or 3 per tile; and a timing probe with wrong outputs (WsConfig.probe): no promotion (one accumulator
 # per wave over all of K: what this pipeline gives without DeepGEMM's per-group FFMAs and the
 # accumulator's zero-fill every group). Gone since the tenth session: the consumers at 240
 # registers (producer 32 hung the GPU) and a no-epilogue probe (it ran above the FP8 peak).
 WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
             dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"),
-            dict(early_scales=True), dict(probe="carry_acc"))
+            dict(early_scales=True), dict(wg_rows=64, step_groups=2, stages=2),
+            dict(wg_rows=64, step_groups=2, stages=3, steady=False), dict(probe="carry_acc"))
 
 
 def ws_sweep(spec: str, rows: list) -> None:

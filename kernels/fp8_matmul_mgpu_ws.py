@@ -32,6 +32,9 @@ Registers (why 128-row warpgroups are done as two 64-row waves): a wgmma accumul
 accumulator: 128 (sums) + 64 (accumulator) + scales and addresses, about 200, as DeepGEMM's
 `final_accum[kNumMWaves]` + `accum` does. The price: within a warpgroup the second wave's wgmma
 waits for the first wave's promotion; the other warpgroup's wgmmas fill that gap.
+`step_groups=2` trades the other way: 64-row warpgroups (one wave: 64 sum registers) hold two
+accumulators (192 in all), take two K groups per pipeline step, issue both wgmmas and promote
+the first group while the second's wgmma runs (unmeasured on the GPU: the knob sweep has it).
 
 Shared memory per stage: x 32 KiB + w 16 KiB + scales 1.25 KiB = 49.25 KiB; 4 stages = 197
 KiB, so the epilogue gets one 8 KiB slot per warpgroup (64 bf16 or 32 f32 columns): 213 KiB
@@ -91,6 +94,11 @@ class WsConfig:
     epi_slots: int = 1            # SMEM slots per warpgroup for the epilogue stores (1 or 2)
     steady: bool = True           # carry the TMA pipeline over a CTA's tiles
     early_scales: bool = False    # load both waves' row scales before the first wgmma
+    # K groups per pipeline step (1 or 2). With 2 (64-row warpgroups only: two accumulators
+    # per wave), a wave issues both groups' wgmmas, then promotes the first while the second
+    # runs: the promotion's FFMAs overlap a wgmma of their own warpgroup, not only the other
+    # warpgroup's (the probe: the promotion takes about a fifth of the time).
+    step_groups: int = 1
     memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
     #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
     # Timing probe (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
@@ -107,7 +115,8 @@ class WsConfig:
         """Shared memory the kernel asks for (pipeline buffers + epilogue slots, no
         barriers)."""
         x_scales = self.block_m * 4
-        per_stage = self.block_m * GROUP + BLOCK_N * GROUP + x_scales + WAVE * 4
+        per_stage = self.step_groups * (
+            self.block_m * GROUP + BLOCK_N * GROUP + x_scales + WAVE * 4)
         return self.stages * per_stage + 2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(
             out_dtype).itemsize
 
@@ -164,13 +173,20 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
         raise ValueError(f"probe must be one of {PROBES}, got {c.probe!r}")
     if c.stages < 2:
         raise ValueError(f"stages must be at least 2, got {c.stages}")
+    if c.step_groups not in (1, 2) or (c.step_groups == 2 and c.wg_rows != WAVE):
+        raise ValueError(f"step_groups must be 1, or 2 with wg_rows=64 (two 64-register "
+                         f"accumulators per wave), got {c.step_groups} with wg_rows="
+                         f"{c.wg_rows}")
+    if (K // GROUP) % c.step_groups:
+        raise ValueError(f"step_groups {c.step_groups} must divide the {K // GROUP} K groups")
     cluster_n = BLOCK_N * (c.cluster if c.cluster_dim == "n" else 1)
     if N % cluster_n:
         raise ValueError(f"N {N} must be a multiple of {cluster_n} (128 columns per CTA, "
                          f"cluster {c.cluster} along {c.cluster_dim})")
-    if c.steady and (K // GROUP) % c.stages:
-        raise ValueError(f"steady pipeline: stages {c.stages} must divide the {K // GROUP} "
-                         f"K groups (the slots must line up from tile to tile)")
+    steps = K // GROUP // c.step_groups
+    if c.steady and steps % c.stages:
+        raise ValueError(f"steady pipeline: stages {c.stages} must divide the {steps} "
+                         f"pipeline steps (the slots must line up from tile to tile)")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -180,12 +196,20 @@ def _wave_rows(wg, wg_rows: int, h: int):
     return pl.ds(wg * wg_rows + h * WAVE, WAVE)
 
 
+def _group(ref, j: int, groups: int):
+    """K group j of a pipeline step's [rows, groups * 128] tile (the tile itself when the step
+    is one group: the default kernel's refs stay unsliced)."""
+    return ref if groups == 1 else ref.at[:, pl.ds(j * GROUP, GROUP)]
+
+
 def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret,
-                  early_scales=False):
-    """One K group on one consumer warpgroup: per 64-row wave, the group's FP8 wgmma into a
-    fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`. `early_scales`: every
-    wave's row scales are loaded before the first wave's wgmma (DeepGEMM's order: no shared
-    memory load between the second wave's wait and its FFMAs)."""
+                  early_scales=False, groups=1):
+    """One pipeline step (`groups` K groups) on one consumer warpgroup: per 64-row wave, each
+    group's FP8 wgmma into a fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`
+    group by group; with 2 groups both wgmmas are issued first, so the first group's
+    promotion runs while the second's wgmma does. `early_scales`: every wave's row scales
+    are loaded before the first wave's wgmma (DeepGEMM's order: no shared memory load between
+    the second wave's wait and its FFMAs)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     def load_rows(ref):  # one value per accumulator row (the interpreter has no layouts)
@@ -195,27 +219,37 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret
     # 64 copies of the tile's one w scale, loaded in the row layout: multiplying it into the
     # row scales makes the promotion one multiply-add per element (DeepGEMM's scale_a *
     # scale_b). Loaded before the wgmmas are issued: used only after they are waited for.
-    w_rows = load_rows(ws_smem.at[0])
+    w_rows = [load_rows(ws_smem.at[j]) for j in range(groups)]
 
-    def wave_scale(h):
-        return load_rows(xs_smem.at[0, _wave_rows(wg, wg_rows, h)]) * w_rows
-    early = [wave_scale(h) for h in range(len(sums))] if early_scales else None
+    def wave_scales(h):
+        rows = _wave_rows(wg, wg_rows, h)
+        return [load_rows(xs_smem.at[j, rows]) * w_rows[j] for j in range(groups)]
+    early = [wave_scales(h) for h in range(len(sums))] if early_scales else None
     out = []
     for h, acc_sum in enumerate(sums):
         rows = _wave_rows(wg, wg_rows, h)
-        s = early[h] if early_scales else wave_scale(h)
+        s = early[h] if early_scales else wave_scales(h)
 
-        def wave(acc, rows=rows, acc_sum=acc_sum, s=s):
-            plgpu.wgmma(acc, x_smem.at[rows], plgpu.transpose_ref(w_smem, (1, 0)))
-            part = plgpu.wgmma_accumulator_load(acc, wait_n=0)
-            return acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0])
-        if interpret:  # no transposed wgmma operand there: the same product in fp32
-            part = jax.lax.dot_general(x_smem[rows].astype(jnp.float32),
-                                       w_smem[...].astype(jnp.float32),
-                                       (((1,), (1,)), ((), ())))
-            out.append(acc_sum + part * jax.lax.broadcast_in_dim(s, part.shape, [0]))
+        def promote(acc_sum, part, s_j):
+            return acc_sum + part * jax.lax.broadcast_in_dim(s_j, part.shape, [0])
+        if interpret:  # no transposed wgmma operand there: the same products in fp32
+            for j in range(groups):
+                part = jax.lax.dot_general(
+                    _group(x_smem.at[rows], j, groups)[...].astype(jnp.float32),
+                    _group(w_smem, j, groups)[...].astype(jnp.float32), (((1,), (1,)), ((), ())))
+                acc_sum = promote(acc_sum, part, s[j])
+            out.append(acc_sum)
             continue
-        out.append(pl.run_scoped(wave, plgpu.ACC((WAVE, BLOCK_N), jnp.float32)))
+
+        def wave(*accs, rows=rows, acc_sum=acc_sum, s=s):
+            for j, acc in enumerate(accs):
+                plgpu.wgmma(acc, _group(x_smem.at[rows], j, groups),
+                            plgpu.transpose_ref(_group(w_smem, j, groups), (1, 0)))
+            for j, acc in enumerate(accs):  # group j done when at most the rest are running
+                part = plgpu.wgmma_accumulator_load(acc, wait_n=groups - 1 - j)
+                acc_sum = promote(acc_sum, part, s[j])
+            return acc_sum
+        out.append(pl.run_scoped(wave, *[plgpu.ACC((WAVE, BLOCK_N), jnp.float32)] * groups))
     return tuple(out)
 
 
@@ -245,6 +279,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         raise ValueError(f"probe {c.probe!r} times the compiled kernel; the interpreter has "
                          f"no wgmma accumulator to carry")
     G, bm, tn, waves = K // GROUP, c.block_m, BLOCK_N, c.wg_rows // WAVE
+    sg, kb = c.step_groups, c.step_groups * GROUP  # K groups and columns per pipeline step
     pair_m = c.cluster == 2 and c.cluster_dim == "m"
     pair_n = c.cluster == 2 and c.cluster_dim == "n"
     cluster_m = bm * (2 if pair_m else 1)
@@ -266,14 +301,14 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     share_x = ("cluster",) if pair_n else ()  # the pair multicasts what both of them read
     share_w = ("cluster",) if pair_m else ()
     in_specs = [
-        plgpu.BlockSpec((bm, GROUP), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
-        plgpu.BlockSpec((1, bm), lambda g: (g, 0), collective_axes=share_x),
-        plgpu.BlockSpec((tn, GROUP), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        plgpu.BlockSpec((1, WAVE), lambda g: (g, 0), collective_axes=share_w)]
+        plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
+        plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x),
+        plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
+        plgpu.BlockSpec((sg, WAVE), lambda g: (g, 0), collective_axes=share_w)]
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
-            body, grid=(G,), memory_registers=c.memory_registers,
+            body, grid=(G // sg,), memory_registers=c.memory_registers,
             max_concurrent_steps=c.stages,
             wg_axis="wg", num_compute_wgs=2, in_specs=in_specs, compute_context=context,
             pipeline_state=state)
@@ -289,12 +324,13 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
             if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
                 for h, acc in enumerate(sums):
-                    plgpu.wgmma(acc, x_smem.at[_wave_rows(wg, c.wg_rows, h)],
-                                plgpu.transpose_ref(w_smem, (1, 0)))
+                    for j in range(sg):
+                        plgpu.wgmma(acc, _group(x_smem.at[_wave_rows(wg, c.wg_rows, h)], j, sg),
+                                    plgpu.transpose_ref(_group(w_smem, j, sg), (1, 0)))
                 plgpu.wgmma_wait(0)
                 return sums
             return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
-                                 interpret, c.early_scales)
+                                 interpret, c.early_scales, sg)
 
         def store(sums, ms, ns):
             pieces = tn // c.epi_cols

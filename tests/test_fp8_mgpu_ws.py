@@ -58,6 +58,9 @@ def test_knobs_lower_for_hopper():
                dict(steady=False, stages=3, epi_cols=128, epi_slots=2),
                dict(snake_dim="n", snake_width=16), dict(ctas=6), dict(memory_registers=48),
                dict(early_scales=True), dict(probe="carry_acc"),
+               dict(wg_rows=64, step_groups=2, stages=2, steady=False),
+               dict(wg_rows=64, step_groups=2, stages=2, early_scales=True),
+               dict(wg_rows=64, step_groups=2, stages=2, probe="carry_acc"),
                dict(probe="carry_acc", wg_rows=64, stages=3, steady=False)):
         assert "mosaic_gpu" in export_cuda(1000, 1024, 512, config=WsConfig(**kw)), kw
     with pytest.raises(ValueError, match="exceeds available shared memory"):
@@ -71,7 +74,9 @@ def test_knobs_lower_for_hopper():
     # 128-row tiles (one wave per warpgroup), 2 tiles walked by one CTA along N.
     (100, 256, 256, 1, dict(cluster=1, wg_rows=64, stages=2, snake_dim="n")),
     # Both waves' scales loaded first: the same tile walk with the scales in another order.
-    (300, 512, 256, 2, dict(cluster=1, stages=2, early_scales=True))])
+    (300, 512, 256, 2, dict(cluster=1, stages=2, early_scales=True)),
+    # Two K groups per pipeline step (their promotions in turn), 128-row tiles, steady.
+    (200, 512, 256, 2, dict(cluster=1, wg_rows=64, stages=2, step_groups=2))])
 def test_interpreted_matches_reference(M, K, N, sms, kw):
     """The kernel in Pallas' Mosaic GPU interpreter (TMA, barriers and warpgroups simulated;
     clusters are not: `cluster_barrier` is unimplemented there) against the reference: a
@@ -107,7 +112,7 @@ def test_refuses_unsupported_shapes_and_knobs():
     xq, xs, wq, ws = operands(40, 384, 384)
     with pytest.raises(ValueError, match="N 384 must be a multiple of 256"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig())
-    with pytest.raises(ValueError, match="stages 4 must divide the 3 K groups"):
+    with pytest.raises(ValueError, match="stages 4 must divide the 3 pipeline steps"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1))
     for kw, msg in ((dict(wg_rows=96), "wg_rows must be 64 or 128"),
                     (dict(epi_cols=48), "epi_cols must be 32, 64 or 128"),
@@ -115,7 +120,11 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(stages=1, steady=False), "stages must be at least 2"),
                     (dict(memory_registers=32), "memory_registers must be a multiple of 8"),
                     (dict(memory_registers=36), "memory_registers must be a multiple of 8"),
-                    (dict(probe="fast"), "probe must be one of")):
+                    (dict(probe="fast"), "probe must be one of"),
+                    (dict(step_groups=2), "step_groups must be 1, or 2 with wg_rows=64"),
+                    (dict(step_groups=3, wg_rows=64), "step_groups must be 1, or 2"),
+                    (dict(step_groups=2, wg_rows=64, steady=False),
+                     "step_groups 2 must divide the 3 K groups")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
     with pytest.raises(ValueError, match="multiples of 128"):
