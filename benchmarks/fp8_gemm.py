@@ -134,10 +134,13 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # per wave over all of K: what this pipeline gives without DeepGEMM's per-group FFMAs and the
 # accumulator's zero-fill every group). Gone since the tenth session: the consumers at 240
 # registers (producer 32 hung the GPU) and a no-epilogue probe (it ran above the FP8 peak).
-WS_SWEEP = ({}, dict(cluster_dim="m"), dict(cluster=1), dict(wg_rows=64), dict(steady=False),
-            dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16), dict(snake_dim="n"),
-            dict(early_scales=True), dict(wg_rows=64, step_groups=2, stages=2),
-            dict(wg_rows=64, step_groups=2, stages=3, steady=False), dict(probe="carry_acc"))
+# In the order a box cut short should keep them: the default, the probe and the newest knob
+# first.
+WS_SWEEP = ({}, dict(probe="carry_acc"), dict(wg_rows=64, step_groups=2, stages=2),
+            dict(wg_rows=64, step_groups=2, stages=3, steady=False), dict(wg_rows=64),
+            dict(snake_dim="n"), dict(cluster_dim="m"), dict(cluster=1), dict(steady=False),
+            dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16),
+            dict(early_scales=True))
 
 
 def ws_sweep(spec: str, rows: list) -> None:

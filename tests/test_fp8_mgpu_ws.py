@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from kernels.fp8_matmul import fp8_matmul_ref
-from kernels.fp8_matmul_mgpu_ws import SMEM_BYTES, WsConfig, fp8_matmul_mgpu_ws
+from kernels.fp8_matmul_mgpu_ws import SMEM_BYTES, WsConfig, _check_config, fp8_matmul_mgpu_ws
 from lacache_jax.quant import quantize_act, quantize_weight
 from tests.conftest import rel_err
 
@@ -106,6 +106,19 @@ def test_default_config():
     assert WsConfig.get_default(1024, 384, 4096).cluster == 1
     odd = WsConfig.get_default(1024, 4096, 97 * 128)  # 97 K groups: no stage count divides
     assert not odd.steady and odd.stages == 4
+
+
+def test_device_sweep_knobs_are_accepted_at_the_ffn_shapes():
+    """Every entry of the device sweep (`benchmarks/fp8_gemm.py` WS_SWEEP, over the default
+    at M 4096) passes the kernel's own checks and fits in shared memory at both FFN shapes: a
+    refused entry would cost device time for nothing."""
+    from benchmarks.fp8_gemm import WS_SWEEP
+    for K, N in (GATE_UP, DOWN):
+        base = WsConfig.get_default(4096, N, K, 132)
+        for kw in WS_SWEEP:
+            c = dataclasses.replace(base, **kw)
+            _check_config(c, N, K)
+            assert c.smem_bytes() <= SMEM_BYTES - 1024, (K, N, kw)
 
 
 def test_refuses_unsupported_shapes_and_knobs():
