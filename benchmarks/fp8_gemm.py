@@ -130,9 +130,10 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # 3 stages with a double-buffered epilogue (3 divides no gate/up K group count: per tile),
 # wider snake bands, the other snake direction; both waves' scales loaded before the first
 # wgmma; two K groups per pipeline step on 64-row warpgroups (each wave's first promotion
-# under its second wgmma), 2 stages steady or 3 per tile; and a timing probe with wrong outputs (WsConfig.probe): no promotion (one accumulator
-# per wave over all of K: what this pipeline gives without DeepGEMM's per-group FFMAs and the
-# accumulator's zero-fill every group). Gone since the tenth session: the consumers at 240
+# under its second wgmma), 2 stages steady or 3 per tile; and a timing probe with wrong
+# outputs (WsConfig.probe): no promotion (one accumulator per wave over all of K: what this
+# pipeline gives without DeepGEMM's per-group FFMAs and the accumulator's zero-fill every
+# group). Gone since the tenth session: the consumers at 240
 # registers (producer 32 hung the GPU) and a no-epilogue probe (it ran above the FP8 peak).
 # In the order a box cut short should keep them: the default, the probe and the newest knob
 # first.
