@@ -30,7 +30,9 @@
 #   6  issues 17, 18: the fused cache update against the unfused ops (1.14x, 1.23x, 1.33x in
 #      three runs; 128:128:8:3, now the default, 1.25x and 1.28x: goal 1.3x), now also with
 #      each head split over two programs (192 programs on 132 SMs where one per head leaves
-#      36 idle), and the verify pass at batch 1 and 32 (tenth: 0.92x and 0.33x a main step)
+#      36 idle), and the verify pass at batch 1 and 32 (tenth: 0.92x and 0.33x a main step);
+#      then the update at 32 rows (the dual cache's block at batch 1: the issue asks whether
+#      the fused kernel pays in the dual-cache path too; unmeasured so far)
 #   7  issue 23, route (b): the knob sweep at down and gate/up M 4096 (the tenth session's box
 #      ended in a hung `memory_registers=32`, now refused), with the carry_acc probe in the
 #      same run as the default this time and the new `step_groups=2` (a warpgroup's own
@@ -84,9 +86,14 @@ case "${1:-1}" in
     --decoding fixed --fp8-ffn both --dpad both --iters 2 2>&1 | tee "$OUT/generate_floor.log" \
     | quiet | grep "^|\|ceilings" | tail -16 ;;
 6)
-  timeout 420 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
-    --update-blocks 128:64:8:4,128:128:8:3:2,128:64:8:4:2,128:128:4:3:2 2>&1 | tee "$OUT/flash_update_verify.log" \
-    | quiet | grep -v "^$" | tail -20 ;;
+  timeout -k 5 400 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
+    --update-blocks 128:64:8:4,128:128:8:3:2,128:64:8:4:2,128:128:4:3:2 2>&1 \
+    | tee "$OUT/flash_update_verify.log" | quiet | grep -v "^$" | tail -20
+  # 32 query rows at batch 1: the dual cache's block rows, where the issue asks whether the
+  # fused update would pay too (its write is a contiguous block there)
+  timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 30 \
+    --window 16 --lookahead 8 --track 8 --update-blocks 32:128:4:3,32:128:4:3:2 2>&1 \
+    | tee "$OUT/flash_update_r32.log" | quiet | grep "^update" ;;
 7)
   # issue 23, route (b): the knob sweep (fp8_gemm.WS_SWEEP: the default, the carry_acc probe
   # and step_groups first) beside cuBLASLt's block-scaled GEMM at both shapes. `-k`: a hung
