@@ -3,9 +3,11 @@
 Ctrl-C: the handler installed first thing only records the interrupt; the conversion stops at
 its next safe point (between weight groups, never inside an orbax write), removes its
 temporary directory and the command prints one line and exits 130. An interrupt that arrives
-after DST was put in place changes nothing: the conversion is complete, reported as such. The
-handler stays until the process ends, so an interrupt during interpreter shutdown (jax's
-atexit clean-up) cannot turn a finished run into a traceback.
+after DST was put in place changes nothing: the conversion is complete, reported as such. Once
+the command has returned, SIGINT is ignored for the rest of the process (jax's atexit clean-up,
+the interpreter's shutdown): the default handler would turn a late Ctrl-C into a traceback, and
+a Python handler is reset to the default at shutdown, where a late Ctrl-C killed a finished
+conversion (exit -2, seen under CI's parallel test run); an ignored signal stays ignored.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
 
 def cli() -> None:
     """The `lacache-convert` console script and `python -m convert`."""
-    sys.exit(main(keep_handler=True))
+    rc = main(keep_handler=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing left to interrupt (docstring)
+    sys.exit(rc)
 
 
 def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:

@@ -255,9 +255,11 @@ def test_unknown_config_keys_warn(tmp_path, hf_dir, capsys):
 
 # --- Ctrl-C: nothing left beside DST, one line, exit 130 -----------------------------------
 
-def _interrupt_when(ready, tmp_path: Path, quiet: bool = True) -> tuple[int, str, str, bool]:
+def _interrupt_when(ready, tmp_path: Path, quiet: bool = True,
+                    until_exit: bool = False) -> tuple[int, str, str, bool]:
     """Convert the demo model to tmp_path/dst and send SIGINT once `ready(pid, tmp dir or
-    None)` holds: (exit status, stdout, stderr, whether the moment was seen while running)."""
+    None)` holds (`until_exit`: again every millisecond until the process ends): (exit
+    status, stdout, stderr, whether the moment was seen while running)."""
     import signal
     import time
     cmd = [sys.executable, "-m", "convert", str(ROOT / "demo_model"), str(tmp_path / "dst")]
@@ -273,8 +275,9 @@ def _interrupt_when(ready, tmp_path: Path, quiet: bool = True) -> tuple[int, str
             pass
         if seen:
             p.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.002)
+            if not until_exit:
+                break
+        time.sleep(0.001 if seen else 0.002)
     out, err = p.communicate(timeout=120)
     return p.returncode, out, err, seen
 
@@ -319,3 +322,15 @@ def test_ctrl_c_leaves_nothing_behind(tmp_path):
         assert rc == 0 and out.startswith(f"wrote {work / 'dst'}: 8 layers") and err == ""
         assert [p.name for p in work.iterdir()] == ["dst"]
         assert lj.load(work / "dst")[0].n_layers == 8
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
+def test_ctrl_c_after_the_conversion_changes_nothing(tmp_path):
+    """SIGINT every millisecond from the moment DST is in place until the process ends (its
+    return, jax's atexit clean-up, the interpreter's shutdown): the finished conversion exits
+    0 and says so. Before SIGINT was ignored after the command, a Python handler reset to the
+    default at shutdown let such an interrupt kill the process (exit -2)."""
+    rc, out, err, seen = _interrupt_when(lambda pid, tmp: (tmp_path / "dst").exists(), tmp_path,
+                                         until_exit=True)
+    assert seen and rc == 0, (rc, err)
+    assert out.startswith(f"wrote {tmp_path / 'dst'}: 8 layers") and err == ""
