@@ -12,9 +12,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +27,32 @@ from lacache_jax import config as lj_config
 
 class CLIError(ValueError):
     """Bad command-line input: printed as one line, exit status 1."""
+
+
+class Interrupt:
+    """The SIGINT handler while a command runs: the first Ctrl-C is recorded and honoured at
+    the next safe point (`check`: before loading, before compiling, before and after
+    generating), never inside jax's tracing, compilation or a running program, where an
+    exception left the process to crash at exit (-11 on the CPU); a second raises at once.
+    After the last check (`check(last=True)`) the output is written whole: Ctrl-C is
+    ignored."""
+
+    def __init__(self):
+        self.pending = False
+        self.closed = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            raise KeyboardInterrupt
+        self.pending = True
+        print("stopping at the next safe point (Ctrl-C again: at once)", file=sys.stderr)
+
+    def check(self, last: bool = False) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+        self.closed = last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,14 +159,18 @@ def cmd_generate(args) -> int:
                        f"--gen-length {gen.gen_length} exceed the model's max_sequence_length "
                        f"{config.max_seq_len}")
 
+    check = getattr(args, "interrupt", Interrupt()).check
+    check()
     config, params = lj.load(ckpt, dtype=args.dtype, progress=False if args.quiet else None)
     if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
         _note(args, "[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
                     "stores them]")
         params = lj.quantize_ffn(params)
     progress = None if args.quiet or not sys.stderr.isatty() else BlockProgress()
+    check()
     out, compile_s, run_s = run_batch(params, config, ids, gen, jax.random.key(args.seed),
-                                      progress, args.slots)
+                                      progress, args.slots, check)
+    check(last=True)
     answers = [tok.decode(a) for a in out.answers(gen.gen_length)]
     if args.output == "jsonl":
         text = "".join(json.dumps({
@@ -165,7 +197,8 @@ def cmd_generate(args) -> int:
 
 
 def run_batch(params, config, prompts: list[list[int]], gen, key,
-              progress: BlockProgress | None, slots: int | None = None):
+              progress: BlockProgress | None, slots: int | None = None,
+              check=lambda: None):
     """Generate for every prompt: (output, compile s, run s), answers and counters per prompt
     in input order. One ragged batch, or with `slots` at most that many rows in flight, each
     refilled with the next prompt as it finishes (slot refill). With `progress`, its bar is
@@ -177,6 +210,7 @@ def run_batch(params, config, prompts: list[list[int]], gen, key,
     run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress,
                               slots=slots)
     compile_s = time.perf_counter() - t0
+    check()
     t0 = time.perf_counter()
     total = len(prompts) if slots else gen.num_blocks
     with progress.showing(total) if progress is not None else contextlib.nullcontext():
@@ -451,6 +485,9 @@ def generation_config(args, eot_id: int | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.interrupt = Interrupt()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, args.interrupt) if in_main else None
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
@@ -461,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -468,4 +508,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # Done: a late Ctrl-C (jax's atexit clean-up, the interpreter's shutdown, where a handler
+    # is reset to the default and the signal killed the process: exit -2) changes nothing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(rc)

@@ -198,6 +198,56 @@ def test_generate_flash_flags(checkpoint, capsys):
     assert done.value.code == 2 and "a count or 'all', got 'some'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_stops_at_the_next_safe_point(checkpoint, capsys, monkeypatch, tmp_path, presses):
+    """Ctrl-C during compilation: one press is recorded and honoured once compilation
+    returns (jax is never interrupted mid-way), a second stops at once; either way one
+    'interrupted' line, exit 130, no output file, and the previous SIGINT handler back."""
+    import signal
+    real, ran = lj.compile_generate, []
+
+    def compile_with_ctrl_c(*a, **kw):
+        for _ in range(presses):
+            signal.raise_signal(signal.SIGINT)
+        ran.append(True)
+        return real(*a, **kw)
+    monkeypatch.setattr(lj, "compile_generate", compile_with_ctrl_c)
+    before = signal.getsignal(signal.SIGINT)
+    out = tmp_path / "answers.txt"
+    rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
+               "--gen-length", "16", "--block-length", "8", "--quiet", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 130 and captured.out == "" and not out.exists()
+    assert captured.err.endswith("interrupted\n") and captured.err.count("interrupted") == 1
+    assert "stopping at the next safe point" in captured.err
+    assert ran == ([True] if presses == 1 else [])  # the second press stops before compiling
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
+def test_ctrl_c_after_the_answers_changes_nothing(checkpoint, tmp_path):
+    """SIGINT every millisecond from the moment the output file is in place until the process
+    ends (jax's atexit clean-up, the interpreter's shutdown): exit 0, no traceback. Before,
+    a late interrupt killed the process (exit -2)."""
+    import signal
+    import time
+    out = tmp_path / "answers.txt"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lacache_jax", "generate", "--checkpoint", str(checkpoint),
+         "--prompt", "12+30=", "--gen-length", "16", "--block-length", "8", "--quiet",
+         "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    seen = False
+    while p.poll() is None:
+        seen = seen or out.exists()
+        if seen:
+            p.send_signal(signal.SIGINT)
+        time.sleep(0.001)
+    _, err = p.communicate(timeout=60)
+    assert seen and p.returncode == 0 and "Traceback" not in err, (p.returncode, err)
+    assert out.read_text().endswith("\n")
+
+
 def test_unencodable_text_is_refused(checkpoint, capsys):
     """The char tokenizer maps unknown characters to <|endoftext|>, the model's EOS: 'é' would
     silently end the prompt, so it is refused, naming the character and its place in the
