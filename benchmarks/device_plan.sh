@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device calls the GPU-side work left open after the tenth session of 2026-12-02 needs
 # (bash benchmarks/device_plan.sh N; COMMIT=<sha>), each a time-boxed stage list under 10
-# minutes. Done in the tenth session: chain-d2ml (28%: the asked quantity last made it worse),
+# minutes. Done in the tenth session: chain-d2ml (28%, where d2m gave 80%: order or chance),
 # route (b)'s sweep at gate/up M 4096 and its pipeline-only probe (1,245 TFLOP/s without the
 # promotion), the fused cache update and the verify pass at batch 1 and 32. Left, in priority
 # order 1, 8, 3, 6, 5, 7:
