@@ -225,13 +225,13 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret
         rows = _wave_rows(wg, wg_rows, h)
         return [load_rows(xs_smem.at[j, rows]) * w_rows[j] for j in range(groups)]
     early = [wave_scales(h) for h in range(len(sums))] if early_scales else None
+
+    def promote(acc_sum, part, s_j):
+        return acc_sum + part * jax.lax.broadcast_in_dim(s_j, part.shape, [0])
     out = []
     for h, acc_sum in enumerate(sums):
         rows = _wave_rows(wg, wg_rows, h)
         s = early[h] if early_scales else wave_scales(h)
-
-        def promote(acc_sum, part, s_j):
-            return acc_sum + part * jax.lax.broadcast_in_dim(s_j, part.shape, [0])
         if interpret:  # no transposed wgmma operand there: the same products in fp32
             for j in range(groups):
                 part = jax.lax.dot_general(

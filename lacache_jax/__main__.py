@@ -159,7 +159,7 @@ def cmd_generate(args) -> int:
                        f"--gen-length {gen.gen_length} exceed the model's max_sequence_length "
                        f"{config.max_seq_len}")
 
-    check = getattr(args, "interrupt", Interrupt()).check
+    check = args.interrupt.check
     check()
     config, params = lj.load(ckpt, dtype=args.dtype, progress=False if args.quiet else None)
     if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
@@ -449,7 +449,8 @@ def _flash_arguments(g) -> None:
                         f"paper's) (default: {f.accept})")
 
 
-FLASH_OPTIONS = ("window", "lookahead", "track", "verify", "gamma", "accept")
+# Each has its `--flash-NAME` flag (`_flash_arguments`).
+FLASH_OPTIONS = tuple(f.name for f in dataclasses.fields(lj_config.FlashConfig))
 
 
 def generation_config(args, eot_id: int | None):
@@ -458,8 +459,7 @@ def generation_config(args, eot_id: int | None):
     dpad = None
     if args.dpad:
         dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
-    given = {n: getattr(args, f"flash_{n}") for n in FLASH_OPTIONS
-             if getattr(args, f"flash_{n}") not in (None, False)}
+    given = {n: v for n in FLASH_OPTIONS if (v := getattr(args, f"flash_{n}")) not in (None, False)}
     kw = {}
     if args.flash:
         for flag in ("block_length", "steps"):
