@@ -483,7 +483,10 @@ def generation_config(args, eot_id: int | None):
         eot_id=eot_id, **kw)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
+    """The command; `keep_handler` (the process entry point, `cli`) leaves the SIGINT handler,
+    closed, installed after returning: restoring the default there opened a window in which a
+    late Ctrl-C raised before `cli` could ignore it (exit -2, seen under CI's parallel run)."""
     args = build_parser().parse_args(argv)
     args.interrupt = Interrupt()
     in_main = threading.current_thread() is threading.main_thread()
@@ -499,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if previous is not None:
+        args.interrupt.closed = True  # from here on a press is dropped, never raised
+        if previous is not None and not keep_handler:
             signal.signal(signal.SIGINT, previous)
 
 
@@ -507,9 +511,14 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"warning: {message}", file=sys.stderr)
 
 
-if __name__ == "__main__":
-    rc = main()
-    # Done: a late Ctrl-C (jax's atexit clean-up, the interpreter's shutdown, where a handler
-    # is reset to the default and the signal killed the process: exit -2) changes nothing.
+def cli() -> None:
+    """`python -m lacache_jax`."""
+    rc = main(keep_handler=True)
+    # Done: a late Ctrl-C (jax's atexit clean-up, the interpreter's shutdown, where a Python
+    # handler is reset to the default and the signal killed the process) changes nothing.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(rc)
+
+
+if __name__ == "__main__":
+    cli()
