@@ -94,7 +94,10 @@ def test_ctrl_c_is_held_until_the_write_is_done(tmp_path, monkeypatch):
     real_save, written = ocp.Checkpointer.save, []
 
     def save_interrupted(self, directory, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # Python handles it at the next bytecode
+        # raise_signal, not os.kill: the kernel may hand a process-directed signal to any of
+        # XLA's or orbax's threads, and the main thread then meets it at an arbitrary later
+        # bytecode (a gc callback swallowed one in CI); raise() delivers it here, now.
+        signal.raise_signal(signal.SIGINT)
         real_save(self, directory, *args, **kwargs)
         written.append(sorted(p.name for p in directory.iterdir()))
 
@@ -114,7 +117,7 @@ def test_ctrl_c_is_held_until_the_write_is_done(tmp_path, monkeypatch):
     previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
     try:
         with interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
             assert got == []
         assert got == [signal.SIGINT]
     finally:
