@@ -88,16 +88,22 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=False)
 
     def chat_prompt(self, user_message: str) -> str:
-        """The prompt text for one user turn followed by the assistant header, rendered the way
-        `transformers`' `apply_chat_template(..., add_generation_prompt=True)` renders it."""
+        """The prompt text for one user turn followed by the assistant header."""
+        return self.render_chat([{"role": "user", "content": user_message}])
+
+    def render_chat(self, messages: list[dict[str, str]],
+                    add_generation_prompt: bool = True) -> str:
+        """A conversation rendered the way `transformers`' `apply_chat_template(messages,
+        tokenize=False, add_generation_prompt=...)` renders it."""
         if not self.chat_template:
             raise TokenizerError("the tokenizer has no chat template (tokenizer_config.json "
                                  "chat_template or chat_template.jinja): drop --chat")
         import jinja2
         try:
             template = _jinja_env().from_string(self.chat_template)
-            return template.render(messages=[{"role": "user", "content": user_message}],
-                                   add_generation_prompt=True, **self.special_tokens)
+            return template.render(messages=messages,
+                                   add_generation_prompt=add_generation_prompt,
+                                   **self.special_tokens)
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template: {type(e).__name__}: {e}") from None
 

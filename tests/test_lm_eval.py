@@ -155,8 +155,18 @@ def test_model_args_are_typed_and_validated():
     assert s.gen == lj.GenerationConfig(gen_length=128, steps=64, threshold=0.9, cache="none",
                                         dpad=lj.DPadConfig(strategy="uniform", keep=8),
                                         stop_at_eos=False, cfg_scale=1.0)
-    assert (s.batch_size, s.chat, s.mc_num, s.mc_batch, s.steps_given) == (4, True, 16, 16,
-                                                                            True)
+    assert (s.batch_size, s.chat, s.mc_num, s.mc_batch) == (4, True, 16, 16)
+    # The reference harness decodes the whole canvas: no early stop unless asked for; with
+    # flash the predicted length of §8 is the decoder's own.
+    assert parse({}).gen.stop_at_eos is False
+    assert parse({"threshold": 0.9, "flash": True}).gen.stop_at_eos is True
+    # The reference harness's (eval_llada.py's) names carry over.
+    ref = parse({"model_path": "ck", "is_check_greedy": "False", "cfg": "0.5",
+                 "use_cache": "True", "dual_cache": "True", "gen_length": 64})
+    assert (ref.checkpoint, ref.check_greedy, ref.gen.cfg_scale, ref.gen.cache) == (
+        "ck", False, 0.5, "dual")
+    assert parse({"use_cache": True}).gen.cache == "prefix"
+    assert parse({"use_cache": False, "dual_cache": True}).gen.cache == "none"
     assert parse({"dpad": True}).gen.dpad == lj.DPadConfig()
     assert parse({"dpad_window": 64}).gen.dpad == lj.DPadConfig(window=64)
     assert parse({"gen_length": 64}).gen.steps == 64  # default: one token per step
@@ -172,6 +182,8 @@ def test_model_args_are_typed_and_validated():
              ({"batch_size": 0}, "batch_size must be a positive integer"),
              ({"flash_window": 16}, "threshold is required with flash"),
              ({"temperatur": 0.5}, "unknown model args"),
+             ({"model_path": "a", "checkpoint": "b"}, "model_path and checkpoint"),
+             ({"use_cache": True, "cache": "dual"}, "use_cache/dual_cache and cache"),
              ({"dtype": "int8"}, "dtype must be")]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -195,6 +207,19 @@ def _evaluate(lm, task):
     return results["results"][task]["acc,none"], samples
 
 
+def reference_answer(tokenizer_json: Path, ids: list[int], until: list[str]) -> str:
+    """eval_llada.py's generate_until answer, with the `tokenizers` library: the whole canvas
+    decoded with special tokens, split at each stop string in turn, encoded again, decoded
+    without special tokens."""
+    from tokenizers import Tokenizer as HFTokenizer
+    tok = HFTokenizer.from_file(str(tokenizer_json))
+    text = tok.decode(ids, skip_special_tokens=False)
+    for stop in until:
+        if stop in text:
+            text = text.split(stop)[0]
+    return tok.decode(tok.encode(text).ids, skip_special_tokens=True)
+
+
 def test_generation_task_scores_as_accuracy_py(demo_ckpt):
     lm = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32, threshold=0.9,
                    batch_size=16)
@@ -203,14 +228,14 @@ def test_generation_task_scores_as_accuracy_py(demo_ckpt):
     problems = [(d["a"], d["b"]) for d in docs]
     assert [(s["doc"]["a"], s["doc"]["b"]) for s in samples] == problems
     tok = Tokenizer(demo_ckpt)
-    want = accuracy.evaluate(lm.params, lm.config, tok, problems, dict(threshold=0.9))
+    want = accuracy.evaluate(lm.params, lm.config, tok, problems,
+                             dict(threshold=0.9, stop_at_eos=False))
     assert acc == want["accuracy"]
-    # The very answers: accuracy.py's canvas cut at EOS, against lm-eval's responses.
-    canvas = want["tokens"][:, -64:]
-    for row, s in zip(canvas, samples):
-        ids = row[:np.argmax(row == lm.config.eos_id)] if (row == lm.config.eos_id).any() \
-            else row
-        assert s["resps"][0][0] == tok.decode(ids.tolist())
+    # The very answers: accuracy.py's canvas through the reference's decoding, against
+    # lm-eval's responses.
+    for row, s in zip(want["tokens"][:, -64:], samples):
+        assert s["resps"][0][0] == reference_answer(demo_ckpt / "tokenizer.json",
+                                                    row.tolist(), ["<|user|>"])
     assert acc >= 0.9  # the demo model solves held-out problems (RESULTS.md: 100%)
     # slots=4: slot refill instead of ragged batches, the same responses.
     lm_slots = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32,
@@ -263,21 +288,32 @@ def test_rolling_windows_cover_the_document_once(demo_ckpt):
     assert np.isfinite(total) and total < 0
 
 
-def test_generation_settings_and_answer_cleanup(demo_ckpt):
+def test_generation_settings_and_answer_cleanup(demo_ckpt, caplog):
     lm = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32, steps=32)
-    gen, max_toks, until = lm._request_settings({"max_gen_toks": 40, "until": "#"})
-    # 40 tokens round up to 2 blocks of 32; steps keep their half a step per token.
-    assert (gen.gen_length, gen.steps, max_toks, until) == (64, 32, 40, ("#",))
-    gen, max_toks, _ = lm._request_settings({})
-    assert (gen.gen_length, max_toks) == (64, 64)
-    gen, _, _ = lm._request_settings({"do_sample": True, "temperature": 0.7})
-    assert gen.temperature == 0.7
-    with pytest.raises(ValueError, match="max_gen_toks"):
-        lm._request_settings({"max_gen_toks": 0})
+    # As in the reference harness, only `until` is read: the model args decide the rest.
+    with caplog.at_level("WARNING"):
+        assert lm._stop_strings({"max_gen_toks": 40, "until": "#", "do_sample": True,
+                                 "temperature": 0.7}) == ("#",)
+    assert "['do_sample', 'max_gen_toks', 'temperature'] are ignored" in caplog.text
+    assert lm._stop_strings({}) == () and lm._stop_strings({"until": ["a", "b"]}) == ("a", "b")
     ids = lm.tok.encode("1+2+0=3c0;<|user|>#3<|assistant|>")
     assert lm._postprocess(ids, ("#",)) == "1+2+0=3c0;"          # cut, then specials gone
     assert lm._postprocess(ids, ("<|user|>",)) == "1+2+0=3c0;"   # a special as stop string
     assert lm._postprocess(ids, ()) == "1+2+0=3c0;#3"
+    eos = lm.config.eos_id
+    after_eos = lm.tok.encode("1+2=3") + [eos] + lm.tok.encode("4;") + [eos, eos]
+    assert lm._postprocess(after_eos, ()) == "1+2=34;"  # text after an EOS stays
+    for case, until in ((ids, ["#"]), (ids, ["<|user|>", "3"]), (ids, []), (after_eos, ["4"]),
+                        (after_eos, [])):
+        assert lm._postprocess(case, tuple(until)) == reference_answer(
+            demo_ckpt / "tokenizer.json", case, until)
+    # chat=true wraps generation prompts only, as Fast-dLLM's harness; lm-eval's
+    # --apply_chat_template renders as transformers does (the same text as chat_prompt).
+    chat = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32, chat=True)
+    assert chat._encode_pair("1+2=", "3") == (chat.tok.encode("1+2="), chat.tok.encode("3"))
+    assert chat._encode_context("1+2=", 60) == chat.tok.encode(chat.tok.chat_prompt("1+2="))
+    assert chat.apply_chat_template([{"role": "user", "content": "1+2="}]) == \
+        chat.tok.chat_prompt("1+2=")
 
 
 def test_harness_batch_size_does_not_clash_with_model_args(demo_ckpt):

@@ -1,16 +1,20 @@
 """The lm-eval model `lacache_jax`: an `lm_eval.api.model.LM` over a converted checkpoint.
 
-    generate_until         requests grouped by their resolved GenerationConfig (max_gen_toks
-                           -> gen_length rounded up to a block multiple; temperature when
-                           do_sample), each group through `lj.generate` in ragged batches of
-                           `batch_size` prompts, longest first; answers cut at EOS, at
-                           max_gen_toks tokens and at the `until` strings, special tokens
-                           stripped.
+    generate_until         every request with the model args' settings, as the reference
+                           harness (LLaDA's / Fast-dLLM's eval_llada.py) does: gen_kwargs
+                           other than `until` (max_gen_toks, do_sample, temperature) are
+                           ignored, with one log line; ragged batches of `batch_size`
+                           prompts, longest first (or slot refill with `slots`); each row's
+                           whole generated canvas decoded with its special tokens, cut at the
+                           `until` strings, then the special tokens removed, so text after an
+                           EOS stays, as in the reference.
     loglikelihood          the Monte-Carlo ELBO of REFERENCE.md §9 (elbo.py), is_greedy by
                            LLaDA's greedy check.
     loglikelihood_rolling  the same ELBO over each document, chunked by lm-eval's rolling
                            windows at the model's length (window + its one context token).
 
+`chat=true` wraps generate_until's contexts (only) as one user turn of the chat template, as
+Fast-dLLM's harness does for Instruct models; log-likelihood contexts stay plain text.
 Model args: model_args.py. Contexts too long for the model lose their oldest tokens.
 """
 
@@ -38,8 +42,8 @@ from lacache_jax.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-# gen_kwargs keys of lm-eval tasks we read; others are logged once and ignored.
-_GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature")
+# The one gen_kwargs key read (as by the reference harness); others are logged once.
+_GEN_KWARGS = ("until",)
 
 
 @register_model("lacache_jax")
@@ -119,39 +123,32 @@ class LaCacheLM(LM):
 
     def apply_chat_template(self, chat_history: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str:
-        """The whole conversation through the checkpoint's chat template (jinja2)."""
-        import jinja2
-        if not self.tok.chat_template:
-            raise ValueError("the checkpoint's tokenizer_config.json has no chat_template")
-        env = jinja2.Environment(keep_trailing_newline=True)
-        return env.from_string(self.tok.chat_template).render(
-            messages=chat_history, bos_token=self.tok.bos_token,
-            add_generation_prompt=add_generation_prompt)
+        """The whole conversation through the checkpoint's chat template, rendered as
+        `transformers` renders it (Tokenizer.render_chat)."""
+        return self.tok.render_chat(chat_history, add_generation_prompt)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        out: list[str | None] = [None] * len(requests)
-        groups: dict[lj.GenerationConfig, list[tuple[int, list[int], int, tuple]]] = {}
+        gen = self.gen
+        items = []
         for i, req in enumerate(requests):
             context, kwargs = req.args
-            gen, max_toks, until = self._request_settings(kwargs or {})
+            until = self._stop_strings(kwargs or {})
             prompt = self._encode_context(context, self.config.max_seq_len - gen.gen_length)
-            groups.setdefault(gen, []).append((i, prompt, max_toks, until))
-        # Slot refill: a whole group in one call, `slots` rows in flight (not with flash yet).
-        refill = lambda gen: self.settings.slots is not None and gen.flash is None
-        size = lambda gen, items: len(items) if refill(gen) else self.settings.batch_size
-        n_batches = sum(-(-len(g) // size(gen, g)) for gen, g in groups.items())
-        bar = tqdm(total=n_batches, desc="generate_until", disable=disable_tqdm or self.rank)
-        for gen, items in groups.items():
-            items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
-            B = size(gen, items)
-            for lo in range(0, len(items), B):
-                chunk = items[lo:lo + B]
-                run = self._generate_slots if refill(gen) else self._generate
-                answers = run([p for _, p, _, _ in chunk], [i for i, *_ in chunk], gen)
-                for (i, _, max_toks, until), ids in zip(chunk, answers):
-                    out[i] = self._postprocess(ids[:max_toks], until)
-                    self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
-                bar.update()
+            items.append((i, prompt, until))
+        out: list[str | None] = [None] * len(requests)
+        items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
+        refill = self.settings.slots is not None  # slot refill: all requests in one call
+        B = len(items) if refill else self.settings.batch_size
+        bar = tqdm(total=-(-len(items) // max(B, 1)), desc="generate_until",
+                   disable=disable_tqdm or self.rank)
+        for lo in range(0, len(items), B):
+            chunk = items[lo:lo + B]
+            run = self._generate_slots if refill else self._generate
+            canvases = run([p for _, p, _ in chunk], [i for i, *_ in chunk], gen)
+            for (i, _, until), ids in zip(chunk, canvases):
+                out[i] = self._postprocess(ids, until)
+                self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+            bar.update()
         bar.close()
         return out
 
@@ -188,40 +185,23 @@ class LaCacheLM(LM):
             mask_id=self.gen.mask_id, cfg_scale=self.gen.cfg_scale, check_greedy=check_greedy,
             progress=progress and self.rank == 0)
 
-    def _request_settings(self, kwargs: dict) -> tuple[lj.GenerationConfig, int, tuple]:
-        """A request's GenerationConfig, token budget and stop strings."""
+    def _stop_strings(self, kwargs: dict) -> tuple[str, ...]:
+        """A request's `until` strings; its other gen_kwargs are logged once and ignored."""
         unknown = sorted(set(kwargs) - set(_GEN_KWARGS))
         if unknown and repr(unknown) not in self._warned:
             self._warned.add(repr(unknown))
-            log.warning("gen_kwargs %s are ignored by lacache_jax", unknown)
+            log.warning("gen_kwargs %s are ignored: every request decodes with the model "
+                        "args' settings (gen_length, temperature, ...), as the reference "
+                        "harness does", unknown)
         until = kwargs.get("until", ())
-        until = (until,) if isinstance(until, str) else tuple(until or ())
-        base = self.gen
-        max_toks = kwargs.get("max_gen_toks")
-        if max_toks is None:
-            max_toks = base.gen_length
-        if isinstance(max_toks, bool) or not isinstance(max_toks, int) or max_toks <= 0:
-            raise ValueError(f"gen_kwargs max_gen_toks must be a positive integer, got "
-                             f"{max_toks!r}")
-        if base.flash is not None:  # no blocks: the window slides over exactly max_toks
-            return dataclasses.replace(base, gen_length=max_toks), max_toks, until
-        bl = base.block_length
-        gen_length = -(-max_toks // bl) * bl
-        changes: dict[str, Any] = {"gen_length": gen_length}
-        # steps keeps its tokens per step when gen_length changes; the default is one token
-        # per step. Either way it must divide into the blocks.
-        blocks = gen_length // bl
-        per_token = base.steps / base.gen_length if self.settings.steps_given else 1.0
-        changes["steps"] = max(1, -(-round(per_token * gen_length) // blocks)) * blocks
-        if kwargs.get("do_sample") and "temperature" in kwargs:
-            changes["temperature"] = float(kwargs["temperature"])
-        return dataclasses.replace(base, **changes), max_toks, until
+        return (until,) if isinstance(until, str) else tuple(until or ())
 
     def _generate(self, prompts: list[list[int]], request_ids: list[int],
                   gen: lj.GenerationConfig) -> list[list[int]]:
-        """Answers (up to EOS) of one ragged batch, padded to `batch_size` rows with copies
-        of the last prompt so every full or partial batch has the same row count. Row keys
-        come from the request index: a row's draws do not depend on its batch."""
+        """Generated canvases (all gen_length tokens) of one ragged batch, padded to
+        `batch_size` rows with copies of the last prompt so every full or partial batch has
+        the same row count. Row keys come from the request index: a row's draws do not
+        depend on its batch."""
         B, n = self.settings.batch_size, len(prompts)
         rows = prompts + [prompts[-1]] * (B - n)
         ids = request_ids + [request_ids[-1]] * (B - n)
@@ -230,21 +210,22 @@ class LaCacheLM(LM):
         # Each batch compiles for its own longest prompt; `slots=` compiles per power-of-two
         # bucket instead (slots.py).
         out = lj.generate(self.params, self.config, rows, gen, key=keys)
-        return out.answers(gen.gen_length)[:n]
+        return np.asarray(out.tokens)[:n, -gen.gen_length:].tolist()
 
     def _generate_slots(self, prompts: list[list[int]], request_ids: list[int],
                         gen: lj.GenerationConfig) -> list[list[int]]:
-        """Answers of every prompt through slot refill (`slots` rows in flight), keys from
-        the request index as in `_generate`: the same answers, another schedule."""
+        """Canvases of every prompt through slot refill (`slots` rows in flight), keys from
+        the request index as in `_generate`: the same tokens, another schedule."""
         keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(self.settings.seed), i))(
             jnp.asarray(request_ids))
         out = lj.generate(self.params, self.config, prompts, gen, key=keys,
                           slots=self.settings.slots)
-        return out.answers(gen.gen_length)
+        return np.asarray(out.tokens)[:, -gen.gen_length:].tolist()
 
     def _postprocess(self, ids: list[int], until: tuple) -> str:
-        """Text cut at the first `until` string (special tokens still in, so a special
-        token can be a stop string), then special tokens removed."""
+        """The reference's answer: the canvas decoded with its special tokens (so a special
+        token can be a stop string), cut at each `until` string in turn, then the special
+        tokens removed (text after an EOS stays)."""
         text = self.tok.decode(ids)
         for stop in until:
             if stop:
@@ -275,8 +256,6 @@ class LaCacheLM(LM):
         n = len(context) - len(context.rstrip())
         if n:
             context, continuation = context[:-n], context[-n:] + continuation
-        if self.settings.chat:
-            context = self.tok.chat_prompt(context)
         ctx = self.tok.encode(context)
         whole = self.tok.encode(context + continuation)
         cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self.tok.encode(continuation)

@@ -5,7 +5,14 @@ field added to `GenerationConfig` becomes an arg with no change here. A field ho
 config dataclass (`dpad: DPadConfig | None`, and Flash-dLLM's `flash` once it exists) takes
 its own fields as `<field>_<name>` (`dpad_window=64`), and `<field>=true|false` switches it
 on with defaults or off; `dpad=gaussian|uniform` also picks DPad's strategy.
-The evaluation's own args are in `EVAL_ARGS`. Values may be strings (the command line), or
+The evaluation's own args are in `EVAL_ARGS`. The reference harness's names (LLaDA's and
+Fast-dLLM's `eval_llada.py`, model `llada_dist`) are accepted for the same settings
+(`REFERENCE_NAMES`; `use_cache=true[,dual_cache=true]` is `cache=prefix|dual`), so its
+`--model_args` carry over. Unlike `GenerationConfig`, `stop_at_eos` defaults to false here
+(without `flash`): the reference decodes the whole canvas and keeps text after an EOS, which
+an early stop would replace by EOS (`stop_at_eos=true` is faster and changes only text after
+a block holding an EOS). With `flash` it stays true: Flash-dLLM's predicted length (REFERENCE.md
+§8) is part of its decoder. Values may be strings (the command line), or
 Python values; lm-eval has already turned `none` into None, so a string field reads None as
 "none" (`cache=none`). Every bad value raises ValueError naming the arg.
 """
@@ -35,12 +42,14 @@ EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
 }
 # Harness-level settings lm-eval passes to every model; read or ignored, never an error.
 HARNESS_ARGS = ("max_batch_size", "device")
+# The reference harness's name -> ours (model_path must be a converted checkpoint here).
+REFERENCE_NAMES = {"model_path": "checkpoint", "is_check_greedy": "check_greedy",
+                   "cfg": "cfg_scale"}
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    gen: GenerationConfig   # settings of a request without gen_kwargs
-    steps_given: bool       # `steps` was set (else it follows the gen length: 1 token a step)
+    gen: GenerationConfig   # every generate_until request's settings
     checkpoint: str | None
     dtype: str | None
     batch_size: int
@@ -54,7 +63,7 @@ class EvalSettings:
 
 def parse(args: dict[str, Any]) -> EvalSettings:
     """Model args (lm-eval's parsed `--model_args`, or Python keywords) -> EvalSettings."""
-    args = {k: v for k, v in args.items() if k not in HARNESS_ARGS}
+    args = _our_names({k: v for k, v in args.items() if k not in HARNESS_ARGS})
     ev = {name: default for name, (_, default, _) in EVAL_ARGS.items()}
     for name in [n for n in args if n in EVAL_ARGS]:
         kind = EVAL_ARGS[name][0]
@@ -74,19 +83,37 @@ def parse(args: dict[str, Any]) -> EvalSettings:
     if ev["dtype"] not in (None, "bfloat16", "float32"):
         raise ValueError(f"dtype must be bfloat16 or float32, got {ev['dtype']!r}")
     gen_length = gen_kwargs.get("gen_length", GenerationConfig.gen_length)
-    steps_given = "steps" in gen_kwargs
     if gen_kwargs.get("flash") is None:  # Flash-dLLM has no blocks and no step schedule
         gen_kwargs.setdefault("steps", gen_length)
+        gen_kwargs.setdefault("stop_at_eos", False)  # the reference's whole canvas (docstring)
     gen = GenerationConfig(**gen_kwargs)  # validates every field, naming it
-    return EvalSettings(gen=gen, steps_given=steps_given, checkpoint=ev["checkpoint"],
+    return EvalSettings(gen=gen, checkpoint=ev["checkpoint"],
                         dtype=ev["dtype"], batch_size=ev["batch_size"], slots=ev["slots"],
                         mc_num=ev["mc_num"], mc_batch=mc_batch,
                         check_greedy=ev["check_greedy"], chat=ev["chat"], seed=ev["seed"])
 
 
+def _our_names(args: dict[str, Any]) -> dict[str, Any]:
+    """The reference harness's arg names replaced by ours; a setting named both ways is
+    refused rather than one silently winning."""
+    args = dict(args)
+    for theirs, ours in REFERENCE_NAMES.items():
+        if theirs in args:
+            if ours in args:
+                raise ValueError(f"{theirs} and {ours} name the same setting: give one")
+            args[ours] = args.pop(theirs)
+    if "use_cache" in args or "dual_cache" in args:  # dual_cache counts only with use_cache
+        if "cache" in args:
+            raise ValueError("use_cache/dual_cache and cache name the same setting: give one")
+        use = _coerce(args.pop("use_cache", False), "bool", False, "use_cache")
+        dual = _coerce(args.pop("dual_cache", False), "bool", False, "dual_cache")
+        args["cache"] = ("dual" if dual else "prefix") if use else "none"
+    return args
+
+
 def known_args() -> list[str]:
     """Every model arg name, nested ones (`dpad_window`, ...) included."""
-    names = [*EVAL_ARGS]
+    names = [*EVAL_ARGS, *REFERENCE_NAMES, "use_cache", "dual_cache"]
     for name, hint in _gen_fields().items():
         names.append(name)
         for kind in _kinds(hint)[0]:
