@@ -275,7 +275,9 @@ class FlashConfig:
     window itself, so its look-ahead is window * (mask_num - 1) = 16 * 3 = 48 masks at the
     published setting (tests/reference_flash.py). `track=None` re-queries every position
     outside the window, masks and decoded (a full recompute, whatever `lookahead` says);
-    `lookahead=None` queries every undecoded position.
+    `lookahead=None` queries every undecoded position. The released code always takes the
+    argmax; here `GenerationConfig.temperature` > 0 draws the window's tokens with Gumbel
+    noise as the block decoders do (an extension: parity holds at temperature 0).
 
     `verify=True` adds Flash-Verify: after the draft pass's acceptance, a second forward per
     step over [tracked | drafts | masks] of the next `window // 2` (at most) rejected window
