@@ -93,7 +93,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
         raise ConvertError(f"--fp8-skip {list(fp8_skip)}: layers are 0..{cfg.n_layers - 1}")
     entries = _normalise_names(find_sources(src))
     plan = key_plan(cfg)
-    _check_entries(entries, cfg, plan)
+    _check_entries(src, entries, cfg, plan)
 
     by_group: dict[str, list[str]] = {}
     for name, t in plan.items():
@@ -139,14 +139,16 @@ def _normalise_names(entries: dict[str, Entry]) -> dict[str, Entry]:
     return entries
 
 
-def _check_entries(entries: dict[str, Entry], cfg: ModelConfig, plan: dict) -> None:
+def _check_entries(src: Path, entries: dict[str, Entry], cfg: ModelConfig,
+                   plan: dict) -> None:
     head = PREFIX + "ff_out.weight"
     if cfg.tie_embeddings and head in entries:
         raise ConvertError(f"{entries[head].where}: has a separate LM head {head!r} but "
                            "config.json says weight_tying=true")
     if missing := [n for n in plan if n not in entries]:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise ConvertError(f"missing key {missing[0]!r}{more}")
+        raise ConvertError(f"{src}: missing key {missing[0]!r}{more}: no file of it holds "
+                           "the tensor")
     if unexpected := sorted(n for n in entries if n not in plan):
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ConvertError(f"{entries[unexpected[0]].where}: unexpected key "

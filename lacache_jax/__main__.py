@@ -140,6 +140,10 @@ def cmd_generate(args) -> int:
     if args.out is not None and not Path(args.out).absolute().parent.is_dir():
         raise CLIError(f"--out {args.out}: directory {Path(args.out).absolute().parent} "
                        "does not exist")
+    if args.out is not None and Path(args.out).is_dir():
+        raise CLIError(f"--out {args.out} is a directory: name a file")
+    if args.slots is not None and args.slots < 1:
+        raise CLIError(f"--slots must be a positive integer, got {args.slots}")
     prompts = [Prompt(p, f"--prompt {i}") for i, p in enumerate(args.prompt or [], 1)]
     if args.prompts_file is not None:
         prompts += read_prompts_file(args.prompts_file)
@@ -151,7 +155,11 @@ def cmd_generate(args) -> int:
     eot_id = args.eot_id
     if args.confidence_eos_eot_inf and eot_id is None:
         eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
+        if eot_id is None:
+            raise CLIError("--confidence-eos-eot-inf needs --eot-id: this tokenizer has no "
+                           "<|eot_id|>")
     gen = generation_config(args, eot_id)
+    gen.resolve(config)  # the ids against the vocabulary (--eot-id), before the weights load
     ids = [_encode(tok, p, args.chat) for p in prompts]
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if len(ids[longest]) + gen.gen_length > config.max_seq_len:
@@ -394,8 +402,16 @@ def _decoding_arguments(g) -> None:
                    help="dual cache: refresh every N steps too (default: once per block)")
     g.add_argument("--dpad", choices=["gaussian", "uniform"], default=None,
                    help="DPad suffix dropout (default: off)")
-    g.add_argument("--dpad-window", type=int, default=256, help="DPad window")
-    g.add_argument("--dpad-keep", type=int, default=32, help="DPad uniform: positions kept")
+    d = lj_config.DPadConfig
+    g.add_argument("--dpad-window", type=int, default=None,
+                   help=f"DPad: suffix positions that may be kept (default: {d.window})")
+    g.add_argument("--dpad-k", type=float, default=None,
+                   help=f"DPad gaussian: how fast the keep probability falls with distance "
+                        f"(default: {d.k})")
+    g.add_argument("--dpad-scale", type=float, default=None,
+                   help=f"DPad gaussian: the keep probability's scale (default: {d.scale})")
+    g.add_argument("--dpad-keep", type=int, default=None,
+                   help=f"DPad uniform: positions kept (default: {d.keep})")
     g.add_argument("--cfg-scale", type=float, default=0.0,
                    help="classifier-free guidance scale (0: off)")
     g.add_argument("--no-stop-at-eos", action="store_true",
@@ -451,14 +467,21 @@ def _flash_arguments(g) -> None:
 
 # Each has its `--flash-NAME` flag (`_flash_arguments`).
 FLASH_OPTIONS = tuple(f.name for f in dataclasses.fields(lj_config.FlashConfig))
+# Each has its `--dpad-NAME` flag; `--dpad STRATEGY` switches DPad on.
+DPAD_OPTIONS = tuple(f.name for f in dataclasses.fields(lj_config.DPadConfig)
+                     if f.name != "strategy")
 
 
 def generation_config(args, eot_id: int | None):
     """The GenerationConfig of the generate command's flags."""
     import lacache_jax as lj
     dpad = None
+    dpad_given = {n: v for n in DPAD_OPTIONS if (v := getattr(args, f"dpad_{n}")) is not None}
     if args.dpad:
-        dpad = lj.DPadConfig(strategy=args.dpad, window=args.dpad_window, keep=args.dpad_keep)
+        dpad = lj.DPadConfig(strategy=args.dpad, **dpad_given)
+    elif dpad_given:
+        raise CLIError(", ".join(f"--dpad-{n}" for n in dpad_given) + " without --dpad: add "
+                       "--dpad gaussian|uniform")
     given = {n: v for n in FLASH_OPTIONS if (v := getattr(args, f"flash_{n}")) not in (None, False)}
     kw = {}
     if args.flash:

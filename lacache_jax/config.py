@@ -370,7 +370,7 @@ class GenerationConfig:
         if self.threshold is not None and self.factor is not None:
             raise ValueError("threshold and factor are alternatives: set at most one")
         from lacache_jax.cache import POLICIES  # the policy table owns the names
-        if self.cache not in POLICIES:
+        if not isinstance(self.cache, str) or self.cache not in POLICIES:  # [..]: unhashable
             raise ValueError(f"cache must be one of {tuple(POLICIES)}, got {self.cache!r}")
         for name in ("stop_at_eos", "logits_eos_inf", "confidence_eos_eot_inf", "fp8_ffn"):
             if not isinstance(getattr(self, name), bool):

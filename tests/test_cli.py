@@ -141,6 +141,17 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
     assert "no prompt: pass --prompt" in error("--checkpoint", ck)
     assert "--out /nonexistent/o.txt: directory /nonexistent does not exist" in error(
         "--checkpoint", ck, "--prompt", "x", "--out", "/nonexistent/o.txt")
+    (tmp_path / "o_dir").mkdir()
+    assert "--out " + str(tmp_path / "o_dir") + " is a directory: name a file" in error(
+        "--checkpoint", ck, "--prompt", "x", "--out", str(tmp_path / "o_dir"))
+    assert "--slots must be a positive integer, got 0" in error(
+        "--checkpoint", ck, "--prompt", "x", "--slots", "0")
+    assert "--dpad-k, --dpad-keep without --dpad" in error(
+        "--checkpoint", ck, "--prompt", "x", "--dpad-k", "2", "--dpad-keep", "8")
+    assert "dpad.scale must be a positive number, got -1.0" in error(
+        "--checkpoint", ck, "--prompt", "x", "--dpad", "gaussian", "--dpad-scale", "-1")
+    assert "eot_id=9999 is outside the model's vocabulary" in error(
+        "--checkpoint", ck, "--prompt", "x", "--eot-id", "9999", "--confidence-eos-eot-inf")
     n = CFG.max_seq_len - 32 + 1  # one token too many: named before loading, with the prompt
     assert (f"--prompt 2: {n} prompt tokens + --gen-length 32 exceed the model's "
             f"max_sequence_length {CFG.max_seq_len}") in error(
@@ -168,6 +179,12 @@ def test_generate_flash_flags(checkpoint, capsys):
     assert config("--threshold", "0.5", "--flash", "--flash-track", "all",
                   "--flash-lookahead", "5") == lj.GenerationConfig(
         **base, flash=lj.FlashConfig(track=None, lookahead=5))
+    # DPad's options the same way: every DPadConfig field has its --dpad-NAME flag.
+    assert config("--block-length", "8", "--dpad", "gaussian", "--dpad-window", "8",
+                  "--dpad-k", "2", "--dpad-scale", "1.5").dpad == lj.DPadConfig(
+        window=8, k=2.0, scale=1.5)
+    assert config("--block-length", "8", "--dpad", "uniform",
+                  "--dpad-keep", "3").dpad == lj.DPadConfig(strategy="uniform", keep=3)
 
     rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
                "--gen-length", "16", "--dtype", "float32", "--quiet", *flags])

@@ -148,7 +148,7 @@ def _truncate(hf: Path, nbytes: int = 100):
 HEAD = "model.transformer.ff_out.weight"
 Q1 = "model.transformer.blocks.1.q_proj.weight"
 BAD_INPUTS = {
-    "missing_key": (lambda hf: _drop(hf, Q1), f"missing key '{Q1}'"),
+    "missing_key": (lambda hf: _drop(hf, Q1), f"hf: missing key '{Q1}': no file of it holds"),
     "unexpected_key": (
         lambda hf: _put(hf, "model.transformer.extra.weight", np.ones(3, np.float32)),
         "unexpected key 'model.transformer.extra.weight'"),

@@ -266,6 +266,7 @@ def test_eot_id_default():
     ("threshold", 1.5, r"threshold must lie in \(0, 1\]"),
     ("factor", -1.0, "factor must be positive"),
     ("cache", "paged", "cache must be one of"),
+    ("cache", ["dual"], "cache must be one of"),  # unhashable: ValueError, not TypeError
     ("remasking", "top", "remasking must be one of"),
     ("temperature", -0.1, "temperature must be >= 0"),
     ("cfg_scale", -1.0, "cfg_scale must be >= 0"),

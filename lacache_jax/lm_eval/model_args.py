@@ -2,7 +2,7 @@
 
 Every `GenerationConfig` field is a model arg of the same name, read from its type hint, so a
 field added to `GenerationConfig` becomes an arg with no change here. A field holding a
-config dataclass (`dpad: DPadConfig | None`, and Flash-dLLM's `flash` once it exists) takes
+config dataclass (`dpad: DPadConfig | None`, Flash-dLLM's `flash: FlashConfig | None`) takes
 its own fields as `<field>_<name>` (`dpad_window=64`), and `<field>=true|false` switches it
 on with defaults or off; `dpad=gaussian|uniform` also picks DPad's strategy.
 The evaluation's own args are in `EVAL_ARGS`. The reference harness's names (LLaDA's and
