@@ -296,6 +296,9 @@ def test_generation_settings_and_answer_cleanup(demo_ckpt, caplog):
                                  "temperature": 0.7}) == ("#",)
     assert "['do_sample', 'max_gen_toks', 'temperature'] are ignored" in caplog.text
     assert lm._stop_strings({}) == () and lm._stop_strings({"until": ["a", "b"]}) == ("a", "b")
+    # No request: nothing to run, with or without slot refill.
+    assert lm.generate_until([]) == []
+    assert LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, slots=4).generate_until([]) == []
     ids = lm.tok.encode("1+2+0=3c0;<|user|>#3<|assistant|>")
     assert lm._postprocess(ids, ("#",)) == "1+2+0=3c0;"          # cut, then specials gone
     assert lm._postprocess(ids, ("<|user|>",)) == "1+2+0=3c0;"   # a special as stop string

@@ -138,12 +138,12 @@ class LaCacheLM(LM):
         out: list[str | None] = [None] * len(requests)
         items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
         refill = self.settings.slots is not None  # slot refill: all requests in one call
-        B = len(items) if refill else self.settings.batch_size
-        bar = tqdm(total=-(-len(items) // max(B, 1)), desc="generate_until",
+        B = max(len(items), 1) if refill else self.settings.batch_size
+        run = self._generate_slots if refill else self._generate
+        bar = tqdm(total=-(-len(items) // B), desc="generate_until",
                    disable=disable_tqdm or self.rank)
         for lo in range(0, len(items), B):
             chunk = items[lo:lo + B]
-            run = self._generate_slots if refill else self._generate
             canvases = run([p for _, p, _ in chunk], [i for i, *_ in chunk], gen)
             for (i, _, until), ids in zip(chunk, canvases):
                 out[i] = self._postprocess(ids, until)
