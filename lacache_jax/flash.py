@@ -15,7 +15,7 @@ Parity target: tests/reference_flash.py (its docstring settles every semantic ch
 - importance: raw q.k of the window rows against every key, mean over those rows and query
   heads, summed over layers 2..L-1: emitted by the attention of the query rows
   (kernels/window_attention.py) from the scores it computes anyway, no second pass.
-- acceptance: window confidence (softmax probability of the argmax, 0 at or past the
+- acceptance: window confidence (softmax probability of the argmax as log-odds, 0 at or past the
   predicted length once an EOS is accepted), every position >= threshold, at least the most
   confident; the rank order is then re-sorted: older decoded positions by ascending
   importance (ties keep their order), this step's accepted last in confidence order.
@@ -217,11 +217,12 @@ def accept(gen: GenerationConfig, st: FlashState, valid_BT, cols_BR, kind_BR, lo
         x0 = sampling.sample(logits_BWV, gen.temperature, step_keys)
         conf = sampling.confidence(logits_BWV, x0, "low_confidence", None)
     beyond = st.eos_seen_B[:, None] & (wcols >= st.pred_len_B[:, None])
-    conf = jnp.where(in_win, jnp.where(beyond, 0.0, conf), -jnp.inf)
+    conf = jnp.where(in_win, jnp.where(beyond, sampling.LOG_ODDS_FLOOR, conf), -jnp.inf)
     wkey = jnp.take_along_axis(st.wkey_BT, wcols, axis=-1)
     order = jnp.lexsort((wkey, -conf), axis=-1)  # descending confidence, ties: window order
     rank_W = jnp.argsort(order, axis=-1).astype(jnp.int32)
-    keep_B = jnp.maximum(1, ((conf >= gen.threshold) & in_win).sum(-1)).astype(jnp.int32)
+    keep_B = jnp.maximum(1, (sampling.at_least(conf, gen.threshold) & in_win).sum(-1))
+    keep_B = keep_B.astype(jnp.int32)
     acc_W = in_win & (rank_W < keep_B[:, None]) & active_B[:, None]
     rejected_W = in_win & ~acc_W & active_B[:, None]
 
@@ -362,12 +363,14 @@ def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: K
     i_S = jnp.arange(Sm, dtype=jnp.int32)[None, :]
     row = jnp.clip(Sm - S_B[:, None] + i_S, 0, Sm - 1)
     logits_BSV = jnp.take_along_axis(logits_BSV, row[..., None], axis=1)
-    p = sampling.confidence(logits_BSV, draft_BS, "low_confidence", None)
-    p = jnp.where(st.eos_seen_B[:, None] & (cand_BS >= st.pred_len_B[:, None]), 0.0, p)
-    if f.accept == "cumprod":
-        ok = jnp.cumprod(jnp.where(i_S < S_B[:, None], p, 0.0), axis=-1) >= f.gamma
+    z = sampling.confidence(logits_BSV, draft_BS, "low_confidence", None)
+    z = jnp.where(st.eos_seen_B[:, None] & (cand_BS >= st.pred_len_B[:, None]),
+                  sampling.LOG_ODDS_FLOOR, z)
+    if f.accept == "cumprod":  # the product of p's as a sum of log p's
+        log_p = jnp.where(i_S < S_B[:, None], sampling.log_prob(z), -jnp.inf)
+        ok = jnp.cumsum(log_p, axis=-1) >= (math.log(f.gamma) if f.gamma <= 1 else jnp.inf)
     else:
-        ok = (jnp.argmax(logits_BSV, axis=-1) == draft_BS) & (p >= f.gamma)
+        ok = (jnp.argmax(logits_BSV, axis=-1) == draft_BS) & sampling.at_least(z, f.gamma)
     acc_S = jnp.cumprod(ok & (i_S < S_B[:, None]), axis=-1).astype(bool)  # leading run
     acc_BT = jnp.zeros((B, T), bool).at[b, jnp.where(acc_S, cand_BS, T)].set(True, mode="drop")
     x = st.x_BT.at[b, jnp.where(acc_S, cand_BS, T)].set(draft_BS, mode="drop")

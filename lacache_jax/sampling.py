@@ -1,5 +1,6 @@
-"""What to reveal at a step: schedules, Gumbel sampling, confidence, the reveal rules (a
-name -> rule table: fixed, threshold, factor), DPad's kept suffix. Pure functions over the
+"""What to reveal at a step: schedules, Gumbel sampling, confidence (as log-odds, ordered as
+the reference's float64 probabilities), the reveal rules (a name -> rule table: fixed,
+threshold, factor), DPad's kept suffix. Pure functions over the
 current block's rows ([B, Q] with Q = block_length), except DPad's, which speak in canvas
 columns ([B, T]): the kept set, its static size bound (`dpad_capacity`) and the kept
 columns as gather indices (`dpad_columns`) for the compact canvas (sar.py)."""
@@ -41,15 +42,57 @@ def sample(logits_BQV: jax.Array, temperature: float, keys_B: jax.Array) -> jax.
     return jnp.argmax(logits_BQV / temperature + gumbel, axis=-1).astype(jnp.int32)
 
 
+# Confidences are log-odds z = log(p / (1 - p)) of the chosen token's softmax probability p
+# (monotone in p, so rules compare z against the log-odds of their thresholds). The reference
+# takes p from a float64 softmax; an fp32 p loses ~4e-6 near 1 (exp(chosen - logsumexp) with
+# logits ~32), which ties confident positions that float64 orders. z is computed from the
+# other tokens' share r = (1 - p) / p = sum_{j != x0} exp(l_j - l_x0) instead, whose relative
+# precision is fp32's at any p.
+# float64 p is 1 / fl(1 + r) near 1: r rounds to a multiple of 2^-52 (so r <= 2^-53 is p == 1:
+# z = +inf, ties in position order as the reference's). Below the smallest float64 subnormal
+# p is 0 there: z is floored there, above the -inf that marks positions not to reveal.
+_ULP1 = 2.0 ** -52
+_ROUNDED_BELOW = 2.0 ** -30  # r past this is far above float64's resolution near p = 1
+LOG_ODDS_FLOOR = math.log(2.0 ** -1074)
+
+
+def log_odds(p: float | jax.Array):
+    """log(p / (1 - p)): -inf at p <= 0, +inf at p >= 1 (a threshold's value in z)."""
+    if isinstance(p, (int, float)):
+        return -math.inf if p <= 0 else math.inf if p >= 1 else math.log(p / (1 - p))
+    p = jnp.asarray(p, jnp.float32)
+    return jnp.log(p) - jnp.log1p(-p)
+
+
+def at_least(z: jax.Array, p: float) -> jax.Array:
+    """The reference's `p >= threshold` in log-odds (a threshold above 1 passes nothing, not
+    even p == 1)."""
+    return jnp.zeros(z.shape, bool) if p > 1 else z >= log_odds(p)
+
+
+def log_prob(z: jax.Array) -> jax.Array:
+    """log p from log-odds (0 exactly at p == 1, so a product of p's compares as float64's)."""
+    return -jnp.log1p(jnp.exp(-z))
+
+
 def confidence(logits_BQV: jax.Array, x0_BQ: jax.Array, remasking: str,
                keys_B: jax.Array) -> jax.Array:
-    """`low_confidence`: softmax probability of the chosen token (fp32, against the
-    reference's float64: 1e-7 relative, immaterial except at exact threshold ties);
-    `random`: uniform in [0, 1)."""
+    """Log-odds of `low_confidence` (softmax probability of the chosen token, ordered as the
+    reference's float64) or of `random` (uniform in [0, 1))."""
     if remasking == "random":
-        return jax.vmap(lambda k: jax.random.uniform(k, x0_BQ.shape[1:]))(keys_B)
+        u = jax.vmap(lambda k: jax.random.uniform(k, x0_BQ.shape[1:]))(keys_B)
+        return jnp.maximum(log_odds(u), LOG_ODDS_FLOOR)
+    logits_BQV = logits_BQV.astype(jnp.float32)
+    top_BQ = jnp.max(logits_BQV, axis=-1)
     chosen = jnp.take_along_axis(logits_BQV, x0_BQ[..., None], axis=-1)[..., 0]
-    return jnp.exp(chosen - jax.nn.logsumexp(logits_BQV, axis=-1))
+    is_x0 = jnp.arange(logits_BQV.shape[-1]) == x0_BQ[..., None]
+    others = jnp.sum(jnp.where(is_x0, 0.0, jnp.exp(logits_BQV - top_BQ[..., None])), axis=-1)
+    log_r = jnp.log(others) + (top_BQ - chosen)  # log((1 - p) / p)
+    r = jnp.exp(log_r)
+    r_64 = jnp.round(r / _ULP1) * _ULP1  # float64's 1 + r, less one (round half to even)
+    log_r = jnp.where(r < _ROUNDED_BELOW, jnp.log(r_64), log_r)
+    z = jnp.where(chosen == -jnp.inf, LOG_ODDS_FLOOR, -log_r)
+    return jnp.maximum(z, LOG_ODDS_FLOOR)
 
 
 def without_eos_eot(logits_BQV: jax.Array, eos_id: int, eot_id: int,
@@ -84,7 +127,7 @@ def reveal_threshold(conf_BQ, masked_BQ, quota_B, threshold: float) -> jax.Array
     """Fast-dLLM: every masked position with confidence >= threshold, and always the most
     confident one."""
     conf, _, rank = _ranked(conf_BQ, masked_BQ)
-    return ((rank == 0) | (conf >= threshold)) & masked_BQ
+    return ((rank == 0) | at_least(conf, threshold)) & masked_BQ
 
 
 def reveal_factor(conf_BQ, masked_BQ, quota_B, factor: float) -> jax.Array:
@@ -96,8 +139,8 @@ def reveal_factor(conf_BQ, masked_BQ, quota_B, factor: float) -> jax.Array:
     n_B = masked_BQ.sum(-1)
     i = jnp.arange(conf.shape[-1])
     sorted_conf = jnp.take_along_axis(conf, order, axis=-1)
-    thr = jnp.where(i == 0, -1.0, 1.0 - factor / (i + 2.0))
-    fails = (sorted_conf < thr) & (i < n_B[:, None])
+    thr = [-math.inf] + [log_odds(1.0 - factor / (j + 2.0)) for j in range(1, conf.shape[-1])]
+    fails = (sorted_conf < jnp.asarray(thr, jnp.float32)) & (i < n_B[:, None])
     first = jnp.where(fails.any(-1), jnp.argmax(fails, axis=-1), n_B)
     count = jnp.where(first == n_B - 1, n_B, first)
     return (rank < count[:, None]) & masked_BQ
