@@ -102,23 +102,32 @@ def reference_generate(model, prompt, *, gen_length, block_length, steps, mask_i
             n = int((x[0, s:e] == mask_id).sum())
             base, rem = divmod(n, steps_per_block)
             schedule = [base + 1] * rem + [base] * (steps_per_block - rem)
-            i, kv = 0, None
+            i, kv, kv_un = 0, None, None
             while (x[0, s:e] == mask_id).any():
-                if i == 0 or cache == "none" or (
-                        cache == "dual" and refresh_interval and i % refresh_interval == 0):
-                    logits, kv = _full(model, x, keep)
-                    if cfg_scale > 0:
-                        un = x.clone()
-                        un[0, :P] = mask_id
-                        un_logits, _ = _full(model, un, keep)
-                        logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
-                        nfe += 1
-                    logits = logits[s:e]
-                elif cache == "prefix":
-                    logits = _step_prefix(model, x, keep, kv, s)[: e - s]
-                else:
-                    logits = _step_dual(model, x, keep, kv, s, e)
-                nfe += 1
+                # CFG guides every step: the unguided canvas (prompt masked) keeps a cache of
+                # its own, refreshed with the guided one.
+                views = [(x, "kv")]
+                if cfg_scale > 0:
+                    un = x.clone()
+                    un[0, :P] = mask_id
+                    views.append((un, "kv_un"))
+                out = []
+                for canvas, name in views:
+                    if i == 0 or cache == "none" or (
+                            cache == "dual" and refresh_interval and i % refresh_interval == 0):
+                        full_logits, fresh = _full(model, canvas, keep)
+                        kv, kv_un = (fresh, kv_un) if name == "kv" else (kv, fresh)
+                        out.append(full_logits[s:e])
+                    elif cache == "prefix":
+                        out.append(_step_prefix(model, canvas, keep, kv if name == "kv" else kv_un,
+                                                s)[: e - s])
+                    else:
+                        out.append(_step_dual(model, canvas, keep, kv if name == "kv" else kv_un,
+                                              s, e))
+                    nfe += 1
+                logits = out[0]
+                if cfg_scale > 0:
+                    logits = out[1] + (cfg_scale + 1) * (out[0] - out[1])
                 if logits_eos_inf:
                     logits[:, eos_id] = -math.inf
                 x0 = logits.argmax(-1)

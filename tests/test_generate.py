@@ -44,6 +44,8 @@ PARITY = {
     "dual_factor": dict(cache="dual", factor=1.0),
     "dual_refresh_2": dict(cache="dual", refresh_interval=2),
     "cfg_scale": dict(cfg_scale=1.5, steps=12),
+    "cfg_scale_prefix": dict(cfg_scale=1.5, cache="prefix", threshold=0.9),
+    "cfg_scale_dual": dict(cfg_scale=1.5, cache="dual", refresh_interval=2, steps=12),
     # EOS / EoT are tokens the baseline emits (see _emitted), so these flags change tokens.
     "logits_eos_inf": dict(logits_eos_inf=True, eos_id="emitted"),
     "logits_eos_inf_threshold": dict(logits_eos_inf=True, eos_id="emitted", threshold=0.9),
@@ -86,6 +88,67 @@ def test_matches_reference_sampler(models, case):
     np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
     assert int(out.nfe[0]) == ref_nfe
     assert int(out.revealed[0]) == G and not (ref == CFG.mask_id).any()
+
+
+# Cases where confidences near 1 (logits ~32) differ below fp32's resolution of p: the
+# reference's float64 orders them, an fp32 softmax tied them (position order) and changed the
+# tokens (fixed) or the step count (threshold 1.0). Found by random sweeps against the
+# reference (15 of 300 cases differed with the fp32 softmax, none with log-odds).
+NEAR_ONE = {
+    "fixed": dict(prompt=[213], gen_length=16, block_length=8, steps=16),
+    "threshold_1.0": dict(prompt=[128, 279, 277, 46, 186, 241, 46, 156, 132], gen_length=8,
+                          block_length=4, steps=8, threshold=1.0),
+    # two positions at p == 1.0 exactly in float64 (r <= 2^-53): a tie in position order
+    "float64_tie_cfg_prefix": dict(prompt=[83, 160, 295, 15, 289, 95, 267, 65, 201, 61],
+                                   gen_length=8, block_length=4, steps=8, cache="prefix",
+                                   cfg_scale=1.5),
+}
+
+
+@pytest.mark.parametrize("case", list(NEAR_ONE))
+def test_confidences_near_one_order_as_float64(models, case):
+    params, ref_model = models
+    kw = dict(NEAR_ONE[case])
+    prompt = kw.pop("prompt")
+    gen = lj.GenerationConfig(stop_at_eos=False, **kw)
+    out = lj.generate(params, CFG, [prompt], gen)
+    ref, ref_nfe = reference_generate(ref_model, prompt, mask_id=CFG.mask_id, eos_id=CFG.eos_id,
+                                      **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+    assert int(out.nfe[0]) == ref_nfe
+
+
+def test_confidence_log_odds_against_float64():
+    """Log-odds of the chosen token against float64, over peaked and flat rows, the chosen
+    token the argmax or not; near p = 1 against float64's rounding of 1 / (1 + r)."""
+    logits = jax.random.normal(jax.random.key(0), (4, 64, 50)) * jnp.array([1, 4, 12, 30.0])[
+        :, None, None]
+    x0 = jnp.argmax(logits, -1).at[:, ::3].set(7)  # every third chosen token is arbitrary
+    z = np.asarray(sampling.confidence(logits, x0, "low_confidence", None), np.float64)
+    l64 = np.asarray(logits, np.float64)
+    chosen = np.take_along_axis(l64, np.asarray(x0)[..., None], -1)[..., 0]
+    others = np.where(np.arange(50) == np.asarray(x0)[..., None], -np.inf, l64)
+    top = others.max(-1)
+    ref = chosen - top - np.log(np.exp(others - top[..., None]).sum(-1))
+    finite = np.isfinite(z)
+    assert (~finite == (ref > 53 * math.log(2))).all()  # p == 1 in float64 exactly there
+    # fp32: the logit differences (|d| <= 200: 1.5e-5 absolute) and log of the others' sum
+    # (a few ulps relative) give |z| 1e-6 relative plus 2e-5 absolute; near p = 1 float64's
+    # own rounding of 1 + r (2^-52 in r) adds up to log(1.5) where r is a few ulps of 1.
+    near_one = ref > 30
+    np.testing.assert_allclose(z[finite & ~near_one], ref[finite & ~near_one],
+                               rtol=1e-6, atol=2e-5)
+    r64 = np.round(np.exp(-ref) / 2.0 ** -52) * 2.0 ** -52
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(z[finite & near_one], -np.log(r64[finite & near_one]),
+                                   rtol=1e-6)
+    assert (finite & near_one).any() and (~finite).any()  # both regimes occur
+    # Thresholds compare as p >= tau: at_least against float64 p.
+    p64 = 1 / (1 + np.exp(-ref))
+    for tau in (0.1, 0.5, 0.9, 0.999, 1.0):
+        agree = np.asarray(sampling.at_least(jnp.asarray(z), tau)) == (p64 >= tau)
+        assert agree.mean() > 0.999 and (agree | (np.abs(p64 - tau) < 1e-6)).all()
+    assert not np.asarray(sampling.at_least(jnp.asarray(z), 1.5)).any()
 
 
 def test_parallel_modes_reveal_several_tokens_per_step(models):
@@ -240,11 +303,12 @@ def test_confidence_eos_eot_inf_as_released(temperature):
     noisy = ref_logits if temperature == 0 else ref_logits.clone()  # add_gumbel_noise
     noisy[..., eos] = ref_logits[..., eot] = -math.inf
     ref = torch.softmax(ref_logits, -1).gather(-1, torch.tensor(np.asarray(x0))[..., None])
-    ours = sampling.confidence(sampling.without_eos_eot(logits, eos, eot, temperature), x0,
-                               "low_confidence", None)
-    # fp32 softmax vs float64: a few fp32 ulps.
-    np.testing.assert_allclose(np.asarray(ours), ref[..., 0].numpy(), rtol=1e-6, atol=1e-7)
-    assert float(ours[1, 0]) == 0.0 and (float(ours[0, 0]) == 0.0) == (temperature == 0)
+    z = sampling.confidence(sampling.without_eos_eot(logits, eos, eot, temperature), x0,
+                            "low_confidence", None)
+    ours = np.asarray(jnp.exp(sampling.log_prob(z)))
+    # fp32 log-odds vs float64 p (logits ~3: |z| < 30): a few fp32 ulps.
+    np.testing.assert_allclose(ours, ref[..., 0].numpy(), rtol=1e-6, atol=1e-7)
+    assert ours[1, 0] == 0.0 and (ours[0, 0] == 0.0) == (temperature == 0)
 
 
 def test_eot_id_default():
