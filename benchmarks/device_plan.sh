@@ -100,8 +100,10 @@ case "${1:-1}" in
   # and step_groups first) beside cuBLASLt's block-scaled GEMM at both shapes. `-k`: a hung
   # kernel ignores SIGTERM (the tenth session's `memory_registers=32`). ptxas' report of the
   # default is in the sixth and tenth sessions' logs (the same both times).
-  timeout -k 5 300 python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096 2>&1 \
+  # SWEEP_S: each shape's box (the sweep's order puts the default, the probe and step_groups
+  # first, so a short box still measures those)
+  timeout -k 5 ${SWEEP_S:-300} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096 2>&1 \
     | tee "$OUT/ws_sweep_gate_up.log" | quiet | grep "tflops\|error" | cut -c1-160
-  timeout -k 5 250 python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:4096 2>&1 \
+  timeout -k 5 ${SWEEP_S:-250} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:4096 2>&1 \
     | tee "$OUT/ws_sweep_down.log" | quiet | grep "tflops\|error" | cut -c1-160 ;;
 esac
