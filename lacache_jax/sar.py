@@ -98,7 +98,7 @@ def reveal(loop: Loop, st: LoopState, blk: Block, i, logits_BQV, passes: int = 1
         return dataclasses.replace(
             st, x_BT=cv.put(st.x_BT, jnp.where(chosen, x0, xb), blk.s),
             nfe_B=st.nfe_B + active * passes * cv.rows_per_row, steps_B=st.steps_B + active,
-            revealed_B=st.revealed_B + chosen.sum(-1))
+            revealed_B=st.revealed_B + (chosen & (x0 != gen.mask_id)).sum(-1))
 
 
 class RevealStep:
@@ -156,8 +156,14 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
             return loop.strategy(loop, st, blk, i, later), i + 1
 
         return jax.lax.while_loop(
-            lambda c: (c[1] == 0) | ((c[1] < gen.block_length) & has_work(loop, c[0], blk.s)),
+            lambda c: (c[1] == 0) | ((c[1] < step_limit) & has_work(loop, c[0], blk.s)),
             body, (st, jnp.int32(i0)))[0]
+
+    # A mask stays masked only where the model samples the mask id itself. LLaDA's fixed
+    # schedule then still ends the block after its steps (masks left, as released); the
+    # parallel rules' released loops would run until the mask goes, possibly forever: here
+    # at most one step per position.
+    step_limit = gen.block_length if gen.parallel else gen.steps_per_block
 
     if jnp.ndim(blk.s) == 0 and policy.static_later(ctx):
         # One program per block, its start a Python int (cache.py: `static_later`).

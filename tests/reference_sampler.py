@@ -103,7 +103,12 @@ def reference_generate(model, prompt, *, gen_length, block_length, steps, mask_i
             base, rem = divmod(n, steps_per_block)
             schedule = [base + 1] * rem + [base] * (steps_per_block - rem)
             i, kv, kv_un = 0, None, None
-            while (x[0, s:e] == mask_id).any():
+            # Masks stay only where the model samples the mask id: LLaDA's fixed schedule
+            # still stops after its steps; Fast-dLLM's parallel loop would go on until the
+            # mask goes (the engine: at most block_length steps, kept here too).
+            limit = block_length if (threshold is not None or factor is not None) \
+                else steps_per_block
+            while (x[0, s:e] == mask_id).any() and i < limit:
                 # CFG guides every step: the unguided canvas (prompt masked) keeps a cache of
                 # its own, refreshed with the guided one.
                 views = [(x, "kv")]

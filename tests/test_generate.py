@@ -16,7 +16,8 @@ import lacache_jax as lj
 from lacache_jax import sampling
 from lacache_jax.generate import row_keys
 from lacache_jax.sampling import dpad_block_keys
-from tests.conftest import GEN_CFG
+from convert.__main__ import main as convert_main
+from tests.conftest import GEN_CFG, hf_llama, random_llada_state, write_hf_llada
 from tests.reference_sampler import reference_generate
 
 CFG = GEN_CFG
@@ -149,6 +150,43 @@ def test_confidence_log_odds_against_float64():
         agree = np.asarray(sampling.at_least(jnp.asarray(z), tau)) == (p64 >= tau)
         assert agree.mean() > 0.999 and (agree | (np.abs(p64 - tau) < 1e-6)).all()
     assert not np.asarray(sampling.at_least(jnp.asarray(z), 1.5)).any()
+
+
+@pytest.fixture(scope="module")
+def mask_emitting_models(tmp_path_factory):
+    """The `models` weights with the mask id's head row 1.3x that of the token the plain
+    model emits most: the mask id wins wherever that token would, so masks stay masked."""
+    state = random_llada_state(GEN_CFG, seed=7, head_std=2.0)
+    tmp = tmp_path_factory.mktemp("mask")
+    write_hf_llada(tmp / "plain", GEN_CFG, state)
+    assert convert_main([str(tmp / "plain"), str(tmp / "p"), "--dtype", "float32",
+                         "--quiet"]) == 0
+    plain = lj.generate(lj.load(tmp / "p")[1], CFG, [PROMPT], _gen())
+    ids, counts = np.unique(np.asarray(plain.tokens[0, len(PROMPT):]), return_counts=True)
+    head = state["model.transformer.ff_out.weight"]
+    head[CFG.mask_id] = 1.3 * head[ids[np.argmax(counts)]]
+    write_hf_llada(tmp / "hf", GEN_CFG, state)
+    assert convert_main([str(tmp / "hf"), str(tmp / "ck"), "--dtype", "float32",
+                         "--quiet"]) == 0
+    return lj.load(tmp / "ck")[1], hf_llama(GEN_CFG, state, torch.float32)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(steps=12), dict(cache="dual", steps=12),
+                                dict(threshold=0.9)], ids=str)
+def test_a_model_sampling_the_mask_id(mask_emitting_models, kw):
+    """Where the model samples the mask id the position stays masked: the fixed schedule
+    still ends a block after its steps (LLaDA), the threshold rule after block_length steps,
+    and `revealed` counts real tokens only."""
+    params, ref_model = mask_emitting_models
+    gen = _gen(**kw)
+    out = lj.generate(params, CFG, [PROMPT], gen)
+    ref, ref_nfe = reference_generate(
+        ref_model, PROMPT, gen_length=G, block_length=BL, steps=gen.steps, mask_id=CFG.mask_id,
+        eos_id=CFG.eos_id, cache=gen.cache, threshold=gen.threshold)
+    left = int((ref[len(PROMPT):] == CFG.mask_id).sum())
+    assert left > 0  # the case this test is about
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+    assert int(out.nfe[0]) == ref_nfe and int(out.revealed[0]) == G - left
 
 
 def test_parallel_modes_reveal_several_tokens_per_step(models):
