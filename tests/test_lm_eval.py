@@ -155,7 +155,10 @@ def test_model_args_are_typed_and_validated():
     assert s.gen == lj.GenerationConfig(gen_length=128, steps=64, threshold=0.9, cache="none",
                                         dpad=lj.DPadConfig(strategy="uniform", keep=8),
                                         stop_at_eos=False, cfg_scale=1.0)
-    assert (s.batch_size, s.chat, s.mc_num, s.mc_batch) == (4, True, 16, 16)
+    # mc_batch: the reference's stratification spreads over its batch_size
+    assert (s.batch_size, s.chat, s.mc_num, s.mc_batch) == (4, True, 16, 4)
+    assert parse({"batch_size": 48}).mc_batch == 32  # the largest divisor of 128 below 48
+    assert parse({"batch_size": 64, "mc_num": 8}).mc_batch == 8
     # The reference harness decodes the whole canvas: no early stop unless asked for; with
     # flash the predicted length of §8 is the decoder's own.
     assert parse({}).gen.stop_at_eos is False

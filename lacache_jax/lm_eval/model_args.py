@@ -34,8 +34,9 @@ EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
     "slots": ("int?", None, "slot refill: rows in flight for generate_until (default: "
                              "ragged batches of batch_size)"),
     "mc_num": ("int", 128, "Monte-Carlo samples per loglikelihood request"),
-    "mc_batch": ("int?", None, "samples sharing one stratified draw of mask counts "
-                 "(LLaDA's batch_size; default min(mc_num, 32)); divides mc_num"),
+    "mc_batch": ("int?", None, "samples sharing one stratified draw of mask counts; "
+                 "divides mc_num (default: batch_size, the reference's, or the largest "
+                 "divisor of mc_num below it)"),
     "check_greedy": ("bool", True, "compute is_greedy (one forward per continuation token)"),
     "chat": ("bool", False, "wrap each context as one user turn of the chat template"),
     "seed": ("int", 0, "seed of the mask draws and of sampling at temperature > 0"),
@@ -76,7 +77,10 @@ def parse(args: dict[str, Any]) -> EvalSettings:
             raise ValueError(f"{name} must be a positive integer, got {ev[name]}")
     if ev["slots"] is not None and ev["slots"] <= 0:
         raise ValueError(f"slots must be a positive integer, got {ev['slots']}")
-    mc_batch = min(ev["mc_num"], 32) if ev["mc_batch"] is None else ev["mc_batch"]
+    mc_batch = ev["mc_batch"]
+    if mc_batch is None:  # the reference stratifies over its batch_size (REFERENCE.md §9)
+        mc_batch = max(d for d in range(1, min(ev["batch_size"], ev["mc_num"]) + 1)
+                       if ev["mc_num"] % d == 0)
     if mc_batch <= 0 or ev["mc_num"] % mc_batch:
         raise ValueError(f"mc_batch={mc_batch} must be a positive divisor of "
                          f"mc_num={ev['mc_num']}")
