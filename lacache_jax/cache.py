@@ -187,31 +187,32 @@ class KVPolicy:
 class PrefixCache(KVPolicy):
     """Fast-dLLM prefix cache: later steps query the block and the suffix.
 
-    With one block start, a later step queries [s, T) only: the loop runs the block's later
-    steps in one program per block with s a Python int (`static_later`). With DPad, the block
-    and the kept suffix only (static slots `CompactPlan.later_slots`, any block), falling back
-    to the masked window when a row kept more. Per-row starts (slot refill) query the static
-    window [P, T) and drop the rows before s."""
+    With one block start, the loop runs the block's later steps in one program per block with
+    s a Python int (`static_later`): a later step queries [s, T) only, or with DPad the block
+    and block k's kept suffix slots (`CompactPlan.kept[k]`, so late blocks query no more rows
+    than without DPad), falling back to [s, T) with DPad's mask when a row kept more. Per-row
+    starts (slot refill) query the static window [P, T) and drop the rows before s."""
 
     def static_later(self, ctx: Ctx) -> bool:
-        return ctx.compact is None
+        return True
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
         plan = ctx.compact
-        if isinstance(s, int):  # the loop's per-block program (`static_later`)
-            return self._step_from(ctx, x_BT, keep_BT, s, cache)
-        if plan is None or jnp.ndim(s) == 1:
+        if not isinstance(s, int):  # per-row starts (slots.py)
             return self._step_window(ctx, x_BT, keep_BT, s, cache)
-        compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c)
+        if plan is None:
+            return self._step_from(ctx, x_BT, keep_BT, s, cache)
+        slots = plan.kept[(s - plan.P) // plan.block_len]
+        compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c, slots)
         if plan.bounded:
             return compact(x_BT, cache)
-        return jax.lax.cond(plan.overflow(keep_BT, s, plan.later_slots),
-                            lambda x, c: self._step_window(ctx, x, keep_BT, s, c),
+        return jax.lax.cond(plan.overflow(keep_BT, s, slots),
+                            lambda x, c: self._step_from(ctx, x, keep_BT, s, c),
                             compact, x_BT, cache)
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
-        later = T - (P + k * block_len) if plan is None else block_len + plan.later_slots
+        later = T - (P + k * block_len) if plan is None else block_len + plan.kept[k]
         return _width(T, k, plan), later
 
     def _step_from(self, ctx: Ctx, x_BT, keep_BT, s: int, cache):
@@ -226,14 +227,13 @@ class PrefixCache(KVPolicy):
                                 write)
         return cv.logits(ctx.params, ctx.cfg, h[:, :cv.block_len]), cache
 
-    def _step_compact(self, ctx: Ctx, x_BT, keep_BT, s, cache):
-        """DPad: queries the block [s, s + block_len) and the kept suffix (static slots, empty
-        ones masked); their K/V are scattered into the cache at their columns."""
+    def _step_compact(self, ctx: Ctx, x_BT, keep_BT, s: int, cache, slots: int):
+        """DPad: queries the block [s, s + block_len) and the kept suffix (`slots` static
+        slots, empty ones masked); their K/V are scattered into the cache at their columns."""
         cv, bl = ctx.canvas, ctx.canvas.block_len
         B = x_BT.shape[0]
         cols = jnp.concatenate([s + jnp.broadcast_to(jnp.arange(bl, dtype=jnp.int32), (B, bl)),
-                                sampling.dpad_columns(keep_BT, s + bl, ctx.compact.later_slots)],
-                               axis=1)
+                                sampling.dpad_columns(keep_BT, s + bl, slots)], axis=1)
         view = View.at(cv, keep_BT, cols)
         cos, sin = view.canvas.rope()
         h, cache = query_layers(ctx, view.canvas.model_rows(view.take(x_BT)), cos, sin,

@@ -89,11 +89,6 @@ class CompactPlan:
         """Columns of block k's compact canvas."""
         return self.P + (k + 1) * self.block_len + self.kept[k]
 
-    @property
-    def later_slots(self) -> int:
-        """Suffix slots of a later prefix step's queries (any block)."""
-        return max(self.kept)
-
     def overflow(self, keep_BT: jax.Array, s, slots) -> jax.Array:
         """Some row kept more suffix columns after the block at s than `slots` ([] traced)."""
         if self.bounded:

@@ -6,6 +6,8 @@ static slot bound; the benchmark's DPad side-by-side switch on a tiny config."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import jax
@@ -81,19 +83,21 @@ def test_forwards_compute_only_the_rows_they_use(params, monkeypatch, case):
 def test_gaussian_overflow_runs_the_masked_canvas_with_the_same_tokens(params, monkeypatch):
     """DPAD_TAIL = 1 makes every block's slot bound 0, so every block whose rows kept a suffix
     column overflows and runs the masked full canvas (the computation before compaction):
-    full-width first forwards, later steps on the prefix window [P, T). Same tokens as the
+    full-width first forwards, later steps on [s, T) with DPad's mask. Same tokens as the
     compact run, under CFG (model rows 2B) with ragged prompts. The prefix cache is the
-    policy with both fallbacks (first forward and later step)."""
+    policy with both fallbacks (first forward and later step); its later steps query the
+    block and that block's own slots."""
     dpad = lj.DPadConfig(window=10)
     kw = dict(cache="prefix", dpad=dpad, cfg_scale=1.0)
     compact, nfe, _, ran_compact = _generate(params, monkeypatch, **kw)
     slots = [sampling.dpad_capacity(dpad, T - s - BL) for s in STARTS]
     assert slots[0] < min(dpad.window, T - STARTS[0] - BL)  # block 0 can overflow
-    assert ran_compact == {s + BL + n for s, n in zip(STARTS, slots)} | {BL + max(slots)}
+    assert ran_compact == {s + BL + n for s, n in zip(STARTS, slots)} | {BL + n for n in slots}
     monkeypatch.setattr(sampling, "DPAD_TAIL", 1.0)
     masked, nfe_masked, _, ran_masked = _generate(params, monkeypatch, **kw)
-    # The last block keeps no suffix (nothing to overflow): its later steps query the block.
-    assert ran_masked == {T, T - P, BL}
+    # The last block keeps no suffix (nothing to overflow): its later steps query the block,
+    # which is [s, T) there too.
+    assert ran_masked == {T} | {T - s for s in STARTS}
     np.testing.assert_array_equal(compact, masked)
     np.testing.assert_array_equal(nfe, nfe_masked)
 
@@ -122,6 +126,12 @@ def test_block_rows():
                                dpad=lj.DPadConfig(strategy="uniform", keep=32))
     widths = [512 + 32 * (k + 1) + min(32, 256 - 32 * (k + 1)) for k in range(8)]
     assert cache.block_rows(dual, 512) == [(w, 32) for w in widths]
+    # prefix + DPad: later steps query the block and that block's kept slots, never more
+    # than without DPad (the last block: the block alone)
+    pd = dataclasses.replace(gen, dpad=lj.DPadConfig())
+    later = [q for _, q in cache.block_rows(pd, 512)]
+    assert later[-1] == 32 and all(32 <= q <= 256 - 32 * k for k, q in enumerate(later))
+    assert later[0] < 256  # something is dropped
 
 
 def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys):
