@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the tenth session of 2026-12-02 needs
-# (bash benchmarks/device_plan.sh N; COMMIT=<sha>), each a time-boxed stage list under 10
-# minutes. Done in the tenth session: chain-d2ml (28%, where d2m gave 80%: order or chance),
-# route (b)'s sweep at gate/up M 4096 and its pipeline-only probe (1,245 TFLOP/s without the
-# promotion), the fused cache update and the verify pass at batch 1 and 32. Left, in priority
-# order 1, 8, 3, 6, 5, 7:
-#   1  issue 15: chain-d2mo (d2m's problems, answers in prompt order: no choice of the next
-#      statement to learn, so easier than d2m's 80%; VARIANTS=chain-d2m for d2m itself, whose
-#      eighth-session model was not kept), 8 minutes, brought back as a split tar (the box's
-#      570 s also holds ~40 s of set-up and the evaluation; an evaluation cut off by the box
-#      loses the model). Goal fixed 85-98%, threshold 0.9 1.5-8 tokens per step: ship it if
-#      in range (20 MB bf16) and go to stage 3; under 85%, stage 8 on it; over 98%, again
-#      with MINUTES=4.0 (d2 gained 25 points from 6 to 7 minutes: accuracy moves fast here)
+# The device calls the GPU-side work left open after the twelfth session of 2026-12-03 needs
+# (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device checkout's
+# stale HEAD), each a time-boxed stage list under 10 minutes. Done in the twelfth session:
+# chain-d2mo (39.8%: with d2ml's 28%, both fixed answer orders far under d2m's 80%), route
+# (b)'s full sweep at both shapes (step_groups=2 with 3 stages best: 1,080 / 1,099 TFLOP/s,
+# level with cuBLASLt at gate/up), the fused update at 32 rows (1.15x), the batch-1 floor
+# table (prefix 6.66 ms, 1.40x). Left, in priority order 1, 5, 9, 3, 6:
+#   1  issue 15: d2m itself again (VARIANTS=chain-d2m by default now): does its 80% repeat
+#      (then fixing the order is what hurt) or was it one lucky run? 8 minutes, brought back
+#      as a split tar; in range (85-98% fixed, 1.5-8 tokens per step) -> ship and stage 3;
+#      under -> stage 8 on it; over 98% -> MINUTES=4.0
 #   8  issue 15: go on training stage 1's model (CHAIN_INIT=<its HF directory, carried in>,
-#      TASK=<its task, default chain-d2mo>) for 8 more minutes (fresh optimizer and schedule,
+#      TASK=<its task, default chain-d2m>) for 8 more minutes (fresh optimizer and schedule,
 #      new batches; LR default half the task's); ship it if in range, then stage 3 on it,
 #      saying that it took two runs (16 minutes) where the issue asks for one of at most 10
+#   5  issue 20: the batch-1 table again since prefix + DPad queries each block's own kept
+#      slots (121 rows in every block before; the prefix + DPad + FP8 row ran 1.30x slower
+#      than without DPad, its 121 rows under cuBLASLt's 128)
+#   9  issue 23: the GPU tests of route (b)'s knobs, step_groups=2 with 3 stages included
+#      (timed in the twelfth session, never checked on the GPU), and the FP8 kernels' GPU test
 #   2  with CHAIN_HF=<a chain model's HF directory, carried in> and TASK=<its task, default
 #      chain-d2m>: its error kinds (bf16, 200 held-out problems) and exact caching in fp32
 #      against the fixed schedule
@@ -25,19 +28,12 @@
 #      d2m gamma 0.8 gave 1.65x at -1.0 points, interval -3.7..+1.7)
 #   4  issue 23: the quantisation kernels' tiles against XLA's fusions and the byte floor
 #      (measured in the ninth session; kept to repeat at M 4096, which its box did not reach)
-#   5  issue 20: the batch-1 steps since the prefix cache got one program per block and DPad
-#      its compact canvas (neither measured on the GPU): dual and prefix, bf16 and FP8 FFN,
-#      without and with DPad, as ratios to the same run's floor, compile times included
 #   6  issues 17, 18: the fused cache update against the unfused ops (1.14x, 1.23x, 1.33x in
 #      three runs; 128:128:8:3, now the default, 1.25x and 1.28x: goal 1.3x), now also with
 #      each head split over two programs (192 programs on 132 SMs where one per head leaves
 #      36 idle), and the verify pass at batch 1 and 32 (tenth: 0.92x and 0.33x a main step);
-#      then the update at 32 rows (the dual cache's block at batch 1: the issue asks whether
-#      the fused kernel pays in the dual-cache path too; unmeasured so far)
-#   7  issue 23, route (b): the knob sweep at down and gate/up M 4096 (the tenth session's box
-#      ended in a hung `memory_registers=32`, now refused), with the carry_acc probe in the
-#      same run as the default this time and the new `step_groups=2` (a warpgroup's own
-#      wgmma under its promotion: the probe put the promotion at a fifth of the time)
+#      then the update at 32 rows (twelfth: 1.15x, 45.3 against 52.3 us)
+#   7  issue 23, route (b): the knob sweep (twelfth session: done at both shapes, SWEEP_S=140)
 # Logs and JSON land in $OUT (at most 8 files come back: copy no extra files there).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -45,11 +41,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
 1)
-  VARIANTS=${VARIANTS:-chain-d2mo} MINUTES=${MINUTES:-8.0} EVAL_N=${EVAL_N:-400} \
+  VARIANTS=${VARIANTS:-chain-d2m} MINUTES=${MINUTES:-8.0} EVAL_N=${EVAL_N:-400} \
     bash benchmarks/device_chain.sh ;;
 8)
   : "${CHAIN_INIT:?the HF directory of the model to go on training, carried in}"
-  VARIANTS=${TASK:-chain-d2mo} INIT=$CHAIN_INIT SEED=${SEED:-1} LR=${LR:-5e-4} \
+  VARIANTS=${TASK:-chain-d2m} INIT=$CHAIN_INIT SEED=${SEED:-1} LR=${LR:-5e-4} \
     MINUTES=${MINUTES:-8.0} EVAL_N=${EVAL_N:-400} bash benchmarks/device_chain.sh ;;
 2)
   # a chain model: where it fails, then exact caching in fp32 (highest matmul precision)
@@ -106,4 +102,8 @@ case "${1:-1}" in
     | tee "$OUT/ws_sweep_gate_up.log" | quiet | grep "tflops\|error" | cut -c1-160
   timeout -k 5 ${SWEEP_S:-250} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:4096 2>&1 \
     | tee "$OUT/ws_sweep_down.log" | quiet | grep "tflops\|error" | cut -c1-160 ;;
+9)
+  timeout -k 5 400 python3 -m pytest -q -m gpu tests/test_fp8_mgpu_ws.py tests/test_gpu.py \
+    -k "knobs or llada_shapes or fp8" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_gpu.log" \
+    | tail -4 ;;
 esac
