@@ -3,7 +3,7 @@
     python -m benchmarks.generate [--batch 1,8] [--modes none,exact,prefix,dual]
                                   [--decoding fixed,threshold] [--prompt 512,1024]
                                   [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
-                                  [--tiny]
+                                  [--dual-update xla,fused] [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -14,6 +14,9 @@ Each row also reports the rows its forwards compute per block (`cache.block_rows
 forward's columns, a later forward's query rows): prefix queries [s, T), DPad's compact canvas
 [0, e) plus the kept suffix slots. `--dpad both` runs every configuration without and with
 DPad suffix dropout (same weights, prompts and run), so one call measures what it saves.
+`--dual-update xla,fused` runs every dual-cache configuration with its later steps' K/V
+projection, RoPE and cache write through XLA's ops (the default) and through Flash-dLLM's
+fused cache-update kernel (`lacache_jax.cache.dual_update`), side by side.
 `--tiny` runs a tiny random model (lj.tiny, fp32) instead: a CPU check of the harness.
 """
 
@@ -30,7 +33,7 @@ import numpy as np
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
                                measure_ceilings, time_run, write_result)
-from lacache_jax.cache import block_rows
+from lacache_jax.cache import block_rows, dual_update
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
@@ -95,6 +98,8 @@ def main():
     ap.add_argument("--dpad-strategy", default="gaussian", choices=["gaussian", "uniform"])
     ap.add_argument("--dpad-window", type=int, default=256)
     ap.add_argument("--dpad-keep", type=int, default=32, help="uniform: positions kept")
+    ap.add_argument("--dual-update", default="xla",
+                    help="comma-separated among xla,fused: how dual's later steps write K/V")
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
@@ -127,29 +132,44 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
     dpad = lj.DPadConfig(strategy=args.dpad_strategy, window=args.dpad_window,
                          keep=args.dpad_keep)
     dpads = {"off": [None], "on": [dpad], "both": [None, dpad]}[args.dpad]
-    for B, P, decoding, mode, fp8, dp in itertools.product(
+    updates = args.dual_update.split(",")
+    for u in updates:
+        if u not in dual_update.choices:
+            raise SystemExit(f"--dual-update: {u!r} is not one of {dual_update.choices}")
+    for B, P, decoding, mode, fp8, dp, update in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
-            args.decoding.split(","), args.modes.split(","), fp8s, dpads):
+            args.decoding.split(","), args.modes.split(","), fp8s, dpads, updates):
+        if update != "xla" and mode != "dual":
+            continue  # only the dual cache's later steps have the choice
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
             threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
             fp8_ffn=fp8, dpad=dp)
-        r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
+        jax.clear_caches()  # the choice is read while tracing: no traced program reused
+        with dual_update(update):
+            r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
         if mode == "none" and not fp8 and dp is None:
             baseline[B, P, decoding] = tokens
+        if update == "xla":
+            baseline[B, P, decoding, mode, fp8, dp] = tokens
         # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
-        r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8,
+        r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, dual_update=update,
                  dpad=None if dp is None else dp.strategy, same_tokens_as_none=(
                      float(np.mean(tokens == baseline[B, P, decoding]))
                      if (B, P, decoding) in baseline and dp is None else None))
+        xla = baseline.get((B, P, decoding, mode, fp8, dp))
+        if update != "xla" and xla is not None:  # bf16: another summation order, near-ties
+            r["same_tokens_as_xla_update"] = float(np.mean(tokens == xla))
         rows.append(r)
         rows_txt = ", ".join(f"{a}/{b}" for a, b in r["rows_per_block"])
         print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} dpad {r['dpad'] or 'off'} "
+              f"update {update} "
               f"{r['latency_s']:6.2f} s  "
               f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  same tokens as none "
-              f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s\n"
+              f"{r['same_tokens_as_none']}  compile {r['compile_s']:.0f} s"
+              f"{'' if update == 'xla' else '  same tokens as xla update %s' % r.get('same_tokens_as_xla_update')}\n"
               f"    rows per block (first forward / later query rows): {rows_txt}", flush=True)
 
 
@@ -162,16 +182,18 @@ def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
                                      "tiny": tiny, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
-    print("| B | prompt | cache | decoding | fp8 FFN | DPad | latency s | tokens/s | NFE | "
+    print("| B | prompt | cache | decoding | fp8 FFN | DPad | dual update | latency s | "
+          "tokens/s | NFE | "
           "ms/step | × no DPad | floor ms (measured / reference) | "
           "× floor (measured / reference) | compile s | XLA temp GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = {_key(r): r["ms_per_step"] for r in rows if r["dpad"] is None}
     for r in rows:
         ratio = (f"{r['ms_per_step'] / plain[_key(r)]:.2f}"
                  if r["dpad"] is not None and _key(r) in plain else "")
         print(f"| {r['B']} | {r['prompt']} | {r['cache']} | {r['decoding']} | "
               f"{'yes' if r['fp8_ffn'] else 'no'} | {r['dpad'] or 'off'} | "
+              f"{r.get('dual_update', 'xla') if r['cache'] == 'dual' else ''} | "
               f"{r['latency_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | {ratio} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "
@@ -181,7 +203,7 @@ def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
 
 def _key(r: dict) -> tuple:
     """A row's configuration without its DPad setting."""
-    return r["B"], r["prompt"], r["cache"], r["decoding"], r["fp8_ffn"]
+    return r["B"], r["prompt"], r["cache"], r["decoding"], r["fp8_ffn"], r.get("dual_update")
 
 
 if __name__ == "__main__":

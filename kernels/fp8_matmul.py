@@ -69,16 +69,20 @@ MGPU_MIN_M = 128
 # fp8-notes-20261201.md), LLaDA-8B's gate/up GEMM, ms: at M 32 the Triton kernel 0.045,
 # cuBLASLt's block-scaled GEMM 0.070 (no split-K at this M), Mosaic GPU 0.073; at M 256
 # cuBLASLt 0.066, Mosaic 0.103, Triton 0.171; at M 768 cuBLASLt 0.145 (1069 TFLOP/s), Mosaic
-# 0.239. Where they cross between 32 and 256 was not measured: from Mosaic's threshold.
-CUBLASLT_MIN_M = 128
+# 0.239. Where they cross between 32 and 256 was not measured; cuBLASLt's time is flat there
+# (the weight read) and Triton's grows with M, so the line through Triton's two points meets
+# cuBLASLt's 0.066 near M 70: from 96 rows, with a margin. M is padded to a multiple of 8 for
+# it (DPad's and the prefix cache's row counts are arbitrary: 121 rows ran the Triton kernel
+# and 133 the Mosaic GPU one, 1.6x slower than cuBLASLt from M 256).
+CUBLASLT_MIN_M = 96
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch, by GPU and shape:
 
-    - Hopper, M >= `CUBLASLT_MIN_M`, M a multiple of 8, the handler built
-      (`fp8_cublaslt.available()`): cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU
-      kernel's rate from M 256, ~0.95x cuBLASLt's per-tensor FP8 rate at M 768).
+    - Hopper, M >= `CUBLASLT_MIN_M`, the handler built (`fp8_cublaslt.available()`):
+      cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU kernel's rate from M 256, ~0.95x
+      cuBLASLt's per-tensor FP8 rate at M 768), M padded with zero rows to a multiple of 8.
     - Hopper otherwise from `MGPU_MIN_M` rows: the Mosaic GPU kernel, its pipeline by shape
       (`MgpuConfig.get_default`).
     - else on GPU: the Triton kernel (`TritonTiles.get_default`).
@@ -95,9 +99,13 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     from kernels import fp8_matmul_mgpu as mg
     from kernels import fp8_matmul_triton as tr
     (M, K), N = xq.shape, wq.shape[0]
+    M8 = -(-M // 8) * 8
     if (cc[0] == 9 and M >= CUBLASLT_MIN_M and lt.available()
-            and lt.supports(M, N, K, out_dtype)):
-        return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)
+            and lt.supports(M8, N, K, out_dtype)):
+        if M8 == M:
+            return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)
+        pad = lambda a: jnp.pad(a, ((0, M8 - M), (0, 0)))  # zero rows, zero scales: 0 out
+        return lt.fp8_matmul_cublaslt(pad(xq), pad(x_scale), wq, w_scale, out_dtype)[:M]
     if cc[0] == 9 and M >= MGPU_MIN_M:
         return mg.fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype,
                                   config=mg.MgpuConfig.get_default(M, N, K, sm_count()))

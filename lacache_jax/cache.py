@@ -21,6 +21,8 @@ instead would copy the cache out of the conditional at every step.)
                                                   (static s; per-row starts: the static
                                                   window [P, T), rows before s dropped)
   dual     full forward, keep every K/V           queries [s, e); their K/V overwrite the cache
+                                                  (XLA's ops, or Flash-dLLM's fused kernel
+                                                  under `dual_update("fused")`)
   dual + refresh_interval r: a full forward instead at steps i % r == 0 (`DualRefresh`).
 
 With DPad (one block start), full forwards run on the compact canvas (compact.py): [0, e)
@@ -44,6 +46,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as PS
 
 from kernels.cached_attention import FAState, cached_attention
+from kernels.flash_cache import flash_cache
+from kernels.forced import Forced
 from lacache_jax import sampling
 from lacache_jax.canvas import Canvas
 from lacache_jax.compact import CompactPlan, View
@@ -134,17 +138,40 @@ def _kv_shape(ctx: Ctx):
     return (*cv.pos_MT.shape, cfg.n_kv_heads, cfg.head_dim)
 
 
-def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write):
+# How the dual cache's later steps project, rotate and write the block's K/V: XLA's ops
+# (a dot, RoPE, a dynamic-update-slice) or Flash-dLLM's fused cache-update kernel
+# (kernels/flash_cache.py: one pass, no q/k/v round trip through HBM; on the GPU up to its
+# FUSED_MAX_ROWS rows, else its reference). XLA by default until the kernel is measured
+# faster inside the step (benchmarks/generate.py --dual-update xla,fused).
+dual_update = Forced("dual_update", ("xla", "fused"))
+
+
+def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write, cols_MQ=None):
     """Query rows (model-row token ids `rows_MQ` at RoPE `cos`/`sin`) through every layer,
     attending to the canvas-layout cache into which `write(c, new)` puts each layer's new
-    K/V. Returns (hidden, the written cache)."""
+    K/V. `cols_MQ`: the cache columns `write` puts the rows at, given where the fused
+    cache-update kernel may do the writing (`dual_update`). Returns (hidden, the written
+    cache)."""
     def kv_fn(i):
         def put(c, new):
             with jax.named_scope("cache_update"):
                 return write(c, new)
         return lambda k, v: (put(cache.k[i], k), put(cache.v[i], v))
+
+    def fused_fn(i):
+        layer = ctx.params.layers[i]
+
+        def project_and_write(h):
+            with jax.named_scope("cache_update"):
+                return flash_cache(h, layer.w_qkv, cos, sin, cols_MQ, cache.k[i], cache.v[i],
+                                   n_heads=ctx.cfg.n_heads, tp=layer.tp)
+        return project_and_write
+
+    layers = range(ctx.cfg.n_layers)
+    fused = cols_MQ is not None and dual_update.choice("xla") == "fused"
     h, ks, vs = run_blocks(ctx.params.embed[rows_MQ], ctx.params.layers, ctx.cfg, cos, sin,
-                           ctx.canvas.dup(keep_BT), [kv_fn(i) for i in range(ctx.cfg.n_layers)])
+                           ctx.canvas.dup(keep_BT), [kv_fn(i) for i in layers],
+                           [fused_fn(i) for i in layers] if fused else None)
     return h, KVCache(ks, vs)
 
 
@@ -263,8 +290,11 @@ class DualCache(KVPolicy):
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
         cv = ctx.canvas
         cos, sin = cv.rope(s)
-        h, cache = query_layers(ctx, cv.cut(cv.model_rows(x_BT), s), cos, sin, keep_BT, cache,
-                                lambda c, new: cv.put(c, new, s))
+        rows_MQ = cv.cut(cv.model_rows(x_BT), s)
+        cols_MQ = (jnp.reshape(cv.model_s(s), (-1, 1))
+                   + jnp.arange(cv.block_len, dtype=jnp.int32)) + jnp.zeros_like(rows_MQ)
+        h, cache = query_layers(ctx, rows_MQ, cos, sin, keep_BT, cache,
+                                lambda c, new: cv.put(c, new, s), cols_MQ)
         return cv.logits(ctx.params, ctx.cfg, h), cache
 
     @staticmethod

@@ -245,7 +245,8 @@ def test_mgpu_gemm_lowers_for_hopper():
 
 @pytest.mark.parametrize("cc,M,built,kernel", [
     ("9.0", 32, True, "pallas"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
-    ("9.0", 133, True, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "pallas"),
+    ("9.0", 133, True, "cublaslt"), ("9.0", 121, True, "cublaslt"), ("9.0", 95, True, "pallas"),
+    ("9.0", 133, False, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "pallas"),
     ("8.9", 256, True, "pallas"), ("10.0", 256, True, "pallas"), ("8.0", 32, True, None)])
 def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     """Which kernel `fp8_matmul` picks per GPU, M and whether the cuBLASLt handler could be
@@ -258,22 +259,31 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
     monkeypatch.setattr(lt, "available", lambda: built)
-    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", lambda *a: "cublaslt")
-    monkeypatch.setattr(tr, "fp8_matmul_pallas", lambda *a: "pallas")
-    mgpu_settings = []
-    monkeypatch.setattr(mg, "fp8_matmul_mgpu",
-                        lambda *a, **kw: mgpu_settings.append(kw) or "mgpu")
+    picked, mgpu_settings = [], []
+
+    def fake(name):
+        def run(xq, xs, wq, ws, *a, **kw):
+            picked.append((name, xq.shape[0], xs.shape[0]))
+            if name == "mgpu":
+                mgpu_settings.append(kw)
+            return jnp.zeros((xq.shape[0], wq.shape[0]))
+        return run
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
+    monkeypatch.setattr(tr, "fp8_matmul_pallas", fake("pallas"))
+    monkeypatch.setattr(mg, "fp8_matmul_mgpu", fake("mgpu"))
     if kernel is None:
         with pytest.raises(ValueError, match="FP8 tensor cores .* this GPU's is 8.0"):
             fm.fp8_matmul(xq, xs, wq, ws)
         return
-    assert fm.fp8_matmul(xq, xs, wq, ws) == kernel
-    # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline
-    # (M 133: no multiple of 8, so not cuBLASLt's).
+    assert fm.fp8_matmul(xq, xs, wq, ws).shape == (M, 128)
+    # cuBLASLt takes M in multiples of 8: the others get zero rows added (133 -> 136)
+    rows = -(-M // 8) * 8 if kernel == "cublaslt" else M
+    assert picked == [(kernel, rows, rows)]
+    # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline.
     assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
                              if kernel == "mgpu" else [])
     # The dispatch's thresholds are what these cases assume.
-    assert 32 < fm.CUBLASLT_MIN_M <= 136 and 32 < fm.MGPU_MIN_M <= 133
+    assert 95 < fm.CUBLASLT_MIN_M <= 121 and 32 < fm.MGPU_MIN_M <= 133
 
 
 def test_mgpu_default_config():

@@ -147,3 +147,12 @@ def test_cublaslt_fp8_gemm_on_gpu():
         if fm.compute_capability()[0] == 9 and M >= fm.CUBLASLT_MIN_M:
             np.testing.assert_array_equal(np.asarray(fm.fp8_matmul(xq, xs, wq, ws)),
                                           np.asarray(out16))
+    # The dispatch pads M to a multiple of 8 for it (121 -> 128: DPad's row counts): the
+    # real rows as precise as above, computed from the unpadded operands.
+    kx, kw = jax.random.split(jax.random.key(7))
+    xq, xs = quantize_act(jax.random.normal(kx, (121, 4096)))
+    wq, ws = quantize_weight(jax.random.normal(kw, (4096, 1024)) * 4096 ** -0.5)
+    with jax.default_matmul_precision("highest"):
+        ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    out = fm.fp8_matmul(xq, xs, wq, ws, jnp.float32)
+    assert out.shape == (121, 1024) and rel_err(out, ref) <= 2.0 ** -12
