@@ -1,9 +1,11 @@
 """Where a chain model goes wrong (issue 15): the first wrong statement of each failed answer.
 
     python -m benchmarks.chain_errors --checkpoint DIR [--task chain-d2] [--n 24] [--slots 64]
+                                      [--mode fixed]
 
-Decodes `--n` held-out problems at the fixed schedule (one token per step, no cache) and
-prints one line per problem, then the count of each kind:
+Decodes `--n` held-out problems in one of the accuracy table's modes (`--mode`, default the
+fixed schedule: one token per step, no cache; `flash+verify` shows what the verify pass lets
+through) and prints one line per problem, then the count of each kind:
 
   ok          the answer checks
   malformed   a statement that is not `name=[definition=]x op y=result`
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task", default="chain-d2", choices=sorted(tasks.CHAIN_SPECS) + ["chain"])
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--mode", default="fixed", choices=list(accuracy.MODES))
     args = ap.parse_args(argv)
     t = tasks.get(args.task)
     # fp32 on the CPU: its bf16 matmuls are emulated and several times slower.
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, params = lj.load(args.checkpoint, dtype=dtype)
     tok = Tokenizer(args.checkpoint)
     problems = t.sample("test", args.n, seed=0)
-    gen = accuracy.generation_config(t, accuracy.MODES["fixed"][0])
+    gen = accuracy.generation_config(t, accuracy.MODES[args.mode][0])
     prompts = [tok.encode(t.prompt(p)) for p in problems]
     keys = jax.random.split(jax.random.key(0), len(prompts))
     out = lj.generate(params, cfg, prompts, gen, key=keys, slots=args.slots)

@@ -4,7 +4,7 @@
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
 # thirteenth session: d2m retrained (87.3%: shipped as chain_model/), the accuracy table and
 # the cumprod γ sweep on it (γ 0.8: 1.66x at -2.4 points), route (b)'s knobs and the FP8
-# kernels' GPU tests (15 passed). Left, in priority order 10, 12, 11, 5, 3, 6, 4:
+# kernels' GPU tests (15 passed). Left, in priority order 10, 12, 11, 13, 5, 3, 6, 4:
 #  10  issues 17, 20: the dual cache's later steps through the fused cache-update kernel
 #      (`--dual-update xla,fused`, new in the thirteenth session, CPU-tested only) against
 #      XLA's ops, batch 1 and 8, bf16 and FP8 FFN: does the 1.15x of the update alone (45.3
@@ -16,6 +16,8 @@
 #  11  issue 18: the paper's acceptance rule (`accept="agree"`) swept on the shipped chain
 #      model (2,000 problems), and cumprod at γ 0.95: a γ with >= 1.6x tokens per step at
 #      <= 1 point (cumprod: 0.8 1.66x at -2.4, 0.9 1.43x at -1.8)
+#  13  issue 18: what the verify pass lets through: the error kinds (chain_errors --mode) of
+#      threshold 0.9, flash and flash + verify on the same 200 held-out problems
 #   5  issue 20: the batch-1 table again since prefix + DPad queries each block's own kept
 #      slots (121 rows in every block before; the prefix + DPad + FP8 row ran 1.30x slower
 #      than without DPad, its 121 rows under cuBLASLt's 128)
@@ -130,4 +132,11 @@ case "${1:-1}" in
   timeout -k 5 200 python3 -m benchmarks.flash --parts gamma --layers 1 --checkpoint \
     /tmp/chain_ck --task chain-d2m --n 2000 --gammas 0.95 2>&1 \
     | tee "$OUT/flash_gamma_095.log" | quiet | tail -3 ;;
+13)
+  python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
+  for mode in threshold flash flash+verify; do
+    timeout -k 5 150 python3 -m benchmarks.chain_errors --checkpoint /tmp/chain_ck \
+      --task chain-d2m --n 200 --slots 200 --mode "$mode" 2>&1 \
+      | tee "$OUT/chain_errors_$mode.log" | quiet | tail -1
+  done ;;
 esac
