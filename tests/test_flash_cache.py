@@ -210,3 +210,43 @@ def test_dual_cache_through_the_kernel_in_slot_refill(models, monkeypatch):
     assert len(calls) >= GEN_CFG.n_layers  # the kernel did the later steps' writes
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
     np.testing.assert_array_equal(np.asarray(got.nfe), np.asarray(want.nfe))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 4])
+def test_dual_step_through_the_kernel_on_gpu(B):
+    """A dual-cache later step at LLaDA-8B's head shapes (H = G = 32, K = 128; 2 layers, a
+    shortened FFN and vocabulary) in bf16: the fused kernel (the dispatch picks it on the GPU
+    up to FUSED_MAX_ROWS rows) against XLA's ops, cache and block logits."""
+    import lacache_jax as lj
+    from kernels import flash_cache as fc
+    from lacache_jax import cache
+    from lacache_jax.cache import Ctx
+    from tests.conftest import rel_err
+
+    cfg = tiny(d_model=4096, n_heads=32, n_kv_heads=32, d_ff=1024, vocab_size=1024,
+               max_seq_len=1024, mask_id=1023, eos_id=1022, pad_id=1022)
+    params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    P, G, BL = 96, 64, 32
+    gen = lj.GenerationConfig(gen_length=G, block_length=BL, steps=G, cache="dual",
+                              mask_id=cfg.mask_id, eos_id=cfg.eos_id)
+    rng = np.random.default_rng(B)
+    x_BT = rng.integers(2, 1000, (B, P + G))
+    x_BT[:, P:] = cfg.mask_id
+    ctx = Ctx.build(params, cfg, gen, jnp.arange(B) * 7, P + G)
+    keep_BT = ctx.canvas.valid_BT
+    policy = cache.policy_for(gen)
+    _, kv = jax.jit(lambda x: policy.first(ctx, x, keep_BT, P))(jnp.asarray(x_BT))
+    x_BT[:, P:P + BL:2] = rng.integers(2, 1000, (B, BL // 2))  # revealed
+    assert fc.use_kernel(B * BL, 1)
+    step = lambda x, c: policy.step(ctx, x, keep_BT, P, c, 1)  # noqa: E731
+    want, want_kv = jax.jit(step)(jnp.asarray(x_BT), kv)
+    with cache.dual_update("fused"):
+        got, got_kv = jax.jit(step)(jnp.asarray(x_BT), kv)  # a new jit: traced afresh
+    for g, w in zip(got_kv.k + got_kv.v, want_kv.k + want_kv.v):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        # as test_kernel_on_gpu: an ulp (2^-8) of the projection's rounding, rotated into two
+        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
+    # Those ulp-sized differences in layer 0's q/k/v move layer 1 and the logits by a few bf16
+    # roundings (each 2^-8 relative): 2^-5 leaves an 8x margin.
+    assert rel_err(jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)) <= 2.0 ** -5
