@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg, params = lj.load(args.checkpoint, dtype=dtype)
     tok = Tokenizer(args.checkpoint)
     problems = t.sample("test", args.n, seed=0)
-    gen = accuracy.generation_config(t, accuracy.MODES[args.mode][0])
+    settings = accuracy.MODES[args.mode][0]
+    if settings.get("fp8_ffn"):
+        params = lj.quantize_ffn(params)
+    gen = accuracy.generation_config(t, settings)
     prompts = [tok.encode(t.prompt(p)) for p in problems]
     keys = jax.random.split(jax.random.key(0), len(prompts))
     out = lj.generate(params, cfg, prompts, gen, key=keys, slots=args.slots)

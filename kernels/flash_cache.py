@@ -105,9 +105,21 @@ class BlockSizes:
 FUSED_MAX_ROWS = 512
 
 
-def use_kernel(M: int, tp: int) -> bool:
-    """Whether `flash_cache` runs the Pallas kernel for M = B R query rows (on a GPU)."""
-    return jax.default_backend() == "gpu" and tp == 1 and M <= FUSED_MAX_ROWS
+def use_kernel(M: int, tp: int, head_dim: int = 128) -> bool:
+    """Whether `flash_cache` runs the Pallas kernel for M = B R query rows (on a GPU): also
+    only where a RoPE half (head_dim / 2) is a power of two of at least 16 columns, which
+    Triton's blocks need."""
+    half = head_dim // 2
+    return (jax.default_backend() == "gpu" and tp == 1 and M <= FUSED_MAX_ROWS
+            and half >= 16 and half & (half - 1) == 0)
+
+
+def chosen(rows: int, R: int, tp: int, head_dim: int) -> str:
+    """What `flash_cache` runs for `rows` batch rows of R query rows each ("pallas" or
+    "ref"): the dispatch's default, or the implementation forced while tracing."""
+    from lacache_jax.sharding import per_data_shard
+    M = per_data_shard(rows) * R  # the rows one device runs
+    return implementation.choice("pallas" if use_kernel(M, tp, head_dim) else "ref")
 
 
 def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v_ref, *,
@@ -232,10 +244,8 @@ def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n
     tensor parallelism splits the heads (tp > 1)."""
     from jax.sharding import PartitionSpec as PS
 
-    from lacache_jax.sharding import DATA, per_data_shard, shard_kernel
-    M = per_data_shard(h_BRD.shape[0]) * h_BRD.shape[1]  # the rows one device runs
-    use = implementation.choice("pallas" if use_kernel(M, tp) else "ref")
-    if use == "ref":
+    from lacache_jax.sharding import DATA, shard_kernel
+    if chosen(h_BRD.shape[0], h_BRD.shape[1], tp, k_BTGK.shape[-1]) == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                                n_heads=n_heads, tp=tp)
     rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)

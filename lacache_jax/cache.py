@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as PS
 
 from kernels.cached_attention import FAState, cached_attention
+from kernels.flash_cache import chosen as flash_cache_chosen
 from kernels.flash_cache import flash_cache
 from kernels.forced import Forced
 from lacache_jax import sampling
@@ -140,9 +141,11 @@ def _kv_shape(ctx: Ctx):
 
 # How the dual cache's later steps project, rotate and write the block's K/V: XLA's ops
 # (a dot, RoPE, a dynamic-update-slice) or Flash-dLLM's fused cache-update kernel
-# (kernels/flash_cache.py: one pass, no q/k/v round trip through HBM; on the GPU up to its
-# FUSED_MAX_ROWS rows, else its reference). XLA by default until the kernel is measured
-# faster inside the step (benchmarks/generate.py --dual-update xla,fused).
+# (kernels/flash_cache.py: one pass, no q/k/v round trip through HBM), the latter only where
+# that kernel itself would run (its dispatch: a GPU, up to FUSED_MAX_ROWS rows, one head
+# group), never its reference's scatter. XLA by default until the kernel is measured faster
+# inside the step (benchmarks/generate.py --dual-update xla,fused). Read while tracing: a
+# program compiled under one choice keeps it (`jax.clear_caches()` before switching).
 dual_update = Forced("dual_update", ("xla", "fused"))
 
 
@@ -168,7 +171,9 @@ def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write, co
         return project_and_write
 
     layers = range(ctx.cfg.n_layers)
-    fused = cols_MQ is not None and dual_update.choice("xla") == "fused"
+    fused = (cols_MQ is not None and dual_update.choice("xla") == "fused"
+             and flash_cache_chosen(*rows_MQ.shape, ctx.params.layers[0].tp,
+                                    ctx.cfg.head_dim) == "pallas")
     h, ks, vs = run_blocks(ctx.params.embed[rows_MQ], ctx.params.layers, ctx.cfg, cos, sin,
                            ctx.canvas.dup(keep_BT), [kv_fn(i) for i in layers],
                            [fused_fn(i) for i in layers] if fused else None)

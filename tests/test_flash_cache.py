@@ -144,6 +144,9 @@ def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
     assert fc.use_kernel(128, 1) and fc.use_kernel(fc.FUSED_MAX_ROWS, 1)
     assert not fc.use_kernel(fc.FUSED_MAX_ROWS + 1, 1) and not fc.use_kernel(32 * 128, 1)
     assert not fc.use_kernel(128, 2)
+    # RoPE halves Triton can block: powers of two from 16 (head_dim 128 and 64, not 96 or 16)
+    assert fc.use_kernel(128, 1, 64) and not fc.use_kernel(128, 1, 96)
+    assert not fc.use_kernel(128, 1, 16)
     monkeypatch.setattr(fc.jax, "default_backend", lambda: "cpu")
     assert not fc.use_kernel(128, 1)
 
@@ -214,7 +217,7 @@ def test_dual_cache_through_the_kernel_in_slot_refill(models, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 4])
-def test_dual_step_through_the_kernel_on_gpu(B):
+def test_dual_step_through_the_kernel_on_gpu(B, monkeypatch):
     """A dual-cache later step at LLaDA-8B's head shapes (H = G = 32, K = 128; 2 layers, a
     shortened FFN and vocabulary) in bf16: the fused kernel (the dispatch picks it on the GPU
     up to FUSED_MAX_ROWS rows) against XLA's ops, cache and block logits."""
@@ -241,8 +244,14 @@ def test_dual_step_through_the_kernel_on_gpu(B):
     assert fc.use_kernel(B * BL, 1)
     step = lambda x, c: policy.step(ctx, x, keep_BT, P, c, 1)  # noqa: E731
     want, want_kv = jax.jit(step)(jnp.asarray(x_BT), kv)
+    calls = []
+    kernel = fc.flash_cache_pallas
+    monkeypatch.setattr(fc, "flash_cache_pallas",
+                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    jax.clear_caches()  # the choice is read while tracing: the same lambda must retrace
     with cache.dual_update("fused"):
-        got, got_kv = jax.jit(step)(jnp.asarray(x_BT), kv)  # a new jit: traced afresh
+        got, got_kv = jax.jit(step)(jnp.asarray(x_BT), kv)
+    assert len(calls) == cfg.n_layers  # the kernel did the writes
     for g, w in zip(got_kv.k + got_kv.v, want_kv.k + want_kv.v):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         # as test_kernel_on_gpu: an ulp (2^-8) of the projection's rounding, rotated into two
@@ -250,3 +259,24 @@ def test_dual_step_through_the_kernel_on_gpu(B):
     # Those ulp-sized differences in layer 0's q/k/v move layer 1 and the logits by a few bf16
     # roundings (each 2^-8 relative): 2^-5 leaves an 8x margin.
     assert rel_err(jnp.asarray(got, jnp.float32), jnp.asarray(want, jnp.float32)) <= 2.0 ** -5
+
+
+def test_dual_update_fused_falls_back_to_xla_where_the_kernel_would_not_run(models,
+                                                                              monkeypatch):
+    """`dual_update("fused")` where the dispatch would not pick the kernel (here: no GPU)
+    keeps XLA's dynamic-update-slice path: neither the kernel nor its reference's scatter
+    (which under a mesh adds all-gathers of the new K/V) is traced."""
+    import lacache_jax as lj
+    from lacache_jax import cache
+    from tests.conftest import GEN_CFG
+
+    params, _ = models
+    calls = []
+    monkeypatch.setattr(cache, "flash_cache", lambda *a, **k: calls.append(1))
+    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16, cache="dual")
+    want = lj.generate(params, GEN_CFG, [[5, 6, 7]], gen)
+    jax.clear_caches()
+    with cache.dual_update("fused"):
+        got = lj.generate(params, GEN_CFG, [[5, 6, 7]], gen)
+    assert calls == []
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
