@@ -295,10 +295,12 @@ class DualCache(KVPolicy):
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
         cv = ctx.canvas
         cos, sin = cv.rope(s)
-        rows_MQ = cv.cut(cv.model_rows(x_BT), s)
-        cols_MQ = (jnp.reshape(cv.model_s(s), (-1, 1))
-                   + jnp.arange(cv.block_len, dtype=jnp.int32)) + jnp.zeros_like(rows_MQ)
-        h, cache = query_layers(ctx, rows_MQ, cos, sin, keep_BT, cache,
+        tok_MT = cv.model_rows(x_BT)
+        # the columns `put` writes, cut as the rows are (an idle slot's start past the canvas
+        # clamps the same way)
+        cols_MQ = cv.cut(jnp.broadcast_to(jnp.arange(tok_MT.shape[1], dtype=jnp.int32),
+                                          tok_MT.shape), s)
+        h, cache = query_layers(ctx, cv.cut(tok_MT, s), cos, sin, keep_BT, cache,
                                 lambda c, new: cv.put(c, new, s), cols_MQ)
         return cv.logits(ctx.params, ctx.cfg, h), cache
 

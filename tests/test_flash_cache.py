@@ -11,11 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lacache_jax as lj
+from kernels import flash_cache as fc
 from kernels.flash_cache import BlockSizes, flash_cache_pallas, flash_cache_ref
+from lacache_jax import cache
+from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
 from lacache_jax.model import Layer, qkv, rope_tables
 from lacache_jax.sharding import group_columns
-from tests.conftest import assert_valid_triton
+from tests.conftest import GEN_CFG, assert_valid_triton, rel_err
 
 
 def operands(B, R, D, T, H, G, K, dtype=jnp.float32, seed=0):
@@ -139,7 +143,6 @@ def test_default_tiles():
 def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
     """The fused kernel wins at batch 1 and loses at batch 32 on the H200 (R 128): the
     dispatch uses it only up to FUSED_MAX_ROWS query rows, on one head group."""
-    from kernels import flash_cache as fc
     monkeypatch.setattr(fc.jax, "default_backend", lambda: "gpu")
     assert fc.use_kernel(128, 1) and fc.use_kernel(fc.FUSED_MAX_ROWS, 1)
     assert not fc.use_kernel(fc.FUSED_MAX_ROWS + 1, 1) and not fc.use_kernel(32 * 128, 1)
@@ -151,6 +154,13 @@ def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
     assert not fc.use_kernel(128, 1)
 
 
+def count_kernel_calls(monkeypatch) -> list:
+    """A list that gets an entry each time the Pallas kernel is traced."""
+    calls, kernel = [], fc.flash_cache_pallas
+    monkeypatch.setattr(fc, "flash_cache_pallas",
+                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    return calls
+
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["one_start", "per_row_starts"])
 def test_dual_step_through_the_kernel(models, per_row):
@@ -158,12 +168,6 @@ def test_dual_step_through_the_kernel(models, per_row):
     write (`cache.dual_update("fused")`, the Pallas kernel forced: interpret mode here)
     against XLA's path: the same block logits and the same cache, for ragged rows under CFG
     at one block start and at per-row starts (slot refill)."""
-    import lacache_jax as lj
-    from kernels import flash_cache as fc
-    from lacache_jax import cache
-    from lacache_jax.cache import Ctx
-    from tests.conftest import GEN_CFG
-
     params, _ = models
     P, G, BL = 8, 16, 8
     gen = lj.GenerationConfig(gen_length=G, block_length=BL, steps=G, cache="dual",
@@ -191,11 +195,6 @@ def test_dual_step_through_the_kernel(models, per_row):
 def test_dual_cache_through_the_kernel_in_slot_refill(models, monkeypatch):
     """End to end: slot refill (rows at different blocks at once) with the dual cache's
     updates through the fused kernel gives the tokens of XLA's path, and the kernel ran."""
-    import lacache_jax as lj
-    from kernels import flash_cache as fc
-    from lacache_jax import cache
-    from tests.conftest import GEN_CFG
-
     params, _ = models
     rng = np.random.default_rng(3)
     prompts = [rng.integers(2, 60, n).tolist() for n in (5, 9, 3)]
@@ -203,10 +202,7 @@ def test_dual_cache_through_the_kernel_in_slot_refill(models, monkeypatch):
                               threshold=0.7)
     keys = jax.random.split(jax.random.key(5), len(prompts))
     want = lj.generate(params, GEN_CFG, prompts, gen, key=keys, slots=2)
-    calls = []
-    kernel = fc.flash_cache_pallas
-    monkeypatch.setattr(fc, "flash_cache_pallas",
-                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls = count_kernel_calls(monkeypatch)
     jax.clear_caches()  # retrace: the forced choice is read while tracing
     with cache.dual_update("fused"), fc.implementation("pallas"):
         got = lj.generate(params, GEN_CFG, prompts, gen, key=keys, slots=2)
@@ -221,12 +217,6 @@ def test_dual_step_through_the_kernel_on_gpu(B, monkeypatch):
     """A dual-cache later step at LLaDA-8B's head shapes (H = G = 32, K = 128; 2 layers, a
     shortened FFN and vocabulary) in bf16: the fused kernel (the dispatch picks it on the GPU
     up to FUSED_MAX_ROWS rows) against XLA's ops, cache and block logits."""
-    import lacache_jax as lj
-    from kernels import flash_cache as fc
-    from lacache_jax import cache
-    from lacache_jax.cache import Ctx
-    from tests.conftest import rel_err
-
     cfg = tiny(d_model=4096, n_heads=32, n_kv_heads=32, d_ff=1024, vocab_size=1024,
                max_seq_len=1024, mask_id=1023, eos_id=1022, pad_id=1022)
     params = lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
@@ -244,10 +234,7 @@ def test_dual_step_through_the_kernel_on_gpu(B, monkeypatch):
     assert fc.use_kernel(B * BL, 1)
     step = lambda x, c: policy.step(ctx, x, keep_BT, P, c, 1)  # noqa: E731
     want, want_kv = jax.jit(step)(jnp.asarray(x_BT), kv)
-    calls = []
-    kernel = fc.flash_cache_pallas
-    monkeypatch.setattr(fc, "flash_cache_pallas",
-                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    calls = count_kernel_calls(monkeypatch)
     jax.clear_caches()  # the choice is read while tracing: the same lambda must retrace
     with cache.dual_update("fused"):
         got, got_kv = jax.jit(step)(jnp.asarray(x_BT), kv)
@@ -266,10 +253,6 @@ def test_dual_update_fused_falls_back_to_xla_where_the_kernel_would_not_run(mode
     """`dual_update("fused")` where the dispatch would not pick the kernel (here: no GPU)
     keeps XLA's dynamic-update-slice path: neither the kernel nor its reference's scatter
     (which under a mesh adds all-gathers of the new K/V) is traced."""
-    import lacache_jax as lj
-    from lacache_jax import cache
-    from tests.conftest import GEN_CFG
-
     params, _ = models
     calls = []
     monkeypatch.setattr(cache, "flash_cache", lambda *a, **k: calls.append(1))
