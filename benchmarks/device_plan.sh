@@ -11,8 +11,10 @@
 #      against 52.3 us at 32 rows) show in the step? If so, make "fused" the default
 #  12  issue 20: the FP8 dispatch's new threshold (CUBLASLT_MIN_M 96, M padded to a multiple
 #      of 8; set from Triton's two measured points, 32 and 256): Triton against cuBLASLt at
-#      M 64-136, and what the dispatch picks at 121 and 133 rows against the kernels it
-#      passed over; then the GPU test of the padded path
+#      M 32-136 (32 and 48: the FP8 FFN's decode rows, its goal 1.3x the weight-read floor), and what the dispatch picks at 121 and 133 rows against the kernels it
+#      passed over; the Triton kernel's tiles at M 32 with and without `swap` (each tile
+#      computed transposed: new, CPU-tested only); then the GPU tests of the padded path and
+#      of the Triton kernel at LLaDA widths (swap included)
 #  11  issue 18: the paper's acceptance rule (`accept="agree"`) swept on the shipped chain
 #      model (2,000 problems), and cumprod at γ 0.95: a γ with >= 1.6x tokens per step at
 #      <= 1 point (cumprod: 0.8 1.66x at -2.4, 0.9 1.43x at -1.8)
@@ -117,12 +119,16 @@ case "${1:-1}" in
   timeout -k 5 120 python3 -m pytest -q -m gpu tests/test_flash_cache.py -p no:cacheprovider \
     2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -2 ;;
 12)
-  timeout -k 5 200 python3 -m benchmarks.fp8_gemm --ms 64,80,96,112,128,136 \
+  timeout -k 5 200 python3 -m benchmarks.fp8_gemm --ms 32,48,64,80,96,112,128,136 \
     --kernels triton,cublaslt 2>&1 | tee "$OUT/fp8_gemm_crossover.log" | quiet \
     | grep "^|" | tail -14
   timeout -k 5 150 python3 -m benchmarks.fp8_gemm --ms 121,133 --kernels triton,mgpu,dispatch \
     2>&1 | tee "$OUT/fp8_gemm_padded.log" | quiet | grep "^|" | tail -6
-  timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k cublaslt \
+  # the Triton kernel's tiles at the decode rows, each tile also transposed (`swap`: the
+  # weights on the MMA's 64-row side), against the FP8 read floor of this run
+  timeout -k 5 200 python3 -m benchmarks.fp8_tiles --kernels pallas --ms 32 \
+    --shapes gate_up,down 2>&1 | tee "$OUT/fp8_tiles_swap.log" | quiet | grep "^best\|ceil"
+  timeout -k 5 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k "cublaslt or llada_widths" \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cublaslt_gpu.log" | tail -2 ;;
 11)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1

@@ -18,7 +18,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import exit_on_sigterm, time_chained, write_result
+from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
 from kernels.fp8_matmul import sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
 from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas, row_tile
@@ -29,14 +29,17 @@ SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
-    first sweep, RESULTS.md, found 128-row and 256-column tiles slower). Mosaic GPU (128
+    first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows down
+    each tile transposed (`swap`: the weights on the MMA's wide side). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
     shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
     splits (where the output tiles are fewer than 2 per SM)."""
     if pallas:  # split-K as the default tiles choose it for this M
         base = TritonTiles.get_default(M, N, K)
-        return [dataclasses.replace(base, block_m=bm, num_warps=nw, num_stages=ns)
-                for bm, nw, ns in itertools.product(sorted({row_tile(M), 64}), (4, 8), (3, 4))]
+        return [dataclasses.replace(base, block_m=bm, num_warps=nw, num_stages=ns, swap=sw)
+                for sw, bm, nw, ns in itertools.product(
+                    (False, True) if M <= 64 else (False,), sorted({row_tile(M), 64}), (4, 8),
+                    (3, 4))]
     if persistent:  # warp-specialised, one CTA per tile vs one per SM looping over tiles
         return [MgpuConfig(stages=st, groups_per_step=gs, ctas=c) for st, gs, c in
                 itertools.product((2, 4), (1, 2), (None, sm_count())) if st * gs <= 4]
@@ -47,12 +50,16 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False):
                 (True, False) if M > 64 else (False,), (2, 4), (1, 2), splits)]
 
 
-def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool) -> None:
+def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
+          copy_tb_s: float) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
     wq, ws = quantize_weight(jax.random.normal(kw, (K, N), jnp.bfloat16) * K ** -0.5)
     flops = 2.0 * M * K * N
+    # the read floor: FP8 operands and bf16 out at the run's copy bandwidth (what bounds a
+    # decode-shape GEMM; scales are < 1% of it)
+    floor = (K * N + M * K + 2 * M * N) / copy_tb_s / 1e9
     n = 20 if M <= 4096 else 5
     base = dict(shape=shape, M=M, K=K, N=N)
     x16 = jax.random.normal(kx, (M, K), jnp.bfloat16)
@@ -62,7 +69,8 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool) 
                 a, wq, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16), (xq,)),
             ("xla_bf16", lambda a: a @ w16, (x16,))):
         t = time_chained(fn, *args, n=n)["median_ms"]
-        rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9})
+        rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9,
+                     "x_read_floor": t / floor})
         print(rows[-1], flush=True)
     for kernel in kernels:
         for cfg in configs(M, N, K, kernel == "pallas", persistent):
@@ -78,7 +86,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool) 
                 print(rows[-1], flush=True)
                 continue
             rows.append({**base, "kernel": kernel, **settings, "ms": t,
-                         "tflops": flops / t / 1e9})
+                         "tflops": flops / t / 1e9, "x_read_floor": t / floor})
             print(rows[-1], flush=True)
 
 
@@ -92,10 +100,13 @@ def main():
     args = ap.parse_args()
     rows: list = []
     exit_on_sigterm()
+    ceilings = measure_ceilings()
+    print("ceilings", ceilings, flush=True)
     try:
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
-                sweep(shape, M, rows, args.kernels.split(","), args.persistent)
+                sweep(shape, M, rows, args.kernels.split(","), args.persistent,
+                      ceilings["copy_tb_per_s"])
     finally:
         best = {}
         for r in rows:
@@ -105,7 +116,8 @@ def main():
                     best[key] = r
         for key, r in best.items():
             print("best", key, {k: v for k, v in r.items() if k not in ("shape", "M", "K", "N")})
-        print("->", write_result("fp8_tiles", {"rows": rows, "best": best}))
+        print("->", write_result("fp8_tiles", {"rows": rows, "best": best,
+                                               "ceilings": ceilings}))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ row tile; at decode shapes K is also split over programs (`splits`) and the fp32
 summed afterwards. Each 128-wide K group is one FP8 dot, scaled and added to an fp32
 accumulator: the result equals the dequantised fp32 matmul up to fp32 summation order. Fastest
 below 128 rows (RESULTS.md); runs on every GPU with FP8 tensor cores (Ada, Hopper).
+
+`swap` computes each tile transposed, out^T = W @ x^T: at decode shapes the 128 weight rows of
+a column block fill the MMA's M side (Hopper's wgmma needs 64 rows per warpgroup; 16-32 token
+rows on that side leave it empty or fall back to mma.sync) and the few tokens become its N
+side, which may be as narrow as 8. Both operands stay K-major, as FP8 MMAs require.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class TritonTiles:
     splits: int = 1        # programs over K (fp32 partials summed afterwards); divides K / 128
     num_warps: int = 4
     num_stages: int = 3
+    swap: bool = False     # out^T = W @ x^T per tile: weights on the MMA's wide side (decode)
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -57,24 +63,30 @@ class TritonTiles:
         return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=8 if bm <= 32 else 4)
 
 
-def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned):
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
+    """`swap`: `xs_ref` holds the activation scales transposed ([G, bm]) and the
+    accumulators are [128, bm] (out^T); otherwise [bm, G] and [bm, 128]."""
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
     n_sub = w_ref.shape[0] // GROUP  # 128-wide column blocks, one weight scale each
+    bm = x_ref.shape[0]
 
     def group(g, accs):
         g = first + g
         cols = pl.ds(g * GROUP, GROUP)
         x = x_ref[:, cols]  # loaded once, shared by the column blocks
-        xs = xs_ref[:, pl.ds(g, 1)]
-        return tuple(
-            acc + jnp.dot(x, w_ref[pl.ds(c * GROUP, GROUP), cols].T,
-                          preferred_element_type=jnp.float32) * (xs * ws_ref[c, pl.ds(g, 1)])
-            for c, acc in enumerate(accs))
-    zeros = jnp.zeros((x_ref.shape[0], GROUP), jnp.float32)
+        xs = xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)]
+        out = []
+        for c, acc in enumerate(accs):
+            w = w_ref[pl.ds(c * GROUP, GROUP), cols]
+            part = (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
+                    jnp.dot(x, w.T, preferred_element_type=jnp.float32))
+            out.append(acc + part * (xs * ws_ref[c, pl.ds(g, 1)]))
+        return tuple(out)
+    zeros = jnp.zeros((GROUP, bm) if swap else (bm, GROUP), jnp.float32)
     accs = jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
     for c, acc in enumerate(accs):
-        o_ref[:, pl.ds(c * GROUP, GROUP)] = acc.astype(o_ref.dtype)
+        o_ref[:, pl.ds(c * GROUP, GROUP)] = (acc.T if swap else acc).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
@@ -100,14 +112,17 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
+    if t.swap:
+        x_scale = x_scale.T  # [G, Mp]: a group's scales load as one row of the tile's width
     in_specs = [pl.BlockSpec((bm, K), lambda i, j, k: (i, 0)),
+                pl.BlockSpec((G, bm), lambda i, j, k: (0, i)) if t.swap else
                 pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
                 pl.BlockSpec((bn, K), lambda i, j, k: (j, 0)),
                 pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0))]
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     from jax.experimental.pallas import triton as plgpu
     out = pl.pallas_call(
-        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned)),
+        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {},

@@ -49,8 +49,9 @@ def test_gemm_matches_dequantised_fp32(M, K, N):
 def test_gemm_bf16_output_row_tiles_and_k_splits():
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=1)
     ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-    for bm, bn, splits in ((16, 128, 1), (64, 256, 2), (32, 256, 4)):
-        out = fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(bm, bn, splits),
+    for bm, bn, splits, swap in ((16, 128, 1, False), (64, 256, 2, False), (32, 256, 4, False),
+                                 (16, 128, 1, True), (32, 256, 2, True), (64, 128, 4, True)):
+        out = fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(bm, bn, splits, swap=swap),
                                 interpret=True, poison=True)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out.astype(jnp.float32), ref) <= 2.0 ** -8  # one bf16 rounding
@@ -167,8 +168,8 @@ def test_quant_tiles_change_no_bit(monkeypatch):
 
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
-    for bn in (128, 256):
-        tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn)
+    for bn, swap in ((128, False), (256, False), (128, True)):
+        tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn, swap=swap)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws,
                             monkeypatch=monkeypatch)
     x = jnp.ones((20, 512), jnp.bfloat16)

@@ -88,8 +88,9 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-        for bn in (128, 256):
-            tiles = dataclasses.replace(TritonTiles.get_default(M, 1024, K), block_n=bn)
+        for bn, swap in ((128, False), (256, False), (128, True), (256, True)):
+            tiles = dataclasses.replace(TritonTiles.get_default(M, 1024, K), block_n=bn,
+                                        swap=swap)
             out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True, tiles=tiles)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only (test_fp8_kernels)
         for kw in (dict(), dict(warp_specialized=False, stages=2),
