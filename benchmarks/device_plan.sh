@@ -1,28 +1,19 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the thirteenth session of 2026-12-03
+# The device calls the GPU-side work left open after the fourteenth session of 2026-12-03
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# thirteenth session: d2m retrained (87.3%: shipped as chain_model/), the accuracy table and
-# the cumprod γ sweep on it (γ 0.8: 1.66x at -2.4 points), route (b)'s knobs and the FP8
-# kernels' GPU tests (15 passed). Left, in priority order 10, 12, 11, 13, 5, 3, 6, 4:
-#  10  issues 17, 20: the dual cache's later steps through the fused cache-update kernel
-#      (`--dual-update xla,fused`, new in the thirteenth session, CPU-tested only) against
-#      XLA's ops, batch 1 and 8, bf16 and FP8 FFN: does the 1.15x of the update alone (45.3
-#      against 52.3 us at 32 rows) show in the step? If so, make "fused" the default
-#  12  issue 20: the FP8 dispatch's new threshold (CUBLASLT_MIN_M 96, M padded to a multiple
-#      of 8; set from Triton's two measured points, 32 and 256): Triton against cuBLASLt at
-#      M 32-136 (32 and 48: the FP8 FFN's decode rows, its goal 1.3x the weight-read floor), and what the dispatch picks at 121 and 133 rows against the kernels it
-#      passed over; the Triton kernel's tiles at M 32 with and without `swap` (each tile
-#      computed transposed: new, CPU-tested only); then the GPU tests of the padded path and
-#      of the Triton kernel at LLaDA widths (swap included)
-#  11  issue 18: the paper's acceptance rule (`accept="agree"`) swept on the shipped chain
-#      model (2,000 problems), and cumprod at γ 0.95: a γ with >= 1.6x tokens per step at
-#      <= 1 point (cumprod: 0.8 1.66x at -2.4, 0.9 1.43x at -1.8)
-#  13  issue 18: what the verify pass lets through: the error kinds (chain_errors --mode) of
-#      threshold 0.9, flash and flash + verify on the same 200 held-out problems
+# fourteenth session: 10 (the fused dual update: no gain, "xla" stays), 12 (cuBLASLt from 48
+# rows: the threshold is now 33; Triton's transposed tiles 1.09x at M 32, now the default),
+# 11 (agree: γ 0.85 1.61x at -2.9, 0.9 1.47x at -0.7) and 13 (error kinds; verify's decode
+# not repeatable run to run). Left, in priority order 5, 14, 15, 6, 3, 4:
 #   5  issue 20: the batch-1 table again since prefix + DPad queries each block's own kept
 #      slots (121 rows in every block before; the prefix + DPad + FP8 row ran 1.30x slower
-#      than without DPad, its 121 rows under cuBLASLt's 128)
+#      than without DPad, its 121 rows then under cuBLASLt's threshold) and since the FP8
+#      dispatch changed (cuBLASLt from 33 rows, Triton's transposed tiles at 32)
+#  14  issues 20, 23: the FP8 FFN at the decode rows with the new dispatch (cuBLASLt from 33
+#      rows, Triton's transposed tiles at <= 32) against bf16 and its read floor
+#  15  issue 18: is Flash-Verify's decode repeatable? The same chain_errors command twice, then
+#      twice with XLA's GEMM autotuning off (two runs of the fourteenth session: 116, 128 right)
 #   1  issue 15 (done): train a chain model again (VARIANTS, MINUTES, EVAL_N)
 #   8  issue 15: go on training a model (CHAIN_INIT=<its HF directory, carried in>,
 #      TASK=<its task, default chain-d2m>) for 8 more minutes (fresh optimizer and schedule)
@@ -38,6 +29,11 @@
 #      update at 32 rows (twelfth: 1.15x, 45.3 against 52.3 us)
 #   7  issue 23, route (b): the knob sweep (twelfth session: done at both shapes, SWEEP_S=140)
 #   9  issue 23: the GPU tests of route (b)'s knobs and the FP8 kernels (thirteenth: passed)
+#  10  issues 17, 20 (done): the dual cache's later steps through the fused update vs XLA's
+#  11  issue 18 (done): the agree rule's γ sweep and cumprod at 0.95 on chain_model/
+#  12  issue 20 (done): FP8 Triton against cuBLASLt at M 32-136, the dispatch at 121 / 133,
+#      Triton's tiles at M 32 with and without `swap`; GPU tests of those paths
+#  13  issue 18 (done): the error kinds of threshold 0.9, flash and flash + verify (200)
 # Logs and JSON land in $OUT (at most 8 files come back: copy no extra files there).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -140,9 +136,20 @@ case "${1:-1}" in
     | tee "$OUT/flash_gamma_095.log" | quiet | tail -3 ;;
 13)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
-  for mode in threshold flash flash+verify; do
+  for mode in threshold flash flash+verify; do  # (a `+` in a name does not come back)
     timeout -k 5 150 python3 -m benchmarks.chain_errors --checkpoint /tmp/chain_ck \
       --task chain-d2m --n 200 --slots 200 --mode "$mode" 2>&1 \
-      | tee "$OUT/chain_errors_$mode.log" | quiet | tail -1
+      | tee "$OUT/chain_errors_${mode/+/_}.log" | quiet | tail -1
+  done ;;
+14)
+  timeout -k 5 300 python3 -m benchmarks.fp8_ffn --ms 32,48,121,256,1024 --ablation-layers 0 \
+    2>&1 | tee "$OUT/fp8_ffn_decode.log" | quiet | grep "^|\|ceil" | tail -12 ;;
+15)
+  python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
+  for run in 1 2 noautotune1 noautotune2; do
+    flags=""; [[ $run == noautotune* ]] && flags="--xla_gpu_autotune_level=0"
+    XLA_FLAGS="$flags" timeout -k 5 100 python3 -m benchmarks.chain_errors --checkpoint \
+      /tmp/chain_ck --task chain-d2m --n 200 --slots 200 --mode flash+verify 2>&1 \
+      | tee "$OUT/chain_errors_verify_$run.log" | quiet | tail -1
   done ;;
 esac

@@ -65,16 +65,14 @@ def sm_count() -> int:
 # From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
 # split-K is faster (0.043 vs 0.048 ms for gate/up), from M 256 the Mosaic GPU one (2x).
 MGPU_MIN_M = 128
-# From `benchmarks/fp8_gemm.py` on the H200, 2026-12-01 (benchmarks/results/
-# fp8-notes-20261201.md), LLaDA-8B's gate/up GEMM, ms: at M 32 the Triton kernel 0.045,
-# cuBLASLt's block-scaled GEMM 0.070 (no split-K at this M), Mosaic GPU 0.073; at M 256
-# cuBLASLt 0.066, Mosaic 0.103, Triton 0.171; at M 768 cuBLASLt 0.145 (1069 TFLOP/s), Mosaic
-# 0.239. Where they cross between 32 and 256 was not measured; cuBLASLt's time is flat there
-# (the weight read) and Triton's grows with M, so the line through Triton's two points meets
-# cuBLASLt's 0.066 near M 70: from 96 rows, with a margin. M is padded to a multiple of 8 for
-# it (DPad's and the prefix cache's row counts are arbitrary: 121 rows ran the Triton kernel
-# and 133 the Mosaic GPU one, 1.6x slower than cuBLASLt from M 256).
-CUBLASLT_MIN_M = 96
+# From `benchmarks/fp8_gemm.py` on the H200, 2026-12-03 (benchmarks/RESULTS.md, fourteenth
+# session), LLaDA-8B's GEMMs, ms, Triton kernel against cuBLASLt's block-scaled GEMM in one
+# run: M 32 gate/up 0.044 vs 0.053, down 0.030 vs 0.039 (Triton); M 48 0.061 vs 0.048, 0.044
+# vs 0.035 (cuBLASLt), and cuBLASLt at every M measured from there to 136. Above 32 rows
+# Triton's row tile grows to 64, which ran 1.3-1.5x slower (gate/up) than the 32-row tile
+# at M 32 (fp8_tiles, same run), so every M > 32 goes to cuBLASLt; 33-47 rows are unmeasured. M is
+# padded to a multiple of 8 for it (DPad's and the prefix cache's row counts are arbitrary).
+CUBLASLT_MIN_M = 33
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):

@@ -56,11 +56,15 @@ class TritonTiles:
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
         """As measured by `benchmarks/fp8_tiles.py` on the H200: the row tile by M
-        (`row_tile`), 128 columns, K split until ~2 programs per SM (`k_splits`), 8 warps for
-        the thin decode tiles and 4 from 64 rows."""
+        (`row_tile`), 128 columns, K split until ~2 programs per SM (`k_splits`), 4 warps;
+        tiles of up to 32 rows transposed (`swap`). At M 32 (2026-12-03, RESULTS.md) the four
+        swapped 32-row settings took 0.077-0.079 ms for gate/up + down together, every
+        unswapped one 0.080-0.090 (the previous default, 8 warps unswapped, 0.083); 4 warps
+        and 3 stages the fastest of them by a margin under the run's spread. The 16-row tile
+        and GPUs other than the H200 (Ada has no wgmma) are unmeasured."""
         bm = row_tile(M)
         splits = k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)
-        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=8 if bm <= 32 else 4)
+        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=4, swap=bm <= 32)
 
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):

@@ -63,7 +63,7 @@ def test_gemm_bf16_output_row_tiles_and_k_splits():
     # Decode shapes split K until ~2 programs per SM; big M never splits.
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
     # The default tiles put these together: LLaDA-8B's gate/up GEMM at decode and full-canvas M.
-    assert TritonTiles.get_default(32, 24576, 4096) == TritonTiles(32, 128, 2, 8, 3)
+    assert TritonTiles.get_default(32, 24576, 4096) == TritonTiles(32, 128, 2, 4, 3, swap=True)
     assert TritonTiles.get_default(768, 24576, 4096) == TritonTiles(64, 128, 1, 4, 3)
 
 
@@ -246,8 +246,9 @@ def test_mgpu_gemm_lowers_for_hopper():
 
 @pytest.mark.parametrize("cc,M,built,kernel", [
     ("9.0", 32, True, "pallas"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
-    ("9.0", 133, True, "cublaslt"), ("9.0", 121, True, "cublaslt"), ("9.0", 95, True, "pallas"),
+    ("9.0", 133, True, "cublaslt"), ("9.0", 121, True, "cublaslt"), ("9.0", 33, True, "cublaslt"),
     ("9.0", 133, False, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "pallas"),
+    ("9.0", 95, False, "pallas"),
     ("8.9", 256, True, "pallas"), ("10.0", 256, True, "pallas"), ("8.0", 32, True, None)])
 def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     """Which kernel `fp8_matmul` picks per GPU, M and whether the cuBLASLt handler could be
@@ -277,14 +278,14 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
             fm.fp8_matmul(xq, xs, wq, ws)
         return
     assert fm.fp8_matmul(xq, xs, wq, ws).shape == (M, 128)
-    # cuBLASLt takes M in multiples of 8: the others get zero rows added (133 -> 136)
+    # cuBLASLt takes M in multiples of 8: the others get zero rows added (133 -> 136, 33 -> 40)
     rows = -(-M // 8) * 8 if kernel == "cublaslt" else M
     assert picked == [(kernel, rows, rows)]
     # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline.
     assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
                              if kernel == "mgpu" else [])
     # The dispatch's thresholds are what these cases assume.
-    assert 95 < fm.CUBLASLT_MIN_M <= 121 and 32 < fm.MGPU_MIN_M <= 133
+    assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133
 
 
 def test_mgpu_default_config():
