@@ -13,7 +13,8 @@
 #  14  issues 20, 23: the FP8 FFN at the decode rows with the new dispatch (cuBLASLt from 33
 #      rows, Triton's transposed tiles at <= 32) against bf16 and its read floor
 #  15  issue 18: is Flash-Verify's decode repeatable? The same chain_errors command twice, then
-#      twice with XLA's GEMM autotuning off (two runs of the fourteenth session: 116, 128 right)
+#      twice with XLA's deterministic ops, twice with its GEMM autotuning off (two runs of
+#      the fourteenth session: 116, 128 right)
 #   1  issue 15 (done): train a chain model again (VARIANTS, MINUTES, EVAL_N)
 #   8  issue 15: go on training a model (CHAIN_INIT=<its HF directory, carried in>,
 #      TASK=<its task, default chain-d2m>) for 8 more minutes (fresh optimizer and schedule)
@@ -142,13 +143,20 @@ case "${1:-1}" in
       | tee "$OUT/chain_errors_${mode/+/_}.log" | quiet | tail -1
   done ;;
 14)
+  # first the GPU test of the new default tiles (transposed 16- and 32-row tiles), then the FFN
+  timeout -k 5 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k llada_widths \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_widths_gpu.log" | tail -2
   timeout -k 5 300 python3 -m benchmarks.fp8_ffn --ms 32,48,121,256,1024 --ablation-layers 0 \
-    2>&1 | tee "$OUT/fp8_ffn_decode.log" | quiet | grep "^|\|ceil" | tail -12 ;;
+    2>&1 | tee "$OUT/fp8_ffn_decode.log" | quiet | tail -12 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
-  for run in 1 2 noautotune1 noautotune2; do
-    flags=""; [[ $run == noautotune* ]] && flags="--xla_gpu_autotune_level=0"
-    XLA_FLAGS="$flags" timeout -k 5 100 python3 -m benchmarks.chain_errors --checkpoint \
+  # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each
+  # flag below removes one candidate (a run took ~20 s in the fourteenth session)
+  for run in 1 2 det1 det2 noautotune1 noautotune2; do
+    flags=${XLA_FLAGS:-}
+    [[ $run == det* ]] && flags="$flags --xla_gpu_deterministic_ops=true"
+    [[ $run == noautotune* ]] && flags="$flags --xla_gpu_autotune_level=0"
+    XLA_FLAGS="$flags" timeout -k 5 80 python3 -m benchmarks.chain_errors --checkpoint \
       /tmp/chain_ck --task chain-d2m --n 200 --slots 200 --mode flash+verify 2>&1 \
       | tee "$OUT/chain_errors_verify_$run.log" | quiet | tail -1
   done ;;

@@ -4,13 +4,15 @@ Pallas' Triton backend, with its tile settings (`TritonTiles`).
 A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128), M padded to the
 row tile; at decode shapes K is also split over programs (`splits`) and the fp32 partials are
 summed afterwards. Each 128-wide K group is one FP8 dot, scaled and added to an fp32
-accumulator: the result equals the dequantised fp32 matmul up to fp32 summation order. Fastest
-below 128 rows (RESULTS.md); runs on every GPU with FP8 tensor cores (Ada, Hopper).
+accumulator: the result equals the dequantised fp32 matmul up to fp32 summation order. On
+Hopper the dispatch gives it up to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU
+with FP8 tensor cores (Ada, Hopper).
 
-`swap` computes each tile transposed, out^T = W @ x^T: at decode shapes the 128 weight rows of
-a column block fill the MMA's M side (Hopper's wgmma needs 64 rows per warpgroup; 16-32 token
-rows on that side leave it empty or fall back to mma.sync) and the few tokens become its N
-side, which may be as narrow as 8. Both operands stay K-major, as FP8 MMAs require.
+`swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
+rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
+there) and the few tokens on its N side, which may be as narrow as 8; both operands stay
+K-major, as FP8 MMAs require. Measured 1.09x at M 32 on the H200; that the untransposed
+16-32-row tiles miss wgmma is the likely reason, not checked in the PTX.
 """
 
 from __future__ import annotations

@@ -64,6 +64,9 @@ def test_gemm_bf16_output_row_tiles_and_k_splits():
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
     # The default tiles put these together: LLaDA-8B's gate/up GEMM at decode and full-canvas M.
     assert TritonTiles.get_default(32, 24576, 4096) == TritonTiles(32, 128, 2, 4, 3, swap=True)
+    # Transposed up to 32-row tiles (16 included), not from 64 (33 rows and up)
+    assert TritonTiles.get_default(9, 4096, 12288) == TritonTiles(16, 128, 12, 4, 3, swap=True)
+    assert not TritonTiles.get_default(33, 24576, 4096).swap
     assert TritonTiles.get_default(768, 24576, 4096) == TritonTiles(64, 128, 1, 4, 3)
 
 
