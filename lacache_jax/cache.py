@@ -143,9 +143,10 @@ def _kv_shape(ctx: Ctx):
 # (a dot, RoPE, a dynamic-update-slice) or Flash-dLLM's fused cache-update kernel
 # (kernels/flash_cache.py: one pass, no q/k/v round trip through HBM), the latter only where
 # that kernel itself would run (its dispatch: a GPU, up to FUSED_MAX_ROWS rows, one head
-# group), never its reference's scatter. XLA by default until the kernel is measured faster
-# inside the step (benchmarks/generate.py --dual-update xla,fused). Read while tracing: a
-# program compiled under one choice keeps it (`jax.clear_caches()` before switching).
+# group), never its reference's scatter. XLA by default: inside the step the kernel ran 1.01x
+# at batch 1 and 0.95x at batch 8 on the H200 (benchmarks/generate.py --dual-update
+# xla,fused; RESULTS.md, fourteenth session). Read while tracing: a program compiled under
+# one choice keeps it (`jax.clear_caches()` before switching).
 dual_update = Forced("dual_update", ("xla", "fused"))
 
 
