@@ -1,33 +1,26 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the fourteenth session of 2026-12-03
+# The device calls the GPU-side work left open after the fifteenth session of 2026-12-03
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# fourteenth session: 10 (the fused dual update: no gain, "xla" stays), 12 (cuBLASLt from 48
-# rows: the threshold is now 33; Triton's transposed tiles 1.09x at M 32, now the default),
-# 11 (agree: γ 0.85 1.61x at -2.9, 0.9 1.47x at -0.7) and 13 (error kinds; verify's decode
-# not repeatable run to run). Left, in priority order 5, 14, 15, 6, 3, 4:
-#   5  issue 20: the batch-1 table again since prefix + DPad queries each block's own kept
-#      slots (121 rows in every block before; the prefix + DPad + FP8 row ran 1.30x slower
-#      than without DPad, its 121 rows then under cuBLASLt's threshold) and since the FP8
-#      dispatch changed (cuBLASLt from 33 rows, Triton's transposed tiles at 32)
-#  14  issues 20, 23: the FP8 FFN at the decode rows with the new dispatch (cuBLASLt from 33
-#      rows, Triton's transposed tiles at <= 32) against bf16 and its read floor
-#  15  issue 18: is Flash-Verify's decode repeatable? The same chain_errors command twice, then
-#      twice with XLA's deterministic ops, twice with its GEMM autotuning off (two runs of
-#      the fourteenth session: 116, 128 right)
+# fifteenth session: 14 (transposed tiles pass on the GPU; FFN at M 32 2.02x its read floor),
+# 5 (prefix + DPad + FP8 now 0.98x without DPad; its one 400 s box missed the last row, now
+# a box a cache), 15 (verify repeatable in six runs;
+# deterministic ops change it) and 6 (head split slower everywhere; 1.11-1.27x). Left, in
+# priority order 4, 3:
+#   4  issue 23: the quantisation kernels' tiles at M 768-4096 again: the default SwiGLU
+#      tiling took 0.048-0.050 ms at M 1024 in two runs (2.9x its floor) where 16x2x4 took
+#      0.031 in one; a repeat decides the default from M 1024
+#   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
+#      default chain_model/), the sweep over 2,000 problems with the paired interval
+#   5  issue 20: the batch-1 table (dual, prefix; FP8; DPad) against the floor, one box a cache
+#  14  issues 20, 23: the FP8 FFN at the decode rows against bf16 and its read floor
+#  15  issue 18: Flash-Verify's decode six times (as is, deterministic ops, no autotuning)
+#   6  issues 17, 18: the fused cache update's tiles against the unfused ops; the verify pass
 #   1  issue 15 (done): train a chain model again (VARIANTS, MINUTES, EVAL_N)
 #   8  issue 15: go on training a model (CHAIN_INIT=<its HF directory, carried in>,
 #      TASK=<its task, default chain-d2m>) for 8 more minutes (fresh optimizer and schedule)
 #   2  the chain model's (CHAIN_HF, default the shipped chain_model/) error kinds (bf16, 200
 #      held-out problems) and exact caching in fp32 against the fixed schedule
-#   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
-#      default chain_model/), the sweep over 2,000 problems with the paired interval
-#   4  issue 23: the quantisation kernels' tiles against XLA's fusions and the byte floor
-#      (measured in the ninth session; kept to repeat at M 4096, which its box did not reach)
-#   6  issues 17, 18: the fused cache update against the unfused ops (1.14x, 1.23x, 1.33x in
-#      three runs; 128:128:8:3, now the default, 1.25x and 1.28x: goal 1.3x), now also with
-#      each head split over two programs, and the verify pass at batch 1 and 32; then the
-#      update at 32 rows (twelfth: 1.15x, 45.3 against 52.3 us)
 #   7  issue 23, route (b): the knob sweep (twelfth session: done at both shapes, SWEEP_S=140)
 #   9  issue 23: the GPU tests of route (b)'s knobs and the FP8 kernels (thirteenth: passed)
 #  10  issues 17, 20 (done): the dual cache's later steps through the fused update vs XLA's
@@ -80,9 +73,13 @@ case "${1:-1}" in
     768,1024,4096 --quant-tiles 16x1,16x1x2,16x2x4,1x32x1,2x32x1,2x32x2,4x32x4,8x32x4,16x32x8 \
     2>&1 | tee "$OUT/fp8_ffn_quant.log" | quiet | tail -32 ;;
 5)
-  timeout 400 python3 -m benchmarks.generate --batch 1 --prompt 512 --modes dual,prefix \
-    --decoding fixed --fp8-ffn both --dpad both --iters 2 2>&1 | tee "$OUT/generate_floor.log" \
-    | quiet | grep "^|\|ceilings" | tail -16 ;;
+  # one box each: the prefix + DPad programs compile for 112-136 s (fifteenth session), and
+  # one 400 s box for both caches ended before the last row
+  for mode in dual prefix; do
+    timeout -k 5 $([[ $mode == dual ]] && echo 170 || echo 400) python3 -m benchmarks.generate \
+      --batch 1 --prompt 512 --modes $mode --decoding fixed --fp8-ffn both --dpad both \
+      --iters 2 2>&1 | tee "$OUT/generate_floor_$mode.log" | quiet | grep "^|\|ceilings" | tail -8
+  done ;;
 6)
   timeout -k 5 400 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
     --update-blocks 128:64:8:4,128:128:8:3:2,128:64:8:4:2,128:128:4:3:2 2>&1 \
