@@ -6,6 +6,7 @@
                                [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
                                [--gammas 0.5,0.7,0.8,0.9] [--accept cumprod|agree] [--n 500]
+                               [--epsilon 0.9]
 
 - step: one later flash step (window + look-ahead + tracked query rows, the default budget
   16 + 48 + 64) timed alone, state donated, as the library dispatches it, with both Pallas
@@ -34,6 +35,8 @@
   setting also against flash without verify on the same problems: the accuracy difference
   with its paired 95% interval (`accuracy.paired_difference`) and the tokens-per-step ratio,
   the two numbers of issue 18's goal; each row keeps which problems it solved ("0"/"1").
+  `--epsilon` sets the draft's threshold ε (default 0.9) for both: verify's gain is relative
+  to part 1 at the same ε.
 
 Random weights never cross the threshold: every step accepts one token, so every run does
 the same number of steps (gen_length) and runs compare per step. `--tiny` runs everything on
@@ -364,9 +367,9 @@ def part_gamma(args, cfg, ceil, params, rows):
     base = None  # flash without verify, the first setting
     for name, verify in settings:
         r = evaluate(params, cfg, tok, problems,
-                     dict(threshold=0.9, flash=budget_of(args, **verify)), task=task,
+                     dict(threshold=args.epsilon, flash=budget_of(args, **verify)), task=task,
                      slots=None, warmup=True)
-        r = dict(part="gamma", task=task.name, mode=name,
+        r = dict(part="gamma", task=task.name, mode=name, epsilon=args.epsilon,
                  **{k: v for k, v in r.items() if k not in ("tokens", "seconds", "correct")})
         against = ""
         if base is None:
@@ -383,7 +386,7 @@ def part_gamma(args, cfg, ceil, params, rows):
                        f"{100 * hi:+.1f}], {r['vs_flash']['tokens_per_step_ratio']:.2f}x "
                        f"tokens/step")
         rows.append(r)
-        print(f"gamma {task.name} {name}: accuracy {r['accuracy']:.3f} "
+        print(f"gamma {task.name} ε {args.epsilon:g} {name}: accuracy {r['accuracy']:.3f} "
               f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}], {r['tokens_per_step']:.2f} tokens/step, "
               f"NFE {r['nfe']:.1f}, {r['tokens_per_s']:.0f} tok/s{against}", flush=True)
 
@@ -407,6 +410,8 @@ def main():
     ap.add_argument("--task", default="arith", help="gamma: the task of the checkpoint")
     ap.add_argument("--gammas", default="0.5,0.7,0.8,0.9", help="gamma: values swept")
     ap.add_argument("--accept", default="cumprod", help="gamma: acceptance rule")
+    ap.add_argument("--epsilon", type=float, default=0.9,
+                    help="gamma: the draft's confidence threshold ε, with and without verify")
     ap.add_argument("--n", type=int, default=500, help="gamma: held-out problems")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS],...",

@@ -4,6 +4,7 @@
                                     [--block 8] [--settings threshold=0.9,cache=dual] [--flash]
                                     [--profile]
     python -m benchmarks.serve llada [--n 128] [--slots 32] [--layers 32] [--tiny] [--flash]
+                                     [--gpus 1,2]
     python -m benchmarks.serve memory [--slots 32] [--prompt 512] [--gen 256] [--layers 32]
                                       [--tiny]
     python -m benchmarks.serve bounds [--n 2000] [--slots 64,256] [--block 2,4,8]
@@ -37,6 +38,10 @@ requests through 32 slots, 1.74x for 512 (the queue's tail, where slots idle, we
 `--layers` fewer than 32 shortens a run of many requests (every step's cost scales with the
 layers; the host round trip per block does not, so the measured gain is if anything
 understated).
+
+`--gpus 1,2` (llada, block decoding): each S also with the slots split over a data axis of
+that many devices (`generate(..., mesh=, slots=)`: S per device x n; static batches of S x n
+through the same program beside it); 1 is one device without a mesh (issue 21).
 
 `--flash` (demo, llada): Flash-dLLM decoding (`lj.FlashConfig()` defaults, threshold 0.9 or
 the `--settings` one) through its own slot scheduler (lacache_jax/flash_slots.py), refilled at
@@ -74,6 +79,7 @@ from benchmarks import arith
 from benchmarks.common import exit_on_sigterm, profile, write_result
 from lacache_jax import flash_slots
 from lacache_jax import slots as slot_refill
+from lacache_jax import sharding
 
 
 def _settings(text: str) -> dict:
@@ -145,7 +151,7 @@ def _static(params, cfg, prompts, gen, keys, S):
     return toks, np.concatenate([np.asarray(o.gen_lengths) for o in outs])
 
 
-def _warm(programs: dict, params, S: int, gen, keys, cfg) -> None:
+def _warm(programs: dict, params, S: int, gen, keys, cfg, mesh=None) -> None:
     """One short run of S prompts through each compiled program (first runs pay one-time
     costs): with flash two steps, else one block."""
     for P in programs:
@@ -155,7 +161,7 @@ def _warm(programs: dict, params, S: int, gen, keys, cfg) -> None:
                             step_limits=limits)
         else:
             slot_refill.run(params, cfg, gen, prompts, keys[:S], S, programs=programs,
-                            block_limits=limits)
+                            block_limits=limits, mesh=mesh)
 
 
 def demo(args, out: dict) -> None:
@@ -266,24 +272,33 @@ def llada(args, out: dict) -> None:
     out.update(layers=cfg.n_layers, d_model=cfg.d_model, prompt_range=list(args.prompt_range),
                answer_range=list(args.answer_range), gen_length=args.gen,
                block_length=None if args.flash else args.block, settings=settings, rows=[])
-    for S in map(int, args.slots.split(",")):
+    gpus = [int(n) for n in args.gpus.split(",")]
+    if args.flash and gpus != [1]:
+        raise SystemExit("--gpus applies to block decoding (Flash-dLLM slots run on one device)")
+    for n_dev, S1 in ((n, S) for n in gpus for S in map(int, args.slots.split(","))):
+        S = S1 * n_dev
+        mesh = None if n_dev == 1 else lj.make_mesh(n_dev, 1, devices=jax.devices()[:n_dev])
+        placed = params if mesh is None else sharding.shard_params(params, cfg, mesh)
+        mesh_kw = {} if mesh is None else dict(mesh=mesh)
         units = answer if args.flash else limits["block_limits"]
-        r = dict(S=S, n=args.n, answer_tokens=int(answer.sum()),
+        r = dict(S=S, devices=n_dev, n=args.n, answer_tokens=int(answer.sum()),
                  answer_lengths=answer.tolist(),
                  stop_rule=stop_rule + " (random weights emit no EOS)",
                  in_order_bound=in_order_bound(units, S))
         out["rows"].append(r)  # filled as it goes: a timed-out run keeps what it measured
         t0 = time.perf_counter()
-        programs = slot_refill.compile_programs(params, cfg, gen, prompts, keys, S)
+        programs = slot_refill.compile_programs(placed, cfg, gen, prompts, keys, S, **mesh_kw)
         r["compile_s"] = time.perf_counter() - t0
-        _warm(programs, params, min(S, args.n), gen, keys, cfg)
+        _warm(programs, placed, min(S, args.n), gen, keys, cfg, **mesh_kw)
         for name, refill in (("static", False), ("slots", True)):
-            _, seconds, _ = _timed(lambda: run(params, cfg, gen, prompts, keys, S,
-                                               refill=refill, programs=programs, **limits))
+            _, seconds, _ = _timed(lambda: run(placed, cfg, gen, prompts, keys, S,
+                                               refill=refill, programs=programs, **limits,
+                                               **mesh_kw))
             r[f"{name}_s"], r[f"{name}_tok_s"] = seconds, r["answer_tokens"] / seconds
-            print(f"S={S}: {name} {r[f'{name}_tok_s']:.0f} tok/s ({seconds:.1f} s)", flush=True)
+            print(f"S={S} on {n_dev} device(s): {name} {r[f'{name}_tok_s']:.0f} tok/s "
+                  f"({seconds:.1f} s)", flush=True)
         r["speedup"] = r["static_s"] / r["slots_s"]
-        print(f"S={S}: slot refill {r['speedup']:.2f}x the static batches "
+        print(f"S={S} on {n_dev} device(s): slot refill {r['speedup']:.2f}x the static batches "
               f"({'step' if args.flash else 'block'} counts alone give "
               f"{r['in_order_bound']:.2f}x: `in_order_bound`)", flush=True)
 
@@ -353,6 +368,8 @@ def main():
     g.add_argument("--prompt-range", type=int, nargs=2, default=(128, 1024))
     g.add_argument("--answer-range", type=int, nargs=2, default=(32, 512))
     g.add_argument("--flash", action="store_true", help="Flash-dLLM decoding")
+    g.add_argument("--gpus", default="1", help="comma-separated device counts of a data axis "
+                   "over which the slots split (S per device)")
     m = sub.add_parser("memory")
     m.add_argument("--slots", type=int, default=32)
     m.add_argument("--prompt", type=int, default=512)

@@ -39,6 +39,7 @@ A new policy is one class here plus an entry in `POLICIES`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -328,22 +329,29 @@ def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
     `block_len` (the static e - s) selects the kernel's split-key path for the block's tiles
     (measured faster on the H200: RESULTS.md). Per-row bounds `s`, `e` [M] (slot refill) run
     the kernel vmapped over rows, each row with its own scalar bounds: the kernel's contract
-    is unchanged (Pallas batches a vmapped call into one launch with a row grid axis)."""
-    if jnp.ndim(s) == 1:
-        def one_row(q, k, v, key_mask, s, e, *state):
-            row = lambda a: a[None]
-            out = facache(row(q), row(k), row(v), row(key_mask), s, e,
-                          *jax.tree.map(row, state), mode=mode, block_len=block_len)
-            return jax.tree.map(lambda a: a[0], out)
-        return jax.vmap(one_row)(q, k, v, key_mask, s, e, *(() if state is None else (state,)))
+    is unchanged (Pallas batches a vmapped call into one launch with a row grid axis); under a
+    mesh the bounds split with the rows and each device vmaps over its own."""
     heads = PS(DATA, None, MODEL, None)
     st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
     extra = () if state is None else (state,)
-    fn = shard_kernel(lambda *a: cached_attention(*a, mode=mode, block_len=block_len),
-                      (heads, heads, heads, PS(DATA, None), PS(), PS(), *((st,) if extra else ())),
+    kernel = functools.partial(cached_attention, mode=mode, block_len=block_len)
+    bounds = PS()
+    if jnp.ndim(s) == 1:
+        kernel, bounds = functools.partial(_per_row, kernel), PS(DATA)
+    fn = shard_kernel(kernel, (heads, heads, heads, PS(DATA, None), bounds, bounds,
+                               *((st,) if extra else ())),
                       (heads, st) if mode == "fill" else heads)
     with jax.named_scope("attention"):
         return fn(q, k, v, key_mask, s, e, *extra)
+
+
+def _per_row(kernel, q, k, v, key_mask, s, e, *state):
+    """`kernel` once per row, each with its scalar bounds s[b], e[b]."""
+    def one_row(q, k, v, key_mask, s, e, *state):
+        row = lambda a: a[None]
+        out = kernel(row(q), row(k), row(v), row(key_mask), s, e, *jax.tree.map(row, state))
+        return jax.tree.map(lambda a: a[0], out)
+    return jax.vmap(one_row)(q, k, v, key_mask, s, e, *state)
 
 
 class ExactCache:

@@ -73,15 +73,15 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     every row's tokens those of `generate` without slots). One program is compiled per
     bucket of prompt lengths (powers of two: slots.py); `progress(rows_done, B)` is then called
     on the host after each program call that ended rows (a call admits up to 4S prompts; the
-    queue lives on the device, so rows end between calls unseen). Not combined with `mesh`
-    yet.
+    queue lives on the device, so rows end between calls unseen). With `mesh` the slots split
+    over its data axis (S rounded up to a multiple of it; not with `gen.flash`).
     Every invalid argument raises ValueError before anything is compiled.
     """
     if slots is not None:
         params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths,
                                             mesh, slots)
         return _slot_output(slot_refill.run(params, config, gen, rows, keys, slots,
-                                            progress=progress), rows, gen, config)
+                                            progress=progress, mesh=mesh), rows, gen, config)
     params, gen, B, *args = _prepare(params, config, prompts, gen, key, prompt_lengths, mesh)
     if progress is None:
         return _rows(_generate(params, config, gen, mesh, False, *args), B)
@@ -103,11 +103,11 @@ def compile_generate(params: Params, config: ModelConfig, prompts: Any, gen: Gen
     if slots is not None:
         params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths,
                                             mesh, slots)
-        programs = slot_refill.compile_programs(params, config, gen, rows, keys, slots)
+        programs = slot_refill.compile_programs(params, config, gen, rows, keys, slots, mesh)
 
         def run_slots():
             out = slot_refill.run(params, config, gen, rows, keys, slots, programs=programs,
-                                  progress=progress)
+                                  progress=progress, mesh=mesh)
             return _slot_output(out, rows, gen, config)
         run_slots.programs = programs
         top = programs[max(programs)]
@@ -150,15 +150,15 @@ def _rows(out: GenerateOutput, B: int) -> GenerateOutput:
 
 def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slots=None):
     """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
-    resolved gen, prompt rows, keys [B])."""
+    placed on `mesh` when there is one, resolved gen, prompt rows, keys [B])."""
     if slots is not None:
         if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
             raise ValueError(f"slots must be a positive integer, got {slots!r}")
-        if mesh is not None:
-            raise ValueError("slots and mesh cannot be combined yet: pass one of them")
     if not isinstance(gen, GenerationConfig):
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
     gen = gen.resolve(config)
+    if slots is not None and mesh is not None and gen.flash is not None:
+        raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
     rows = _prompt_rows(prompts, prompt_lengths, config, gen)
     B, P = len(rows), max(len(r) for r in rows)
     if P + gen.gen_length > config.max_seq_len:
@@ -170,6 +170,8 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
     if not gen.fp8_ffn:
         params = dataclasses.replace(
             params, layers=[dataclasses.replace(layer, ffn8=None) for layer in params.layers])
+    if mesh is not None:
+        params = shard_params(params, config, mesh)
     return params, gen, rows, row_keys(key, B)
 
 
@@ -180,7 +182,6 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths, mesh)
     B, P = len(rows), max(len(r) for r in rows)
     if mesh is not None:
-        params = shard_params(params, config, mesh)
         extra = -B % mesh.shape[DATA]  # copies of the last row: each row is independent
         rows += [rows[-1]] * extra
         keys = jnp.concatenate([keys, jnp.repeat(keys[-1:], extra, axis=0)])

@@ -30,6 +30,12 @@ flight and its queue's rest fit the next smaller bucket, and the host narrows th
 (rows in flight keep their tokens: only their left padding changes, which never shows: padded
 keys are masked, positions count from each row's first token).
 
+Several devices (`mesh`): the S slots split over the mesh's `data` axis (S rounded up to a
+multiple of it), the queue replicated, the weights as `generate` places them. Admission stays
+global (a slot freed on any device takes the next queued prompt), so a row computes what it
+computes on one device; every device runs the same while loop, whose condition and admission
+XLA's partitioner turns into small collectives once per block.
+
 Memory. The cache lives inside the program: XLA's buffers, the size of the static batch's
 cache for S rows, allocated once per program. Per-row block writes into a cache are one
 scatter (`Canvas.put`). XLA's CPU memory analysis at LLaDA-8B shapes (S = 32, prompt 512, gen
@@ -40,6 +46,7 @@ both 29,700.8 MiB (`python -m benchmarks.serve memory`, RESULTS.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -47,10 +54,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS
 
 from lacache_jax import sar
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params
+from lacache_jax.sharding import DATA
 
 MIN_BUCKET = 8
 
@@ -132,15 +142,38 @@ def _where_rows(take_B, new, old):
                         new, old)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl"))
-def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, sl: SlotState,
-              q: Queue, narrow_to, drain, refill):
+def slot_count(slots: int, n: int, mesh: jax.sharding.Mesh | None) -> int:
+    """Rows the program holds: `slots`, at most the number of prompts, rounded up to a
+    multiple of the mesh's data axis (each device holds as many)."""
+    S = min(int(slots), n)
+    return S if mesh is None else -(-S // mesh.shape[DATA]) * mesh.shape[DATA]
+
+
+def _place(args: tuple, mesh: jax.sharding.Mesh | None) -> tuple:
+    """`_slot_run`'s arguments on the mesh: slots split by row over `data`, the rest
+    replicated (a compiled program takes its arguments exactly so placed)."""
+    if mesh is None:
+        return args
+    sl, *rest = args
+    return (jax.device_put(sl, NamedSharding(mesh, PS(DATA))),
+            *jax.device_put(tuple(rest), NamedSharding(mesh, PS())))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "gen", "impl", "mesh"))
+def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, mesh,
+              sl: SlotState, q: Queue, narrow_to, drain, refill):
     """Admit queued prompts into free slots and run blocks until the queue is admitted (or,
     with `drain`, until no row is in flight), or until the prompts in flight and queued all fit
     width `narrow_to`. `refill` False admits only when every slot is free (static batches; a
     traced flag, so one compiled program serves both).
     Returns (slots, the rows that ended, queue entries admitted, longest prompt in flight,
-    rows in flight)."""
+    rows in flight). `mesh` is static: kernels see it (`shard_kernel`) while this traces."""
+    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+          else contextlib.nullcontext()):
+        return _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill)
+
+
+def _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill):
     S, T = sl.x_BT.shape
     G, Q = gen.gen_length, q.len_Q.shape[0]
     P, R = T - G, Q + S
@@ -243,7 +276,8 @@ def _queue(prompts: list[np.ndarray], take: np.ndarray, P: int, Q: int, pad_id: 
 def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[np.ndarray],
         keys: jax.Array, slots: int, *, refill: bool = True, programs: dict | None = None,
         progress: Callable[[int, int], None] | None = None,
-        block_limits: np.ndarray | None = None) -> Outputs:
+        block_limits: np.ndarray | None = None,
+        mesh: jax.sharding.Mesh | None = None) -> Outputs:
     """Generate for every prompt (validated token arrays; `keys` one per prompt) with at most
     `slots` rows in flight.
 
@@ -254,15 +288,19 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
     prompt; benchmarks only, e.g. from a drawn answer length) ends row i after that many
     blocks (at least one), as if it had stopped at EOS there. With `gen.flash` the Flash-dLLM
     scheduler runs instead (flash_slots.py; no `block_limits`: its rows have no blocks).
+    `mesh`: slots over its data axis (module docstring); `params` already placed on it
+    (`sharding.shard_params`).
     """
     if gen.flash is not None:
         if block_limits is not None:
             raise ValueError("block_limits applies to block decoding, not to gen.flash")
+        if mesh is not None:
+            raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
         from lacache_jax import flash_slots
         return flash_slots.run(params, cfg, gen, prompts, keys, slots, refill=refill,
                                programs=programs, progress=progress)
     n, G = len(prompts), gen.gen_length
-    S = min(int(slots), n)
+    S = slot_count(slots, n, mesh)
     Q, cap = queue_size(S), cfg.max_seq_len - G
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))
@@ -280,11 +318,12 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
               else sl if width == P else _rewidth(sl, width - P, cfg.pad_id))
         P = width
         q = _queue(prompts, take, P, Q, cfg.pad_id, limits, keydata)
-        args = (sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n), np.bool_(refill))
+        args = _place((sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n),
+                       np.bool_(refill)), mesh)
         if programs is not None and P in programs:
             res = programs[P](params, *args)
         else:
-            res = _slot_run(params, cfg, gen, impl, *args)
+            res = _slot_run(params, cfg, gen, impl, mesh, *args)
         sl = res[0]
         fin, nxt, longest, live = jax.device_get(res[1:])
         pos, longest, live = pos + int(nxt), int(longest), int(live)
@@ -300,21 +339,24 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
 
 
 def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
-                     prompts: list[np.ndarray], keys: jax.Array, slots: int) -> dict:
+                     prompts: list[np.ndarray], keys: jax.Array, slots: int,
+                     mesh: jax.sharding.Mesh | None = None) -> dict:
     """The program of every width these prompts can use, compiled ahead of time (with
     `gen.flash`, flash_slots.compile_programs: a `Programs` per bucket)."""
     if gen.flash is not None:
+        if mesh is not None:
+            raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
         from lacache_jax import flash_slots
         return flash_slots.compile_programs(params, cfg, gen, prompts, keys, slots)
-    S = min(int(slots), len(prompts))
+    S = slot_count(slots, len(prompts), mesh)
     cap = cfg.max_seq_len - gen.gen_length
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))[:1]
     programs = {}
     for P in sorted({bucket(len(r), cap) for r in prompts}, reverse=True):
-        args = (_empty(S, P, gen, cfg, keydata),
-                _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(S),
-                       cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True),
-                np.bool_(True))
-        programs[P] = _slot_run.lower(params, cfg, gen, impl, *args).compile()
+        args = _place((_empty(S, P, gen, cfg, keydata),
+                       _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(S),
+                              cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True),
+                       np.bool_(True)), mesh)
+        programs[P] = _slot_run.lower(params, cfg, gen, impl, mesh, *args).compile()
     return programs

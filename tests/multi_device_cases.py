@@ -2,6 +2,8 @@
 must be set before JAX starts). Prints one JSON line per case:
 
 - tokens: each setting on several meshes against the single-device run (`same`);
+- slot refill over the data axis: tokens, NFE and steps of the single-device run without
+  slots; the compiled program's slots split by row, its collectives per-row sized;
 - the FP8 FFN under tensor parallelism: weights split per device, a model axis that would cut
   a 128 x 128 scale block refused;
 - HLO: the optimised batch-1 dual-cache generate program on a 2-way model axis, bf16 and FP8
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import tempfile
 
@@ -78,6 +81,38 @@ def token_cases(params, fp8_params) -> None:
         for mesh_name, (d, m) in meshes.items():
             out = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1), mesh=mesh_of(d, m))
             emit(case=f"{name}/{mesh_name}", setting=name, same=same_run(out, ref))
+
+
+def slots_cases(params, fp8_params) -> None:
+    # 5 prompts through 3 slots: 4 on a 2- or 4-way data axis (rounded up), so rows refill
+    settings = {"dual": dict(cache="dual"), "prefix": dict(cache="prefix"),
+                "exact_threshold_fp8_eos": dict(cache="exact", threshold=0.5, fp8_ffn=True,
+                                                stop_at_eos=True)}
+    for name, kw in settings.items():
+        p = fp8_params if kw.get("fp8_ffn") else params
+        gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, **kw)
+        ref = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1))
+        for mesh_name, (d, m) in (("data2_model2", (2, 2)), ("data4", (4, 1))):
+            out = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1), mesh=mesh_of(d, m),
+                              slots=3)
+            emit(case=f"slots/{name}/{mesh_name}", slots_same=same_run(out, ref)
+                 and bool(np.array_equal(np.asarray(out.steps), np.asarray(ref.steps))))
+    gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, cache="dual")
+    run = lj.compile_generate(params, CFG, PROMPTS, gen, key=jax.random.key(1),
+                              mesh=mesh_of(2, 2), slots=3)
+    (_, sl, q, *_), _ = run.compiled.input_shardings
+    hlo = run.compiled.as_text()
+    gathers = [math_prod(shape) for shape in re.findall(
+        r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", hlo)]
+    # f32 all-reduces of [rows, L, D] activations over the model axis: rows per device
+    rows = sorted({int(r) for r in re.findall(r"= f32\[(\d+),\d+,%d\][^ ]* all-reduce"
+                                               % CFG.d_model, hlo)})
+    emit(case="slots_program", slot_spec=str(sl.x_BT.spec), queue_spec=str(q.prompt_QP.spec),
+         max_gather=max(gathers, default=0), activation_rows=rows)
+
+
+def math_prod(shape: str) -> int:
+    return int(np.prod([int(n) for n in shape.split(",") if n]))
 
 
 def fp8_layout_cases(params, fp8_params) -> None:
@@ -240,6 +275,7 @@ def main() -> None:
     params = sharp(lj.init_params(CFG, jax.random.key(0), jnp.float32))
     fp8_params = lj.quantize_ffn(params)
     token_cases(params, fp8_params)
+    slots_cases(params, fp8_params)
     fp8_layout_cases(params, fp8_params)
     ffn_cases(params)
     load_case(params, fp8_params)

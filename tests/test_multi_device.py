@@ -1,8 +1,9 @@
 """Data and tensor parallelism on 4 fake CPU devices (tests/multi_device_cases.py, run once in
 a subprocess: XLA_FLAGS must be set before JAX starts): tokens identical to one device in every
 cache mode, with threshold decoding and with the FP8 FFN, whose copies are split over the model
-axis like the bf16 FFN; the tensor-parallel generate program moves no weight; and
-benchmarks/multi_gpu.py runs in its --tiny mode."""
+axis like the bf16 FFN; slot refill with its slots split over the data axis; the
+tensor-parallel generate program moves no weight; and benchmarks/multi_gpu.py runs in its
+--tiny mode."""
 
 from __future__ import annotations
 
@@ -41,6 +42,20 @@ def test_meshes_give_single_device_tokens(cases):
     assert cases["load_sharded"]["embed_replicated"]
     assert cases["bad_mesh"]["same"]
     assert cases["per_data_shard"]["rows"] == [8, 4]  # no mesh; data 2 x model 2
+
+
+def test_slot_refill_over_the_data_axis(cases):
+    runs = {k: r for k, r in cases.items() if k.startswith("slots/")}
+    assert len(runs) == 3 * 2, sorted(runs)  # 3 settings on 2 meshes
+    assert all(r["slots_same"] for r in runs.values()), runs
+    r = cases["slots_program"]
+    # The slots split by row over `data` (3 slots rounded up to 4: 2 a device), the queue
+    # replicated; the forward's [rows, L, D] all-reduces over `model` carry 2 rows (4 if the
+    # slots ran replicated), and no all-gather is larger than per-row state (the canvas's
+    # generated columns, 4 x 8 tokens; an activation would hold d_model = 128 per row).
+    assert (r["slot_spec"], r["queue_spec"]) == ("P('data',)", "P()"), r
+    assert r["activation_rows"] == [2], r
+    assert 0 < r["max_gather"] <= 4 * 8, r
 
 
 def test_fp8_ffn_is_split_over_the_model_axis(cases):

@@ -35,19 +35,23 @@ def test_bound_in_the_queue_order():
 
 
 def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
-    """--tiny: gen 32 in blocks of 8 (serve._model)."""
+    """--tiny: gen 32 in blocks of 8 (serve._model); `--gpus 1,2` on 2 fake CPU devices runs
+    each S per device on one device and over a 2-way data axis (2 S slots)."""
     env = {"OUT": str(tmp_path), "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "PATH": "/usr/bin:/bin"}
+           "PATH": "/usr/bin:/bin", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     done = subprocess.run([sys.executable, "-m", "benchmarks.serve", "llada", "--tiny", "--n",
-                           "8", "--slots", "4"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+                           "8", "--slots", "2", "--gpus", "1,2"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = json.loads(next(tmp_path.glob("serve_llada-*.json")).read_text())["rows"]
-    assert row["S"] == 4 and row["n"] == 8 and row["static_s"] > 0 and row["slots_s"] > 0
-    # The bound printed is the one of the drawn lengths (blocks of the run's block length).
-    lengths = np.asarray(row["answer_lengths"])
-    assert len(lengths) == 8 and row["answer_tokens"] == lengths.sum()
-    assert row["in_order_bound"] == in_order_bound(-(-lengths // 8), 4)
+    rows = json.loads(next(tmp_path.glob("serve_llada-*.json")).read_text())["rows"]
+    assert [(r["S"], r["devices"]) for r in rows] == [(2, 1), (4, 2)]
+    lengths = np.asarray(rows[0]["answer_lengths"])
+    assert len(lengths) == 8
+    for row in rows:
+        assert row["n"] == 8 and row["static_s"] > 0 and row["slots_s"] > 0
+        # The bound printed is the one of the drawn lengths (blocks of the run's block length).
+        assert row["answer_tokens"] == lengths.sum()
+        assert row["in_order_bound"] == in_order_bound(-(-lengths // 8), row["S"])
 
 
 def test_timed_runs_repeats_times_and_takes_the_median(monkeypatch):

@@ -65,10 +65,10 @@ def _spy(monkeypatch, Q=None) -> list:
     when given)."""
     seen, real = [], slots._slot_run
 
-    def spy(params, cfg, gen, impl, sl, *rest):
+    def spy(params, cfg, gen, impl, mesh, sl, *rest):
         seen.append(dict(T=sl.x_BT.shape[1], block=np.array(sl.block_B),
                          live=np.array(sl.live_B)))
-        return real(params, cfg, gen, impl, sl, *rest)
+        return real(params, cfg, gen, impl, mesh, sl, *rest)
     monkeypatch.setattr(slots, "_slot_run", spy)
     if Q is not None:
         monkeypatch.setattr(slots, "queue_size", lambda S: Q)
@@ -292,8 +292,11 @@ def test_bad_slots(models):
             lj.generate(params, CFG, [[1, 2]], gen, slots=bad)
         with pytest.raises(ValueError, match="slots must be a positive integer"):
             lj.compile_generate(params, CFG, [[1, 2]], gen, slots=bad)
-    with pytest.raises(ValueError, match="slots and mesh cannot be combined"):
-        lj.generate(params, CFG, [[1, 2]], gen, slots=2, mesh=lj.make_mesh(1, 1))
+    flash = lj.GenerationConfig(gen_length=8, threshold=0.5,
+                                flash=lj.FlashConfig(window=4, lookahead=2, track=3))
+    for fn in (lj.generate, lj.compile_generate):
+        with pytest.raises(ValueError, match="slot refill with gen.flash runs on one device"):
+            fn(params, CFG, [[1, 2]], flash, slots=2, mesh=lj.make_mesh(1, 1))
     with pytest.raises(ValueError, match=r"prompts\[1\] contains the mask id"):
         lj.generate(params, CFG, [[1, 2], [CFG.mask_id]], gen, slots=2)
     with pytest.raises(ValueError, match=r"key must be one key or one per row \(2\)"):
