@@ -6,7 +6,7 @@
 #   progress  benchmarks.progress_cost (one GPU)
 #   dp        benchmarks.multi_gpu data parallel, batches $DP_BATCH on 1 and 2 GPUs
 #   tp        benchmarks.multi_gpu tensor parallel at batch 1, settings $TP
-#   dpslots   benchmarks.serve llada: slot refill with the slots over 1 and 2 GPUs (8 layers)
+#   dpslots   benchmarks.serve llada: slot refill with the slots over 2 GPUs, then 1 (8 layers)
 #   profile   benchmarks.profile_step (weight-sized moves per step in the optimised HLO)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -28,8 +28,8 @@ for stage in ${STAGES:-gputests guard}; do
     tp) timeout 330 python3 -m benchmarks.multi_gpu --gpus 1,2 --batch none \
           --tp ${TP:-dual,dual+fp8,exact} --iters 2 2>&1 | tee "$OUT/tp.log" \
           | grep -v -i warn | tail -8 ;;
-    dpslots) timeout 330 python3 -m benchmarks.serve llada --n 256 --slots 32 --layers 8 \
-               --gpus 1,2 2>&1 | tee "$OUT/dpslots.log" | grep -v -i warn | tail -8 ;;
+    dpslots) timeout 400 python3 -m benchmarks.serve llada --n 128 --slots 32 --layers 8 \
+               --gpus 2,1 2>&1 | tee "$OUT/dpslots.log" | grep -v -i warn | tail -8 ;;
     profile) one 200 python3 -m benchmarks.profile_step 2>&1 | tee "$OUT/profile.log" \
                | tail -6 ;;
   esac

@@ -39,9 +39,10 @@ requests through 32 slots, 1.74x for 512 (the queue's tail, where slots idle, we
 layers; the host round trip per block does not, so the measured gain is if anything
 understated).
 
-`--gpus 1,2` (llada, block decoding): each S also with the slots split over a data axis of
-that many devices (`generate(..., mesh=, slots=)`: S per device x n; static batches of S x n
-through the same program beside it); 1 is one device without a mesh (issue 21).
+`--gpus 1,2` (llada, block decoding): each `--slots` value is per device, and runs with the
+slots split over a data axis of each count of devices (`slots.run(..., mesh=)`: S = slots x
+devices in the JSON's `S`, `S_per_device` beside it; static batches of S through the same
+program as the baseline); 1 is one device without a mesh (issue 21).
 
 `--flash` (demo, llada): Flash-dLLM decoding (`lj.FlashConfig()` defaults, threshold 0.9 or
 the `--settings` one) through its own slot scheduler (lacache_jax/flash_slots.py), refilled at
@@ -275,13 +276,19 @@ def llada(args, out: dict) -> None:
     gpus = [int(n) for n in args.gpus.split(",")]
     if args.flash and gpus != [1]:
         raise SystemExit("--gpus applies to block decoding (Flash-dLLM slots run on one device)")
-    for n_dev, S1 in ((n, S) for n in gpus for S in map(int, args.slots.split(","))):
+    if max(gpus) > len(jax.devices()):
+        raise SystemExit(f"--gpus {args.gpus}: only {len(jax.devices())} devices here")
+    placed_on = {}  # one placement of the weights per device count
+    for n_dev, S1 in itertools.product(gpus, map(int, args.slots.split(","))):
         S = S1 * n_dev
         mesh = None if n_dev == 1 else lj.make_mesh(n_dev, 1, devices=jax.devices()[:n_dev])
-        placed = params if mesh is None else sharding.shard_params(params, cfg, mesh)
+        if n_dev not in placed_on:
+            placed_on[n_dev] = params if mesh is None else sharding.shard_params(params, cfg, mesh)
+        placed = placed_on[n_dev]
+        # flash_slots.run takes no mesh (refused above)
         mesh_kw = {} if mesh is None else dict(mesh=mesh)
         units = answer if args.flash else limits["block_limits"]
-        r = dict(S=S, devices=n_dev, n=args.n, answer_tokens=int(answer.sum()),
+        r = dict(S=S, S_per_device=S1, devices=n_dev, n=args.n, answer_tokens=int(answer.sum()),
                  answer_lengths=answer.tolist(),
                  stop_rule=stop_rule + " (random weights emit no EOS)",
                  in_order_bound=in_order_bound(units, S))

@@ -337,7 +337,7 @@ def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
     kernel = functools.partial(cached_attention, mode=mode, block_len=block_len)
     bounds = PS()
     if jnp.ndim(s) == 1:
-        kernel, bounds = functools.partial(_per_row, kernel), PS(DATA)
+        kernel, bounds = functools.partial(_row_by_row, kernel), PS(DATA)
     fn = shard_kernel(kernel, (heads, heads, heads, PS(DATA, None), bounds, bounds,
                                *((st,) if extra else ())),
                       (heads, st) if mode == "fill" else heads)
@@ -345,7 +345,7 @@ def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
         return fn(q, k, v, key_mask, s, e, *extra)
 
 
-def _per_row(kernel, q, k, v, key_mask, s, e, *state):
+def _row_by_row(kernel, q, k, v, key_mask, s, e, *state):
     """`kernel` once per row, each with its scalar bounds s[b], e[b]."""
     def one_row(q, k, v, key_mask, s, e, *state):
         row = lambda a: a[None]

@@ -26,7 +26,7 @@ from lacache_jax import slots as slot_refill
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params, check_params
 from lacache_jax.quant import has_fp8_ffn
-from lacache_jax.sharding import DATA, shard_params
+from lacache_jax.sharding import DATA, shard_params, tracing_under
 
 
 @jax.tree_util.register_dataclass
@@ -67,14 +67,15 @@ def generate(params: Params, config: ModelConfig, prompts: Any, gen: GenerationC
     (tensor parallel); the tokens are those of the single-device run.
     `progress(blocks_done, num_blocks)` is called from the device once per finished block (a
     host callback; the call returns only once generation has finished).
-    `slots=S`: slot refill. At most S rows are in flight; when a row finishes (EOS with
+    `slots=S`: slot refill. At most S rows are in flight (with `mesh`, S rounded up to a
+    multiple of its data axis); when a row finishes (EOS with
     `stop_at_eos`, or its last block) its slot takes the next prompt, so a short answer never
     waits for a long one. Any number of prompts; the output is the same (rows in input order,
     every row's tokens those of `generate` without slots). One program is compiled per
     bucket of prompt lengths (powers of two: slots.py); `progress(rows_done, B)` is then called
     on the host after each program call that ended rows (a call admits up to 4S prompts; the
     queue lives on the device, so rows end between calls unseen). With `mesh` the slots split
-    over its data axis (S rounded up to a multiple of it; not with `gen.flash`).
+    over its data axis (one host; `gen.flash` with a mesh is refused).
     Every invalid argument raises ValueError before anything is compiled.
     """
     if slots is not None:
@@ -158,7 +159,7 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
         raise ValueError(f"gen must be a GenerationConfig, got {type(gen).__name__}")
     gen = gen.resolve(config)
     if slots is not None and mesh is not None and gen.flash is not None:
-        raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
+        raise ValueError(slot_refill.FLASH_MESH_REFUSED)
     rows = _prompt_rows(prompts, prompt_lengths, config, gen)
     B, P = len(rows), max(len(r) for r in rows)
     if P + gen.gen_length > config.max_seq_len:
@@ -199,9 +200,7 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
 @functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh", "report"))
 def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, report: bool, x_BT,
               pad_B, keys_B):
-    # The mesh is static: kernels see it (`shard_kernel`) while this traces.
-    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
-          else contextlib.nullcontext()):
+    with tracing_under(mesh):
         loop = sar.run if gen.flash is None else flash.run  # Flash-dLLM has its own loop
         st = loop(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
         return _output(st, gen, pad_B)

@@ -20,6 +20,7 @@ all hosts' devices (`jax.devices()`), and the same program runs everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable
 
@@ -187,6 +188,13 @@ def bytes_per_device(tree: Any) -> dict[Any, int]:
         for shard in a.addressable_shards:
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     return held
+
+
+def tracing_under(mesh: jax.sharding.Mesh | None):
+    """Context for tracing a program whose `mesh` is a static argument: kernels see it
+    (`shard_kernel`, `per_data_shard`) while the program traces."""
+    return (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
+            else contextlib.nullcontext())
 
 
 def active_mesh():

@@ -23,15 +23,17 @@ queue's refill, the finished rows' outputs and progress) and when the canvas nar
 
 Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two (at
 least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
-(ModelConfig, GenerationConfig, S, P), not per request or per N (S = min(slots, number of
-prompts): a call with fewer prompts than slots computes no empty rows). Prompts are admitted
+(ModelConfig, GenerationConfig, S, P), not per request or per N (S = `slot_count`: min(slots,
+number of prompts), so a call with fewer prompts than slots computes no empty rows, except up
+to data - 1 of them where a mesh rounds S up). Prompts are admitted
 longest first, so the width needed only shrinks: a call leaves its loop as soon as its rows in
 flight and its queue's rest fit the next smaller bucket, and the host narrows the canvas
 (rows in flight keep their tokens: only their left padding changes, which never shows: padded
 keys are masked, positions count from each row's first token).
 
-Several devices (`mesh`): the S slots split over the mesh's `data` axis (S rounded up to a
-multiple of it), the queue replicated, the weights as `generate` places them. Admission stays
+Several devices (`mesh`, one host: the host reads the slots back when the canvas narrows):
+the S slots split over the mesh's `data` axis (S rounded up to a multiple of it), the queue
+replicated, the weights as `generate` places them. Admission stays
 global (a slot freed on any device takes the next queued prompt), so a row computes what it
 computes on one device; every device runs the same while loop, whose condition and admission
 XLA's partitioner turns into small collectives once per block.
@@ -46,7 +48,6 @@ both 29,700.8 MiB (`python -m benchmarks.serve memory`, RESULTS.md).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -60,9 +61,10 @@ from jax.sharding import PartitionSpec as PS
 from lacache_jax import sar
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params
-from lacache_jax.sharding import DATA
+from lacache_jax.sharding import DATA, tracing_under
 
 MIN_BUCKET = 8
+FLASH_MESH_REFUSED = "slot refill with gen.flash runs on one device: pass no mesh"
 
 
 def bucket(n: int, cap: int) -> int:
@@ -167,9 +169,8 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, mes
     width `narrow_to`. `refill` False admits only when every slot is free (static batches; a
     traced flag, so one compiled program serves both).
     Returns (slots, the rows that ended, queue entries admitted, longest prompt in flight,
-    rows in flight). `mesh` is static: kernels see it (`shard_kernel`) while this traces."""
-    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None
-          else contextlib.nullcontext()):
+    rows in flight)."""
+    with tracing_under(mesh):
         return _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill)
 
 
@@ -279,10 +280,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         block_limits: np.ndarray | None = None,
         mesh: jax.sharding.Mesh | None = None) -> Outputs:
     """Generate for every prompt (validated token arrays; `keys` one per prompt) with at most
-    `slots` rows in flight.
+    S = `slot_count(slots, ...)` rows in flight.
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
-    of `slots` through the same program (a baseline for benchmarks). `programs` maps a width
+    of S through the same program (a baseline for benchmarks). `programs` maps a width
     to a compiled `_slot_run` (compile_programs). `progress(rows_done, len(prompts))` is
     called on the host after each program call that ended rows. `block_limits` (one per
     prompt; benchmarks only, e.g. from a drawn answer length) ends row i after that many
@@ -295,7 +296,7 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         if block_limits is not None:
             raise ValueError("block_limits applies to block decoding, not to gen.flash")
         if mesh is not None:
-            raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
+            raise ValueError(FLASH_MESH_REFUSED)
         from lacache_jax import flash_slots
         return flash_slots.run(params, cfg, gen, prompts, keys, slots, refill=refill,
                                programs=programs, progress=progress)
@@ -345,7 +346,7 @@ def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
     `gen.flash`, flash_slots.compile_programs: a `Programs` per bucket)."""
     if gen.flash is not None:
         if mesh is not None:
-            raise ValueError("slot refill with gen.flash runs on one device: pass no mesh")
+            raise ValueError(FLASH_MESH_REFUSED)
         from lacache_jax import flash_slots
         return flash_slots.compile_programs(params, cfg, gen, prompts, keys, slots)
     S = slot_count(slots, len(prompts), mesh)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from jax.sharding import PartitionSpec as PS
 
 import lacache_jax as lj
 from benchmarks.hlo_moves import COLLECTIVE_OPS, weight_sized_moves
-from lacache_jax import quant, sharding
+from lacache_jax import cache, quant, sharding, slots
 
 # head_dim 16; d_model and d_ff multiples of 128 for the FP8 FFN; 8 / 4 heads split 4 ways.
 # d_ff 256 splits the FP8 FFN 2 ways on 128 x 128 blocks, not 4 ways.
@@ -95,15 +96,38 @@ def slots_cases(params, fp8_params) -> None:
         for mesh_name, (d, m) in (("data2_model2", (2, 2)), ("data4", (4, 1))):
             out = lj.generate(p, CFG, PROMPTS, gen, key=jax.random.key(1), mesh=mesh_of(d, m),
                               slots=3)
-            emit(case=f"slots/{name}/{mesh_name}", slots_same=same_run(out, ref)
-                 and bool(np.array_equal(np.asarray(out.steps), np.asarray(ref.steps))))
+            emit(case=f"slots/{name}/{mesh_name}", slots_same=same_slots(out, ref))
+    # Many program calls: a queue of 2 prompts and prompts over buckets 8, 16 and 32, so the
+    # host narrows the slots (read back, re-placed) and calls compiled programs again.
+    # The FACache kernel is counted as it traces: it must see the mesh (`shard_kernel`).
+    gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, cache="exact")
+    ragged = [list(range(3, 3 + n)) for n in (30, 1, 9, 17, 3, 12, 20, 2, 5)]
+    ref = lj.generate(params, CFG, ragged, gen, key=jax.random.key(2))
+    seen, real_queue, real_kernel = [], slots.queue_size, cache.shard_kernel
+
+    def spy_kernel(*args, **kw):
+        seen.append(sharding.active_mesh() is not None)
+        return real_kernel(*args, **kw)
+    slots.queue_size, cache.shard_kernel = (lambda S: 2), spy_kernel
+    jax.clear_caches()
+    try:
+        mesh = mesh_of(2, 2)
+        out = lj.generate(params, CFG, ragged, gen, key=jax.random.key(2), mesh=mesh, slots=3)
+        aot = lj.compile_generate(params, CFG, ragged, gen, key=jax.random.key(2), mesh=mesh,
+                                  slots=3)
+        emit(case="slots_calls", slots_same=same_slots(out, ref) and same_slots(aot(), ref),
+             buckets=sorted(aot.programs), kernel_traces=len(seen), kernel_saw_mesh=all(seen))
+    finally:
+        slots.queue_size, cache.shard_kernel = real_queue, real_kernel
     gen = lj.GenerationConfig(gen_length=8, block_length=4, steps=8, cache="dual")
     run = lj.compile_generate(params, CFG, PROMPTS, gen, key=jax.random.key(1),
                               mesh=mesh_of(2, 2), slots=3)
     (_, sl, q, *_), _ = run.compiled.input_shardings
     hlo = run.compiled.as_text()
-    gathers = [math_prod(shape) for shape in re.findall(
-        r"= \w+\[([\d,]*)\][^ ]* all-gather(?:-start)?\(", hlo)]
+    # Every result of every all-gather (tuple results included), in elements per device
+    gathers = [math.prod(int(n) for n in shape.split(",") if n)
+               for result in re.findall(r"= (.*?) all-gather(?:-start)?\(", hlo)
+               for shape in re.findall(r"\w+\[([\d,]*)\]", result)]
     # f32 all-reduces of [rows, L, D] activations over the model axis: rows per device
     rows = sorted({int(r) for r in re.findall(r"= f32\[(\d+),\d+,%d\][^ ]* all-reduce"
                                                % CFG.d_model, hlo)})
@@ -111,8 +135,9 @@ def slots_cases(params, fp8_params) -> None:
          max_gather=max(gathers, default=0), activation_rows=rows)
 
 
-def math_prod(shape: str) -> int:
-    return int(np.prod([int(n) for n in shape.split(",") if n]))
+def same_slots(out, ref) -> bool:
+    return same_run(out, ref) and bool(np.array_equal(np.asarray(out.steps),
+                                                      np.asarray(ref.steps)))
 
 
 def fp8_layout_cases(params, fp8_params) -> None:

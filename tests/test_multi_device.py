@@ -48,11 +48,19 @@ def test_slot_refill_over_the_data_axis(cases):
     runs = {k: r for k, r in cases.items() if k.startswith("slots/")}
     assert len(runs) == 3 * 2, sorted(runs)  # 3 settings on 2 meshes
     assert all(r["slots_same"] for r in runs.values()), runs
+    # Nine prompts over three buckets with a queue of two: many calls, the slots read back and
+    # re-placed as the canvas narrows, through `generate` and the compiled programs alike;
+    # every FACache kernel traced saw the mesh (a program traced without it would run the
+    # Pallas kernels unsharded on GPUs while CPU tokens stayed equal).
+    r = cases["slots_calls"]
+    assert r["slots_same"] and r["buckets"] == [8, 16, 32], r
+    assert r["kernel_traces"] > 0 and r["kernel_saw_mesh"], r
     r = cases["slots_program"]
     # The slots split by row over `data` (3 slots rounded up to 4: 2 a device), the queue
     # replicated; the forward's [rows, L, D] all-reduces over `model` carry 2 rows (4 if the
-    # slots ran replicated), and no all-gather is larger than per-row state (the canvas's
-    # generated columns, 4 x 8 tokens; an activation would hold d_model = 128 per row).
+    # slots ran replicated), and no all-gather result (tuples included) is larger than per-row
+    # state (the generated columns of the 4 slots, 4 x 8 tokens; a gathered activation would
+    # hold d_model = 128 per row).
     assert (r["slot_spec"], r["queue_spec"]) == ("P('data',)", "P()"), r
     assert r["activation_rows"] == [2], r
     assert 0 < r["max_gather"] <= 4 * 8, r
