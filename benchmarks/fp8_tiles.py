@@ -2,10 +2,14 @@
 XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
-        [--kernels pallas,mgpu] [--persistent]
+        [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
-the kernels' defaults and `fp8_matmul`'s dispatch should pick.
+the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
+(Pallas only) sweep the column tile and the K splits instead, at the default row tile, warps
+and transposition, 3 and 4 stages: at decode rows each program's K loop is short (down at
+M 32: 96 K groups over 12 splits, 8 a program), and narrower column tiles give as many
+programs with fewer splits (longer loops, fewer fp32 partials).
 """
 
 from __future__ import annotations
@@ -21,19 +25,26 @@ import jax.numpy as jnp
 from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
 from kernels.fp8_matmul import sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
-from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas, row_tile
+from kernels.fp8_matmul_triton import GROUP, TritonTiles, fp8_matmul_pallas, k_splits, row_tile
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
-def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False):
+def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
+            block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = ()):
     """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
     first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows down
     each tile transposed (`swap`: the weights on the MMA's wide side). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
     shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
     splits (where the output tiles are fewer than 2 per SM)."""
+    if pallas and (block_ns or splits):  # column tile x K splits (default: k_splits' choice)
+        base, G = TritonTiles.get_default(M, N, K), K // GROUP
+        return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns)
+                for bn in block_ns or (base.block_n,) if N % bn == 0
+                for sp in splits or (k_splits(-(-M // base.block_m), N // bn, G),) if G % sp == 0
+                for ns in (3, 4)]
     if pallas:  # split-K as the default tiles choose it for this M
         base = TritonTiles.get_default(M, N, K)
         return [dataclasses.replace(base, block_m=bm, num_warps=nw, num_stages=ns, swap=sw)
@@ -51,7 +62,7 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False):
 
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
-          copy_tb_s: float) -> None:
+          copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = ()) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -73,7 +84,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
     for kernel in kernels:
-        for cfg in configs(M, N, K, kernel == "pallas", persistent):
+        for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits):
             if kernel == "pallas":
                 fn = functools.partial(fp8_matmul_pallas, tiles=cfg)
             else:
@@ -97,7 +108,10 @@ def main():
     ap.add_argument("--kernels", default="pallas,mgpu")
     ap.add_argument("--persistent", action="store_true",
                     help="Mosaic GPU: per-tile vs persistent CTAs only")
+    ap.add_argument("--block-ns", default="", help="Pallas: column tiles swept (e.g. 32,64,128)")
+    ap.add_argument("--splits", default="", help="Pallas: K splits swept (divisors of K / 128)")
     args = ap.parse_args()
+    ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()
@@ -106,7 +120,7 @@ def main():
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
                 sweep(shape, M, rows, args.kernels.split(","), args.persistent,
-                      ceilings["copy_tb_per_s"])
+                      ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits))
     finally:
         best = {}
         for r in rows:

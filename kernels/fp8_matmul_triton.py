@@ -1,12 +1,13 @@
 """The per-group FP8 GEMM (contract: `kernels/fp8_matmul.py::fp8_matmul_ref`) lowered through
 Pallas' Triton backend, with its tile settings (`TritonTiles`).
 
-A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128), M padded to the
-row tile; at decode shapes K is also split over programs (`splits`) and the fp32 partials are
-summed afterwards. Each 128-wide K group is one FP8 dot, scaled and added to an fp32
-accumulator: the result equals the dequantised fp32 matmul up to fp32 summation order. On
-Hopper the dispatch gives it up to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU
-with FP8 tensor cores (Ada, Hopper).
+A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128, or 16, 32 or 64
+columns inside one 128-wide weight-scale block), M padded to the row tile; at decode shapes K
+is also split over programs (`splits`) and the fp32 partials are summed afterwards. Each
+128-wide K group is one FP8 dot, scaled and added to an fp32 accumulator: the result equals
+the dequantised fp32 matmul up to fp32 summation order. On Hopper the dispatch gives it up
+to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
+Hopper).
 
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
@@ -49,7 +50,8 @@ def row_tile(M: int) -> int:
 class TritonTiles:
     """Tile settings of `fp8_matmul_pallas` (hashable: a static jit argument)."""
     block_m: int = 64      # rows per program (M is padded to a multiple)
-    block_n: int = GROUP   # columns per program: a multiple of 128 dividing N
+    block_n: int = GROUP   # columns per program: a multiple of 128 dividing N, or 16-64
+    #                        (narrow tiles: more programs at decode shapes, fewer K splits)
     splits: int = 1        # programs over K (fp32 partials summed afterwards); divides K / 128
     num_warps: int = 4
     num_stages: int = 3
@@ -74,7 +76,8 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
     accumulators are [128, bm] (out^T); otherwise [bm, G] and [bm, 128]."""
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
-    n_sub = w_ref.shape[0] // GROUP  # 128-wide column blocks, one weight scale each
+    sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
+    n_sub = w_ref.shape[0] // sub
     bm = x_ref.shape[0]
 
     def group(g, accs):
@@ -84,15 +87,15 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
         xs = xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)]
         out = []
         for c, acc in enumerate(accs):
-            w = w_ref[pl.ds(c * GROUP, GROUP), cols]
+            w = w_ref[pl.ds(c * sub, sub), cols]
             part = (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
                     jnp.dot(x, w.T, preferred_element_type=jnp.float32))
             out.append(acc + part * (xs * ws_ref[c, pl.ds(g, 1)]))
         return tuple(out)
-    zeros = jnp.zeros((GROUP, bm) if swap else (bm, GROUP), jnp.float32)
+    zeros = jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32)
     accs = jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
     for c, acc in enumerate(accs):
-        o_ref[:, pl.ds(c * GROUP, GROUP)] = (acc.T if swap else acc).astype(o_ref.dtype)
+        o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
@@ -108,8 +111,9 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     N = wq.shape[0]
     t = tiles or TritonTiles.get_default(M, N, K)
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
-    if bn % GROUP or N % bn:
-        raise ValueError(f"block_n {bn} must be a multiple of {GROUP} dividing N {N}")
+    if (bn % GROUP if bn >= GROUP else bn not in (16, 32, 64)) or N % bn:
+        raise ValueError(f"block_n {bn} must be 16, 32, 64 or a multiple of {GROUP}, dividing "
+                         f"N {N}")
     if G % S:
         raise ValueError(f"splits {S} must divide the {G} K groups")
     Mp = pl.cdiv(M, bm) * bm
@@ -124,7 +128,9 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                 pl.BlockSpec((G, bm), lambda i, j, k: (0, i)) if t.swap else
                 pl.BlockSpec((bm, G), lambda i, j, k: (i, 0)),
                 pl.BlockSpec((bn, K), lambda i, j, k: (j, 0)),
-                pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0))]
+                # a narrow tile's one scale row: block row j * bn // 128 (blocks of one row)
+                pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0)) if bn >= GROUP else
+                pl.BlockSpec((1, G), lambda i, j, k: (j * bn // GROUP, 0))]
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     from jax.experimental.pallas import triton as plgpu
     out = pl.pallas_call(

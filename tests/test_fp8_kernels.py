@@ -49,16 +49,21 @@ def test_gemm_matches_dequantised_fp32(M, K, N):
 def test_gemm_bf16_output_row_tiles_and_k_splits():
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=1)
     ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    # narrow column tiles (16-64 of a 128-wide weight block: its scale row is the block's,
+    # j * bn // 128, which the random per-block scales here would expose if wrong)
     for bm, bn, splits, swap in ((16, 128, 1, False), (64, 256, 2, False), (32, 256, 4, False),
-                                 (16, 128, 1, True), (32, 256, 2, True), (64, 128, 4, True)):
+                                 (16, 128, 1, True), (32, 256, 2, True), (64, 128, 4, True),
+                                 (16, 64, 2, True), (32, 32, 1, True), (16, 16, 4, True),
+                                 (32, 64, 1, False), (16, 32, 2, False)):
         out = fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(bm, bn, splits, swap=swap),
                                 interpret=True, poison=True)
         assert out.dtype == jnp.bfloat16
         assert rel_err(out.astype(jnp.float32), ref) <= 2.0 ** -8  # one bf16 rounding
     with pytest.raises(ValueError, match="splits 3 must divide"):
         fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(splits=3), interpret=True)
-    with pytest.raises(ValueError, match="block_n 384"):
-        fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(block_n=384), interpret=True)
+    for bad in (384, 48, 8):
+        with pytest.raises(ValueError, match=f"block_n {bad} must be 16, 32, 64 or a multiple"):
+            fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(block_n=bad), interpret=True)
     assert [row_tile(m) for m in (1, 16, 17, 100, 5000)] == [16, 16, 32, 64, 64]
     # Decode shapes split K until ~2 programs per SM; big M never splits.
     assert k_splits(1, 32, 96) == 12 and k_splits(1, 192, 32) == 2 and k_splits(128, 192, 32) == 1
@@ -171,7 +176,7 @@ def test_quant_tiles_change_no_bit(monkeypatch):
 
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
-    for bn, swap in ((128, False), (256, False), (128, True)):
+    for bn, swap in ((128, False), (256, False), (128, True), (64, True), (32, True), (32, False)):
         tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn, swap=swap)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws,
                             monkeypatch=monkeypatch)
@@ -391,3 +396,16 @@ def test_quant_tile_sweep_records_xla_tiles_and_refusals(monkeypatch):
     assert all(r["rmsnorm_quant_ms"] > 0 for r in rows)
     assert [("swiglu_quant_ms" in r, "swiglu_quant_refused" in r) for r in rows] == [
         (True, False), (True, False), (False, True)]
+
+
+def test_tile_sweep_over_column_tiles_and_k_splits():
+    """benchmarks/fp8_tiles.py's decode sweep: each column tile with k_splits' choice for it
+    (down at M 32: 128 column tiles of 32 need 3 splits for 264 programs, 64 of 64 need 6,
+    32 of 128 need 12), or with the splits given where they divide the K groups."""
+    from benchmarks.fp8_tiles import configs
+    got = configs(32, 4096, 12288, True, block_ns=(32, 64, 128))
+    assert [(t.block_n, t.splits, t.num_stages) for t in got] == [
+        (32, 3, 3), (32, 3, 4), (64, 6, 3), (64, 6, 4), (128, 12, 3), (128, 12, 4)]
+    assert all(t.swap and t.block_m == 32 and t.num_warps == 4 for t in got)
+    got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
+    assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
