@@ -197,13 +197,20 @@ def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch)
     monkeypatch.setattr(tasks, "get", lambda name: task)
     monkeypatch.setattr(flash, "task_model", lambda args: (cfg, params, Tok()))
     args = argparse.Namespace(task="stand-in", n=6, gammas="0.9", accept="cumprod",
-                              window=4, lookahead=4, track=4)
-    rows = []
+                              window=4, lookahead=4, track=4, epsilon=0.8)
+    rows, thresholds, evaluate = [], [], accuracy.evaluate
+
+    def spy(params, cfg, tok, problems, settings, **kw):
+        thresholds.append(settings["threshold"])
+        return evaluate(params, cfg, tok, problems, settings, **kw)
+    monkeypatch.setattr(accuracy, "evaluate", spy)
     flash.part_gamma(args, cfg, None, params, rows)
+    assert thresholds == [0.8, 0.8]  # --epsilon is the draft's ε with and without verify
     assert [r["mode"] for r in rows] == ["flash", "flash+verify0.9"]
-    fields = {"part", "task", "mode", "n", "accuracy", "ci95", "solved", "tokens_per_step",
-              "nfe", "tokens_per_s"}
+    fields = {"part", "task", "mode", "epsilon", "n", "accuracy", "ci95", "solved",
+              "tokens_per_step", "nfe", "tokens_per_s"}
     assert set(rows[0]) == fields and set(rows[1]) == fields | {"vs_flash"}
+    assert [r["epsilon"] for r in rows] == [0.8, 0.8]
     base = [c == "1" for c in rows[0]["solved"]]
     for r in rows[1:]:
         solved = [c == "1" for c in r["solved"]]
