@@ -160,6 +160,10 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
     gen = gen.resolve(config)
     if slots is not None and mesh is not None and gen.flash is not None:
         raise ValueError(slot_refill.FLASH_MESH_REFUSED)
+    if slots is not None and mesh is not None and jax.process_count() > 1:
+        # the host reads the slots back whenever the canvas narrows (slots.py)
+        raise ValueError("slot refill with a mesh runs on one host: pass no slots, or a "
+                         "mesh of this host's devices in a single-process run")
     rows = _prompt_rows(prompts, prompt_lengths, config, gen)
     B, P = len(rows), max(len(r) for r in rows)
     if P + gen.gen_length > config.max_seq_len:

@@ -284,7 +284,7 @@ def test_bucket():
     assert slots.bucket(600, 700) == 700  # capped at max_seq_len - gen_length
 
 
-def test_bad_slots(models):
+def test_bad_slots(models, monkeypatch):
     params, _ = models
     gen = _gen()
     for bad in (0, -2, True, 1.5, "4"):
@@ -297,6 +297,10 @@ def test_bad_slots(models):
     for fn in (lj.generate, lj.compile_generate):
         with pytest.raises(ValueError, match="slot refill with gen.flash runs on one device"):
             fn(params, CFG, [[1, 2]], flash, slots=2, mesh=lj.make_mesh(1, 1))
+    with monkeypatch.context() as m:
+        m.setattr(jax, "process_count", lambda: 2)
+        with pytest.raises(ValueError, match="slot refill with a mesh runs on one host"):
+            lj.generate(params, CFG, [[1, 2]], gen, slots=2, mesh=lj.make_mesh(1, 1))
     with pytest.raises(ValueError, match=r"prompts\[1\] contains the mask id"):
         lj.generate(params, CFG, [[1, 2], [CFG.mask_id]], gen, slots=2)
     with pytest.raises(ValueError, match=r"key must be one key or one per row \(2\)"):
