@@ -4,12 +4,14 @@
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
 # fifteenth session: 14 (transposed tiles pass on the GPU; FFN at M 32 2.02x its read floor),
 # 5 (prefix + DPad + FP8 now 0.98x without DPad; its one 400 s box missed the last row, now
-# a box a cache), 15 (verify repeatable in six runs;
-# deterministic ops change it) and 6 (head split slower everywhere; 1.11-1.27x). Left, in
-# priority order 16, 4, 3:
+# a box a cache), 15 (the 128 in four default-path processes;
+# deterministic ops give 131) and 6 (head split slower everywhere; 1.11-1.27x). Left, in
+# priority order 16, 18, 4, 5, 17, 3:
 #  16  issue 20: the Triton FP8 GEMM at M 32 over column tiles (32, 64, 128: narrow tiles are
-#      new) x K splits (down's default splits K 12 ways, 8 groups a program), first the
-#      GPU test of the narrow tiles; the FFN at M 32 is 2.02x its read floor (goal 1.3x)
+#      new; narrow ones transposed or not) x K splits (down's default splits K 12 ways, 8
+#      groups a program), first the GPU test of the narrow tiles, then down; 18: gate/up.
+#      The FFN at M 32 is 2.02x its read floor (goal 1.3x)
+#  17  issue 20: stage 5's FP8 prefix rows (with and without DPad), apart
 #   4  issue 23: the quantisation kernels' tiles at M 768-4096 again: the default SwiGLU
 #      tiling took 0.048-0.050 ms at M 1024 in two runs (2.9x its floor) where 16x2x4 took
 #      0.031 in one; a repeat decides the default from M 1024
@@ -78,11 +80,17 @@ case "${1:-1}" in
 5)
   # one box each: the prefix + DPad programs compile for 112-136 s (fifteenth session), and
   # one 400 s box for both caches ended before the last row
+  # (bf16 prefix here; the FP8 prefix rows are stage 17: both boxes in one call ran past 600 s)
   for mode in dual prefix; do
-    timeout -k 5 $([[ $mode == dual ]] && echo 170 || echo 400) python3 -m benchmarks.generate \
-      --batch 1 --prompt 512 --modes $mode --decoding fixed --fp8-ffn both --dpad both \
+    fp8=$([[ $mode == dual ]] && echo both || echo off)
+    timeout -k 5 $([[ $mode == dual ]] && echo 170 || echo 240) python3 -m benchmarks.generate \
+      --batch 1 --prompt 512 --modes $mode --decoding fixed --fp8-ffn $fp8 --dpad both \
       --iters 2 2>&1 | tee "$OUT/generate_floor_$mode.log" | quiet | grep "^|\|ceilings" | tail -8
   done ;;
+17)
+  timeout -k 5 300 python3 -m benchmarks.generate --batch 1 --prompt 512 --modes prefix \
+    --decoding fixed --fp8-ffn on --dpad both --iters 2 2>&1 \
+    | tee "$OUT/generate_floor_prefix_fp8.log" | quiet | grep "^|\|ceilings" | tail -8 ;;
 6)
   timeout -k 5 400 python3 -m benchmarks.flash --parts update,verify --batch 1,32 --iters 30 \
     --update-blocks 128:64:8:4,128:128:8:3:2,128:64:8:4:2,128:128:4:3:2 2>&1 \
@@ -136,11 +144,15 @@ case "${1:-1}" in
     /tmp/chain_ck --task chain-d2m --n 2000 --gammas 0.95 2>&1 \
     | tee "$OUT/flash_gamma_095.log" | quiet | tail -3 ;;
 16)
-  timeout -k 5 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k llada_widths \
+  timeout -k 5 230 python3 -m pytest -q -m gpu tests/test_gpu.py -k llada_widths \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_widths_gpu.log" | tail -2
-  timeout -k 5 330 python3 -m benchmarks.fp8_tiles --kernels pallas --ms 32 --shapes down,gate_up \
-    --block-ns 32,64,128 --splits 1,2,3,4,6,8,12 2>&1 | tee "$OUT/fp8_tiles_narrow.log" | quiet \
-    | grep "^best\|ceil" ;;
+  timeout -k 5 340 python3 -m benchmarks.fp8_tiles --kernels pallas --ms 32 --shapes down \
+    --block-ns 32,64,128 --splits 1,2,3,4,6,8,12 2>&1 | tee "$OUT/fp8_tiles_narrow_down.log" \
+    | quiet | grep "^best\|ceil" ;;
+18)
+  timeout -k 5 300 python3 -m benchmarks.fp8_tiles --kernels pallas --ms 32 --shapes gate_up \
+    --block-ns 32,64,128 --splits 1,2,4,8 2>&1 | tee "$OUT/fp8_tiles_narrow_gate_up.log" \
+    | quiet | grep "^best\|ceil" ;;
 13)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   for mode in threshold flash flash+verify; do  # (a `+` in a name does not come back)

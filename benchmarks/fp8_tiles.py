@@ -6,8 +6,8 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
-(Pallas only) sweep the column tile and the K splits instead, at the default row tile, warps
-and transposition, 3 and 4 stages: at decode rows each program's K loop is short (down at
+(Pallas only) sweep the column tile and the K splits instead, at the default row tile and
+warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each program's K loop is short (down at
 M 32: 96 K groups over 12 splits, 8 a program), and narrower column tiles give as many
 programs with fewer splits (longer loops, fewer fp32 partials).
 """
@@ -33,17 +33,22 @@ SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
             block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = ()):
-    """Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages (the
-    first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows down
-    each tile transposed (`swap`: the weights on the MMA's wide side). Mosaic GPU (128
+    """With `block_ns` or `splits` (Pallas): the decode sweep of the module docstring.
+    Otherwise Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages
+    (the first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows
+    down each tile transposed (`swap`: the weights on the MMA's wide side). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
     shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
     splits (where the output tiles are fewer than 2 per SM)."""
-    if pallas and (block_ns or splits):  # column tile x K splits (default: k_splits' choice)
+    if pallas and (block_ns or splits):
+        # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
+        # are left out) x stages; a narrow tile also untransposed: `swap` puts the weight rows
+        # on the MMA's M side, where fewer than 64 of them miss wgmma
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
-        return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns)
+        return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw)
                 for bn in block_ns or (base.block_n,) if N % bn == 0
                 for sp in splits or (k_splits(-(-M // base.block_m), N // bn, G),) if G % sp == 0
+                for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
                 for ns in (3, 4)]
     if pallas:  # split-K as the default tiles choose it for this M
         base = TritonTiles.get_default(M, N, K)

@@ -50,7 +50,7 @@ def row_tile(M: int) -> int:
 class TritonTiles:
     """Tile settings of `fp8_matmul_pallas` (hashable: a static jit argument)."""
     block_m: int = 64      # rows per program (M is padded to a multiple)
-    block_n: int = GROUP   # columns per program: a multiple of 128 dividing N, or 16-64
+    block_n: int = GROUP   # columns per program: a multiple of 128 dividing N, or 16, 32, 64
     #                        (narrow tiles: more programs at decode shapes, fewer K splits)
     splits: int = 1        # programs over K (fp32 partials summed afterwards); divides K / 128
     num_warps: int = 4

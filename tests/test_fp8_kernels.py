@@ -176,7 +176,8 @@ def test_quant_tiles_change_no_bit(monkeypatch):
 
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
-    for bn, swap in ((128, False), (256, False), (128, True), (64, True), (32, True), (32, False)):
+    for bn, swap in ((128, False), (256, False), (128, True), (64, True), (32, True), (32, False),
+                     (16, True)):
         tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn, swap=swap)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws,
                             monkeypatch=monkeypatch)
@@ -404,8 +405,11 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     32 of 128 need 12), or with the splits given where they divide the K groups."""
     from benchmarks.fp8_tiles import configs
     got = configs(32, 4096, 12288, True, block_ns=(32, 64, 128))
-    assert [(t.block_n, t.splits, t.num_stages) for t in got] == [
-        (32, 3, 3), (32, 3, 4), (64, 6, 3), (64, 6, 4), (128, 12, 3), (128, 12, 4)]
-    assert all(t.swap and t.block_m == 32 and t.num_warps == 4 for t in got)
+    # narrow tiles transposed (the default at 32 rows) and not; 128 as the default, transposed
+    assert [(t.block_n, t.splits, t.swap, t.num_stages) for t in got] == [
+        (32, 3, True, 3), (32, 3, True, 4), (32, 3, False, 3), (32, 3, False, 4),
+        (64, 6, True, 3), (64, 6, True, 4), (64, 6, False, 3), (64, 6, False, 4),
+        (128, 12, True, 3), (128, 12, True, 4)]
+    assert all(t.block_m == 32 and t.num_warps == 4 for t in got)
     got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]

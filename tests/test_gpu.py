@@ -89,7 +89,7 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
         for bn, swap in ((128, False), (256, False), (128, True), (256, True), (64, True),
-                         (32, True)):
+                         (32, True), (16, True), (32, False)):
             tiles = dataclasses.replace(TritonTiles.get_default(M, 1024, K), block_n=bn,
                                         swap=swap)
             out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True, tiles=tiles)
