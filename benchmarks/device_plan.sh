@@ -78,9 +78,9 @@ case "${1:-1}" in
     768,1024,4096 --quant-tiles 16x1,16x1x2,16x2x4,1x32x1,2x32x1,2x32x2,4x32x4,8x32x4,16x32x8 \
     2>&1 | tee "$OUT/fp8_ffn_quant.log" | quiet | tail -32 ;;
 5)
-  # one box each: the prefix + DPad programs compile for 112-136 s (fifteenth session), and
-  # one 400 s box for both caches ended before the last row
-  # (bf16 prefix here; the FP8 prefix rows are stage 17: both boxes in one call ran past 600 s)
+  # one box a cache, bf16 prefix only: the prefix + DPad programs compile for 112-136 s
+  # (fifteenth session: one 400 s box for everything ended before the last row), so the FP8
+  # prefix rows are stage 17
   for mode in dual prefix; do
     fp8=$([[ $mode == dual ]] && echo both || echo off)
     timeout -k 5 $([[ $mode == dual ]] && echo 170 || echo 240) python3 -m benchmarks.generate \

@@ -7,9 +7,10 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
-warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each program's K loop is short (down at
-M 32: 96 K groups over 12 splits, 8 a program), and narrower column tiles give as many
-programs with fewer splits (longer loops, fewer fp32 partials).
+warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each
+program's K loop is short (down at M 32: 96 K groups over 12 splits, 8 a program), and
+narrower column tiles give as many programs with fewer splits (longer loops, fewer fp32
+partials).
 """
 
 from __future__ import annotations

@@ -278,36 +278,34 @@ def llada(args, out: dict) -> None:
         raise SystemExit("--gpus applies to block decoding (Flash-dLLM slots run on one device)")
     if max(gpus) > len(jax.devices()):
         raise SystemExit(f"--gpus {args.gpus}: only {len(jax.devices())} devices here")
-    placed_on = {}  # one placement of the weights per device count
-    for n_dev, S1 in itertools.product(gpus, map(int, args.slots.split(","))):
-        S = S1 * n_dev
+    units = answer if args.flash else limits["block_limits"]
+    for n_dev in gpus:  # the weights placed once per device count
         mesh = None if n_dev == 1 else lj.make_mesh(n_dev, 1, devices=jax.devices()[:n_dev])
-        if n_dev not in placed_on:
-            placed_on[n_dev] = params if mesh is None else sharding.shard_params(params, cfg, mesh)
-        placed = placed_on[n_dev]
+        placed = params if mesh is None else sharding.shard_params(params, cfg, mesh)
         # flash_slots.run takes no mesh (refused above)
         mesh_kw = {} if mesh is None else dict(mesh=mesh)
-        units = answer if args.flash else limits["block_limits"]
-        r = dict(S=S, S_per_device=S1, devices=n_dev, n=args.n, answer_tokens=int(answer.sum()),
-                 answer_lengths=answer.tolist(),
-                 stop_rule=stop_rule + " (random weights emit no EOS)",
-                 in_order_bound=in_order_bound(units, S))
-        out["rows"].append(r)  # filled as it goes: a timed-out run keeps what it measured
-        t0 = time.perf_counter()
-        programs = slot_refill.compile_programs(placed, cfg, gen, prompts, keys, S, **mesh_kw)
-        r["compile_s"] = time.perf_counter() - t0
-        _warm(programs, placed, min(S, args.n), gen, keys, cfg, **mesh_kw)
-        for name, refill in (("static", False), ("slots", True)):
-            _, seconds, _ = _timed(lambda: run(placed, cfg, gen, prompts, keys, S,
-                                               refill=refill, programs=programs, **limits,
-                                               **mesh_kw))
-            r[f"{name}_s"], r[f"{name}_tok_s"] = seconds, r["answer_tokens"] / seconds
-            print(f"S={S} on {n_dev} device(s): {name} {r[f'{name}_tok_s']:.0f} tok/s "
-                  f"({seconds:.1f} s)", flush=True)
-        r["speedup"] = r["static_s"] / r["slots_s"]
-        print(f"S={S} on {n_dev} device(s): slot refill {r['speedup']:.2f}x the static batches "
-              f"({'step' if args.flash else 'block'} counts alone give "
-              f"{r['in_order_bound']:.2f}x: `in_order_bound`)", flush=True)
+        for S1 in map(int, args.slots.split(",")):
+            S = S1 * n_dev
+            r = dict(S=S, S_per_device=S1, devices=n_dev, n=args.n, answer_tokens=int(answer.sum()),
+                     answer_lengths=answer.tolist(),
+                     stop_rule=stop_rule + " (random weights emit no EOS)",
+                     in_order_bound=in_order_bound(units, S))
+            out["rows"].append(r)  # filled as it goes: a timed-out run keeps what it measured
+            t0 = time.perf_counter()
+            programs = slot_refill.compile_programs(placed, cfg, gen, prompts, keys, S, **mesh_kw)
+            r["compile_s"] = time.perf_counter() - t0
+            _warm(programs, placed, min(S, args.n), gen, keys, cfg, **mesh_kw)
+            for name, refill in (("static", False), ("slots", True)):
+                _, seconds, _ = _timed(lambda: run(placed, cfg, gen, prompts, keys, S,
+                                                   refill=refill, programs=programs, **limits,
+                                                   **mesh_kw))
+                r[f"{name}_s"], r[f"{name}_tok_s"] = seconds, r["answer_tokens"] / seconds
+                print(f"S={S} on {n_dev} device(s): {name} {r[f'{name}_tok_s']:.0f} tok/s "
+                      f"({seconds:.1f} s)", flush=True)
+            r["speedup"] = r["static_s"] / r["slots_s"]
+            print(f"S={S} on {n_dev} device(s): slot refill {r['speedup']:.2f}x the static batches "
+                  f"({'step' if args.flash else 'block'} counts alone give "
+                  f"{r['in_order_bound']:.2f}x: `in_order_bound`)", flush=True)
 
 
 def bounds(args, out: dict) -> None:
