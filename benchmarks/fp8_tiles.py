@@ -3,6 +3,7 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
+        [--rounds 5]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
@@ -10,7 +11,9 @@ the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `-
 warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each
 program's K loop is short (down at M 32: 96 K groups over 12 splits, 8 a program), and
 narrower column tiles give as many programs with fewer splits (longer loops, fewer fp32
-partials).
+partials). `--rounds R` times every setting R times, round by round (a setting's rounds
+spread over the run, not back to back), and ranks the settings by their median: single timings
+of one setting moved by up to 1.7x within one run (sixteenth session, RESULTS.md).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import dataclasses
 import functools
 import itertools
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +72,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
 
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
-          copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = ()) -> None:
+          copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
+          rounds: int = 1) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -89,22 +94,49 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
-    for kernel in kernels:
-        for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits):
-            if kernel == "pallas":
-                fn = functools.partial(fp8_matmul_pallas, tiles=cfg)
-            else:
-                fn = functools.partial(fp8_matmul_mgpu, config=cfg)
-            settings = dataclasses.asdict(cfg)
-            try:
-                t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)["median_ms"]
-            except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
-                rows.append({**base, "kernel": kernel, **settings, "error": str(e)[:300]})
-                print(rows[-1], flush=True)
-                continue
-            rows.append({**base, "kernel": kernel, **settings, "ms": t,
-                         "tflops": flops / t / 1e9, "x_read_floor": t / floor})
+    cfgs = [(kernel, cfg) for kernel in kernels
+            for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits)]
+    failed = set()
+    for rnd, (kernel, cfg) in itertools.product(range(rounds), cfgs):
+        if cfg in failed:
+            continue
+        if kernel == "pallas":
+            fn = functools.partial(fp8_matmul_pallas, tiles=cfg)
+        else:
+            fn = functools.partial(fp8_matmul_mgpu, config=cfg)
+        settings = {**dataclasses.asdict(cfg), "round": rnd}
+        try:
+            t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)["median_ms"]
+        except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
+            rows.append({**base, "kernel": kernel, **settings, "error": str(e)[:300]})
             print(rows[-1], flush=True)
+            failed.add(cfg)
+            continue
+        rows.append({**base, "kernel": kernel, **settings, "ms": t,
+                     "tflops": flops / t / 1e9, "x_read_floor": t / floor})
+        print(rows[-1], flush=True)
+
+
+def best_settings(rows: list) -> dict:
+    """The fastest setting per shape, M and kernel by its median over rounds, with the
+    rounds' spread ("ms" the median, "ms_rounds" every timing)."""
+    timings: dict = {}
+    for r in rows:
+        if r["kernel"] in ("pallas", "mgpu") and "ms" in r:
+            setting = {k: v for k, v in r.items() if k not in ("round", "ms", "tflops",
+                                                                "x_read_floor")}
+            timings.setdefault(repr(sorted(setting.items())), []).append(r)
+    best = {}
+    for runs in timings.values():
+        ms = statistics.median(r["ms"] for r in runs)
+        r = {**runs[0], "ms": ms, "tflops": runs[0]["tflops"] * runs[0]["ms"] / ms,
+             "x_read_floor": runs[0]["x_read_floor"] * ms / runs[0]["ms"],
+             "ms_rounds": [r["ms"] for r in runs]}
+        r.pop("round", None)
+        key = f"{r['shape']}/{r['M']}/{r['kernel']}"
+        if key not in best or ms < best[key]["ms"]:
+            best[key] = r
+    return best
 
 
 def main():
@@ -116,6 +148,7 @@ def main():
                     help="Mosaic GPU: per-tile vs persistent CTAs only")
     ap.add_argument("--block-ns", default="", help="Pallas: column tiles swept (e.g. 32,64,128)")
     ap.add_argument("--splits", default="", help="Pallas: K splits swept (divisors of K / 128)")
+    ap.add_argument("--rounds", type=int, default=1, help="times each setting, round by round")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     rows: list = []
@@ -126,14 +159,10 @@ def main():
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
                 sweep(shape, M, rows, args.kernels.split(","), args.persistent,
-                      ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits))
+                      ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits),
+                      args.rounds)
     finally:
-        best = {}
-        for r in rows:
-            if r["kernel"] in ("pallas", "mgpu") and "ms" in r:
-                key = f"{r['shape']}/{r['M']}/{r['kernel']}"
-                if key not in best or r["ms"] < best[key]["ms"]:
-                    best[key] = r
+        best = best_settings(rows)
         for key, r in best.items():
             print("best", key, {k: v for k, v in r.items() if k not in ("shape", "M", "K", "N")})
         print("->", write_result("fp8_tiles", {"rows": rows, "best": best,

@@ -49,9 +49,9 @@ class QuantTiles:
     def get_default(cls, M: int, G: int) -> QuantTiles:
         """16 x 128 (so even M = 32 spreads over many SMs), or from `BIG_M` rows `BIG_TILES`
         (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset:
-        the one sweep so far (H200, 2026-12-02, M 768 and 1024, one median per cell) had the
-        default fastest at M 768 and 16 x 1 x 2 / 16 x 2 x 4 1.4-1.6x faster at M 1024, a
-        difference to repeat before it changes the default."""
+        the first sweep (H200, 2026-12-02, M 768 and 1024, one median per cell) had the
+        default fastest at M 768 and 16 x 1 x 2 / 16 x 2 x 4 1.4-1.6x faster at M 1024; its
+        repeat (2026-12-03, RESULTS.md) had them within 5% of the default at M 1024."""
         if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES

@@ -416,3 +416,21 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     assert all(t.block_m == 32 and t.num_warps == 4 for t in got)
     got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
+
+
+def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
+    """`--rounds`: one fast outlier of a setting must not make it the best; the median does."""
+    from benchmarks.fp8_tiles import best_settings
+    row = lambda bn, rnd, ms: dict(shape="down", M=32, K=12288, N=4096, kernel="pallas",
+                                   block_n=bn, round=rnd, ms=ms, tflops=1.0 / ms,
+                                   x_read_floor=ms / 0.015)
+    rows = [row(64, 0, 0.031), row(128, 0, 0.025), row(64, 1, 0.030), row(128, 1, 0.040),
+            row(64, 2, 0.032), row(128, 2, 0.041),
+            dict(shape="down", M=32, kernel="xla_bf16", ms=0.001)]  # not a tile setting
+    best = best_settings(rows)
+    assert list(best) == ["down/32/pallas"]
+    b = best["down/32/pallas"]
+    assert (b["block_n"], b["ms"], b["ms_rounds"]) == (64, 0.031, [0.031, 0.030, 0.032])
+    assert "round" not in b
+    assert b["tflops"] == pytest.approx(1 / 0.031)
+    assert b["x_read_floor"] == pytest.approx(0.031 / 0.015)
