@@ -9,11 +9,12 @@ Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest pe
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
 warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each
-program's K loop is short (down at M 32: 96 K groups over 12 splits, 8 a program), and
-narrower column tiles give as many programs with fewer splits (longer loops, fewer fp32
-partials). `--rounds R` times every setting R times, round by round (a setting's rounds
-spread over the run, not back to back), and ranks the settings by their median: single timings
-of one setting moved by up to 1.7x within one run (sixteenth session, RESULTS.md).
+program's K loop is short (down at M 32 in 128-column tiles: 96 K groups over 12 splits, 8 a
+program), and narrower column tiles give as many programs with fewer splits (longer loops,
+fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
+rounds spread over the run, not back to back; each compiled once), and ranks the settings by
+their median: with one timing each, two pipeline depths of one tile differed 1.7x in the
+sixteenth session's sweep (RESULTS.md), too much to rank neighbours by.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
                 for sp in splits or (k_splits(-(-M // base.block_m), N // bn, G),) if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
                 for ns in (3, 4)]
-    if pallas:  # split-K as the default tiles choose it for this M
-        base = TritonTiles.get_default(M, N, K)
-        return [dataclasses.replace(base, block_m=bm, num_warps=nw, num_stages=ns, swap=sw)
+    if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
+        base, G = TritonTiles.get_default(M, N, K), K // GROUP
+        return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
+                                    splits=k_splits(-(-M // bm), N // GROUP, G),
+                                    num_stages=ns, swap=sw)
                 for sw, bm, nw, ns in itertools.product(
                     (False, True) if M <= 64 else (False,), sorted({row_tile(M), 64}), (4, 8),
                     (3, 4))]
@@ -96,17 +99,17 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
         print(rows[-1], flush=True)
     cfgs = [(kernel, cfg) for kernel in kernels
             for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits)]
+    # one function object per setting: `time_chained` compiles it once for every round
+    fns = {cfg: functools.partial(timed, functools.partial(
+        fp8_matmul_pallas, tiles=cfg) if kernel == "pallas" else functools.partial(
+        fp8_matmul_mgpu, config=cfg), wq, ws) for kernel, cfg in cfgs}
     failed = set()
     for rnd, (kernel, cfg) in itertools.product(range(rounds), cfgs):
         if cfg in failed:
             continue
-        if kernel == "pallas":
-            fn = functools.partial(fp8_matmul_pallas, tiles=cfg)
-        else:
-            fn = functools.partial(fp8_matmul_mgpu, config=cfg)
         settings = {**dataclasses.asdict(cfg), "round": rnd}
         try:
-            t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=n)["median_ms"]
+            t = time_chained(fns[cfg], xq, xs, n=n)["median_ms"]
         except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
             rows.append({**base, "kernel": kernel, **settings, "error": str(e)[:300]})
             print(rows[-1], flush=True)
@@ -115,6 +118,10 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
         rows.append({**base, "kernel": kernel, **settings, "ms": t,
                      "tflops": flops / t / 1e9, "x_read_floor": t / floor})
         print(rows[-1], flush=True)
+
+
+def timed(gemm, wq, ws, xq, xs):
+    return gemm(xq, xs, wq, ws)
 
 
 def best_settings(rows: list) -> dict:

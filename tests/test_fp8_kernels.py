@@ -74,6 +74,8 @@ def test_gemm_bf16_output_row_tiles_and_k_splits():
     assert TritonTiles.get_default(9, 4096, 12288) == TritonTiles(16, 64, 6, 4, 3, swap=True)
     assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 64, 6, 4, 3, swap=True)
     assert TritonTiles.get_default(64, 4096, 12288) == TritonTiles(64, 128, 12, 4, 3)
+    # Too few columns for 264 programs either way (every K group its own split): no narrowing
+    assert TritonTiles.get_default(32, 1024, 4096) == TritonTiles(32, 128, 32, 4, 3, swap=True)
     assert not TritonTiles.get_default(33, 24576, 4096).swap
     assert TritonTiles.get_default(768, 24576, 4096) == TritonTiles(64, 128, 1, 4, 3)
 
@@ -414,6 +416,10 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
         (64, 6, True, 3), (64, 6, True, 4), (64, 6, False, 3), (64, 6, False, 4),
         (128, 12, True, 3), (128, 12, True, 4)]
     assert all(t.block_m == 32 and t.num_warps == 4 for t in got)
+    # The first sweep (no column or split list) stays at 128 columns, split for each row tile,
+    # though the default narrows down's decode tiles
+    got = configs(32, 4096, 12288, True)
+    assert {(t.block_m, t.block_n, t.splits) for t in got} == {(32, 128, 12), (64, 128, 12)}
     got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
 
