@@ -108,6 +108,16 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
             # group): about 2^-13 relative per group, bounded here by 2^-12 and measured.
             print("mgpu", M, K, kw, rel_err(out, ref))
             assert rel_err(out, ref) <= 2.0 ** -12
+    # The default tiles at LLaDA-8B's full down shape, where decode rows narrow to 64 columns
+    # split 6 ways (at N 1024 above the default never narrows)
+    wq, ws = quantize_weight(jax.random.normal(k[1], (12288, 4096)) * 12288 ** -0.5)
+    for M in (9, 32):
+        xq, xs = quantize_act(jax.random.normal(k[0], (M, 12288)))
+        assert TritonTiles.get_default(M, 4096, 12288).block_n == 64
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True)
+        assert rel_err(out, ref) <= 1e-5  # fp32 summation order only, as above
     x = jax.random.normal(k[2], (77, 4096)).astype(jnp.bfloat16)
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
     qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
