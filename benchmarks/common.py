@@ -55,7 +55,7 @@ def time_chained(fn, *args, n: int = 20, iters: int = 10) -> dict:
     return {"median_ms": t["median_ms"] / n, "min_ms": t["min_ms"] / n, "iters": iters, "n": n}
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)  # a tile sweep's settings of one shape fit (84 at most)
 def _chained(fn, n: int):
     def chained(x, *rest):
         for _ in range(n):
