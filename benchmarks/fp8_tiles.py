@@ -100,9 +100,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
     cfgs = [(kernel, cfg) for kernel in kernels
             for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits)]
     # one function object per setting: `time_chained` compiles it once for every round
-    fns = {cfg: functools.partial(timed, functools.partial(
-        fp8_matmul_pallas, tiles=cfg) if kernel == "pallas" else functools.partial(
-        fp8_matmul_mgpu, config=cfg), wq, ws) for kernel, cfg in cfgs}
+    fns = {cfg: functools.partial(timed, kernel, cfg, wq, ws) for kernel, cfg in cfgs}
     failed = set()
     for rnd, (kernel, cfg) in itertools.product(range(rounds), cfgs):
         if cfg in failed:
@@ -120,8 +118,10 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
         print(rows[-1], flush=True)
 
 
-def timed(gemm, wq, ws, xq, xs):
-    return gemm(xq, xs, wq, ws)
+def timed(kernel: str, cfg, wq, ws, xq, xs):
+    if kernel == "pallas":
+        return fp8_matmul_pallas(xq, xs, wq, ws, tiles=cfg)
+    return fp8_matmul_mgpu(xq, xs, wq, ws, config=cfg)
 
 
 def best_settings(rows: list) -> dict:

@@ -74,12 +74,12 @@ class TritonTiles:
         are unmeasured."""
         bm = row_tile(M)
         m_tiles, G = pl.cdiv(M, bm), K // GROUP
-        wide = k_splits(m_tiles, N // GROUP, G)
-        bn = GROUP
-        if bm <= 32 and wide > MAX_SPLITS and k_splits(m_tiles, N // NARROW, G) < wide:
-            bn = NARROW
-        return cls(block_m=bm, block_n=bn, splits=k_splits(m_tiles, N // bn, G), num_warps=4,
-                   swap=bm <= 32)
+        bn, splits = GROUP, k_splits(m_tiles, N // GROUP, G)
+        narrow = k_splits(m_tiles, N // NARROW, G)
+        if bm <= 32 and splits > MAX_SPLITS and narrow < splits:
+            bn, splits = NARROW, narrow
+        return cls(block_m=bm, block_n=bn, splits=splits, num_warps=4, swap=bm <= 32)
+
 
 MAX_SPLITS = 8  # K splits beyond which a decode tile narrows its columns instead
 NARROW = 64     # those columns (one program per half weight block)
