@@ -360,7 +360,7 @@ def part_gamma(args, cfg, ceil, params, rows):
     from benchmarks.accuracy import evaluate, paired_difference
     task = tasks.get(args.task)
     cfg, params, tok = task_model(args)
-    problems = task.sample("test", args.n, seed=0)
+    problems = task.sample("test", args.n, seed=args.seed)
     settings = [("flash", {})] + [(f"flash+verify{g:g}", dict(verify=True, gamma=g,
                                                              accept=args.accept))
                                   for g in map(float, args.gammas.split(","))]
@@ -413,6 +413,9 @@ def main():
     ap.add_argument("--epsilon", type=float, default=0.9,
                     help="gamma: the draft's confidence threshold ε, with and without verify")
     ap.add_argument("--n", type=int, default=500, help="gamma: held-out problems")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="gamma: the draw of held-out problems (a fresh one confirms a γ "
+                         "chosen on another)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS],...",
                     help="update: flash_cache tiles timed beside the default (SPLITS: "

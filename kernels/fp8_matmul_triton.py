@@ -61,28 +61,18 @@ class TritonTiles:
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
         """As measured by `benchmarks/fp8_tiles.py` on the H200: the row tile by M
         (`row_tile`), 128 columns, K split until ~2 programs per SM (`k_splits`), 4 warps;
-        tiles of up to 32 rows transposed (`swap`), in `NARROW` columns where 128 would split K
-        more than `MAX_SPLITS` ways and narrow ones need fewer splits. At M 32 (2026-12-03,
-        RESULTS.md) the four swapped 32-row settings took 0.077-0.079 ms for gate/up + down
-        together, every unswapped one 0.080-0.090. In one sweep (sixteenth session) the down
-        GEMM (K 12288) took 0.040 ms split 12 ways in 128 columns and 0.030-0.033 split 4-8
-        ways in 32 or 64 (the fp32 partials of 12 splits are an eighth of its weight bytes,
-        written and read again); across runs it does not show yet (the old tiles took 0.030
-        in the fifteenth session, the new 0.036 in the sixteenth's FFN run): a repeat over
-        rounds is queued. 4 warps and 3 stages the fastest by a margin under the run's
-        spread. Narrow columns at rows 33-64 and GPUs other than the H200 (Ada has no wgmma)
-        are unmeasured."""
+        tiles of up to 32 rows transposed (`swap`). At M 32 (2026-12-03, RESULTS.md) the four
+        swapped 32-row settings took 0.077-0.079 ms for gate/up + down together, every unswapped
+        one 0.080-0.090. Narrow columns (fewer K splits) do not pay: the down GEMM (K 12288) at
+        M 32 took a median of 0.029 ms in 128 columns split 12 ways and 0.029-0.034 in 64
+        columns split 6 or 12 (seventeenth session, 5 rounds; at M 16 0.029 and 0.026-0.029);
+        one sixteenth-session sweep's 0.040 for 128 columns did not recur. 4 warps and 3
+        stages the fastest by a margin under the run's spread. GPUs other than the H200 (Ada
+        has no wgmma) are unmeasured."""
         bm = row_tile(M)
-        m_tiles, G = pl.cdiv(M, bm), K // GROUP
-        bn, splits = GROUP, k_splits(m_tiles, N // GROUP, G)
-        narrow = k_splits(m_tiles, N // NARROW, G)
-        if bm <= 32 and splits > MAX_SPLITS and narrow < splits:
-            bn, splits = NARROW, narrow
-        return cls(block_m=bm, block_n=bn, splits=splits, num_warps=4, swap=bm <= 32)
-
-
-MAX_SPLITS = 8  # K splits beyond which a decode tile narrows its columns instead
-NARROW = 64     # those columns (one program per half weight block)
+        return cls(block_m=bm, block_n=GROUP,
+                   splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
+                   swap=bm <= 32)
 
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
