@@ -5,7 +5,8 @@
 # seventeenth session: 16 (narrow decode tiles no faster over 5 rounds: the default went back to
 # 128 columns; whole-row quantisation slower at decode rows) and 19 (with more ε/γ runs: issue
 # 18's goal met at ε 0.97, agree γ 0.9, confirmed with `benchmarks.flash --seed 1`). Left, in
-# priority order 3, 5 (6 and 14 repeat earlier runs when their code changes):
+# priority order 14 (its GPU test: the 128-column default is back and has not run at the full
+# down shape), 3, 5 (6 repeats earlier runs when its code changes):
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
 #      default chain_model/), the sweep over 2,000 problems with the paired interval
 #   5  issue 20: the batch-1 table (dual, prefix; FP8; DPad) against the floor, one box a cache

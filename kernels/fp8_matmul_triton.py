@@ -63,12 +63,13 @@ class TritonTiles:
         (`row_tile`), 128 columns, K split until ~2 programs per SM (`k_splits`), 4 warps;
         tiles of up to 32 rows transposed (`swap`). At M 32 (2026-12-03, RESULTS.md) the four
         swapped 32-row settings took 0.077-0.079 ms for gate/up + down together, every unswapped
-        one 0.080-0.090. Narrow columns (fewer K splits) do not pay: the down GEMM (K 12288) at
-        M 32 took a median of 0.029 ms in 128 columns split 12 ways and 0.029-0.034 in 64
-        columns split 6 or 12 (seventeenth session, 5 rounds; at M 16 0.029 and 0.026-0.029);
-        one sixteenth-session sweep's 0.040 for 128 columns did not recur. 4 warps and 3
-        stages the fastest by a margin under the run's spread. GPUs other than the H200 (Ada
-        has no wgmma) are unmeasured."""
+        one 0.080-0.090. Narrow columns (fewer K splits) do not pay at M 32: the down GEMM
+        (K 12288) took a median of 0.029 ms in 128 columns split 12 ways and 0.029-0.034 in 64
+        columns split 6 or 12 (seventeenth session, 5 rounds); at M 16 one untransposed
+        64-column tile was ~10% faster (0.026 against 0.029) in that run, ranges overlapping:
+        not adopted; one sixteenth-session sweep's 0.040 for 128 columns did not recur. 4
+        warps and 3 stages the fastest by a margin under the run's spread. GPUs other than the
+        H200 (Ada has no wgmma) are unmeasured."""
         bm = row_tile(M)
         return cls(block_m=bm, block_n=GROUP,
                    splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,

@@ -191,21 +191,23 @@ def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch)
         decode = staticmethod(lambda ids: " ".join(map(str, ids)))
     task = types.SimpleNamespace(
         name="stand-in", gen_len=16,
-        sample=lambda split, n, seed: list(range(n)),
+        sample=lambda split, n, seed: list(range(seed, seed + n)),
         prompt=lambda p: " ".join(str((7 * p + j) % 200) for j in range(3 + p % 4)),
         check=lambda p, answer: int(answer.split()[0]) % 2 == 0)
     monkeypatch.setattr(tasks, "get", lambda name: task)
     monkeypatch.setattr(flash, "task_model", lambda args: (cfg, params, Tok()))
-    args = argparse.Namespace(task="stand-in", n=6, gammas="0.9", accept="cumprod",
+    args = argparse.Namespace(task="stand-in", n=6, seed=1, gammas="0.9", accept="cumprod",
                               window=4, lookahead=4, track=4, epsilon=0.8)
-    rows, thresholds, evaluate = [], [], accuracy.evaluate
+    rows, thresholds, drawn, evaluate = [], [], [], accuracy.evaluate
 
     def spy(params, cfg, tok, problems, settings, **kw):
         thresholds.append(settings["threshold"])
+        drawn.append(problems)
         return evaluate(params, cfg, tok, problems, settings, **kw)
     monkeypatch.setattr(accuracy, "evaluate", spy)
     flash.part_gamma(args, cfg, None, params, rows)
     assert thresholds == [0.8, 0.8]  # --epsilon is the draft's ε with and without verify
+    assert drawn == [list(range(1, 7))] * 2  # --seed's draw, the same problems for both
     assert [r["mode"] for r in rows] == ["flash", "flash+verify0.9"]
     fields = {"part", "task", "mode", "epsilon", "n", "accuracy", "ci95", "solved",
               "tokens_per_step", "nfe", "tokens_per_s"}

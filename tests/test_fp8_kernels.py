@@ -417,7 +417,7 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
         (128, 12, True, 3), (128, 12, True, 4)]
     assert all(t.block_m == 32 and t.num_warps == 4 for t in got)
     # The first sweep (no column or split list) stays at 128 columns, split for each row tile,
-    # though the default narrows down's decode tiles
+    # as the default does
     got = configs(32, 4096, 12288, True)
     assert {(t.block_m, t.block_n, t.splits) for t in got} == {(32, 128, 12), (64, 128, 12)}
     got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
