@@ -1,12 +1,16 @@
 """FACache kernel time vs full attention at LLaDA's layer-0 shape (B 1, H 32, K 128, bf16).
 
     python -m benchmarks.cached_attention [--lengths 512,1024,2048,4096] [--block 32]
+        [--mgpu 128:2,64:3] [--kernels triton,mgpu]
 
 Times: cuDNN full attention (jax.nn.dot_product_attention); our kernel in full mode (no
 caching: the baseline it must match within 1.2x), at each tile size in --tiles; fill mode (full
 attention plus writing the cached state) and reuse mode (block in the middle of the canvas and
 at its end, as in the last block of generation) at the default tile, with the block's tiles in
 one program each (`reuse_*`) and with their keys split (`reuse_split_*`).
+The Mosaic GPU kernel (`kernels/cached_attention_mgpu.py`, full and fill only): full mode at
+each `block_kv:stages` in --mgpu (`mgpu_full_kv*_s*_ms`; a refused or failing setting is
+recorded with its error and skipped), fill at the first. TFLOP/s count 4 L^2 H K per call.
 Each time is per call with 20 dependent calls in one jitted program (`time_chained`), so host
 dispatch (~0.1 ms) does not hide the kernels.
 """
@@ -20,6 +24,34 @@ import jax.numpy as jnp
 
 from benchmarks.common import time_chained, write_result
 from kernels.cached_attention import cached_attention_pallas
+from kernels.cached_attention_mgpu import cached_attention_mgpu
+
+
+def mgpu_rows(row, q, k, v, mask, args, tflops):
+    """The Mosaic GPU kernel's columns: full at each --mgpu setting, fill at the first."""
+    L = q.shape[1]
+    settings = [tuple(map(int, x.split(":"))) for x in args.mgpu.split(",")]
+    for bk, st in settings:
+        full = jax.jit(lambda q, k, v, bk=bk, st=st: cached_attention_mgpu(
+            q, k, v, mask, 0, args.block, mode="full", block_len=args.block, block_kv=bk,
+            stages=st))
+        try:
+            row[f"mgpu_full_kv{bk}_s{st}_ms"] = time_chained(full, q, k, v)["median_ms"]
+        except Exception as err:  # a refused setting or a compile failure: record, go on
+            row[f"mgpu_full_kv{bk}_s{st}_error"] = str(err).splitlines()[0][:300]
+    times = [v for key, v in row.items() if key.startswith("mgpu_full_") and key.endswith("_ms")]
+    if times:
+        row["mgpu_full_over_cudnn"] = min(times) / row["cudnn_ms"]
+        row["mgpu_full_tflops"] = tflops(min(times))
+    bk, st = settings[0]
+    for where, s in (("mid", L // 2), ("end", L - args.block)):
+        fill = jax.jit(lambda q, k, v, s, e: cached_attention_mgpu(
+            q, k, v, mask, s, e, mode="fill", block_len=args.block, block_kv=bk, stages=st))
+        try:
+            row[f"mgpu_fill_{where}_ms"] = time_chained(fill, q, k, v, s,
+                                                        s + args.block)["median_ms"]
+        except Exception as err:
+            row[f"mgpu_fill_{where}_error"] = str(err).splitlines()[0][:300]
 
 
 def main():
@@ -27,7 +59,11 @@ def main():
     ap.add_argument("--lengths", default="512,1024,2048,4096")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--tiles", default="64,128", help="tile sizes tried in full mode")
+    ap.add_argument("--mgpu", default="128:2,64:3",
+                    help="the Mosaic GPU kernel's block_kv:stages tried in full mode")
+    ap.add_argument("--kernels", default="triton,mgpu")
     args = ap.parse_args()
+    kernels = args.kernels.split(",")
     H, K = 32, 128
     rows = []
     for L in map(int, args.lengths.split(",")):
@@ -37,6 +73,14 @@ def main():
         cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, implementation="cudnn"))
         row = {"L": L, "cudnn_ms": time_chained(cudnn, q, k, v)["median_ms"]}
+        tflops = lambda ms: 4 * L * L * H * K / ms / 1e9
+        row["cudnn_tflops"] = tflops(row["cudnn_ms"])
+        if "mgpu" in kernels:
+            mgpu_rows(row, q, k, v, mask, args, tflops)
+        if "triton" not in kernels:
+            rows.append(row)
+            print(row, flush=True)
+            continue
         for tile in map(int, args.tiles.split(",")):
             full = jax.jit(lambda q, k, v, tile=tile: cached_attention_pallas(
                 q, k, v, mask, 0, 0, mode="full", block_q=tile, block_k=tile))

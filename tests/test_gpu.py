@@ -73,6 +73,35 @@ def test_facache_kernel_on_gpu(dtype):
     assert rel_err(split.astype(jnp.float32), dense_attention(q, k, v, key_mask)) <= tol
 
 
+def test_facache_mosaic_kernel_on_gpu():
+    """The Mosaic GPU kernel (full / fill) at LLaDA's head shape: fill vs dense attention and
+    the reference's state; full and an unbounded phase-B window give fill's bits; the Triton
+    kernel's reuse mode on its state."""
+    from kernels.cached_attention import cached_attention_pallas, cached_attention_ref
+    from kernels.cached_attention_mgpu import cached_attention_mgpu
+    from tests.test_cached_attention import dense_attention, inputs
+    q, k, v, key_mask = inputs(0, 2, 768, 32, 32, 128, [0, 100], jnp.bfloat16)
+    s, e = 530, 562  # not tile-aligned
+    o, state = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="fill", block_len=e - s)
+    dense = dense_attention(q, k, v, key_mask)
+    # bf16 probabilities before P@V and a bf16 output (2^-9 each): the CPU test's 1e-2, as
+    # the Triton kernel's (tests/test_cached_attention_mgpu.py).
+    assert rel_err(o.astype(jnp.float32), dense) <= 1e-2
+    _, ref = cached_attention_ref(q, k, v, key_mask, s, e, mode="fill")
+    assert rel_err(state.acc, ref.acc) <= 1e-2
+    # l sums fp32 probabilities through ex2.approx (2 ulp): fp32-level, 1e-5 as on the CPU.
+    assert rel_err(state.l, ref.l) <= 1e-5
+    np.testing.assert_allclose(state.m, ref.m, rtol=1e-5, atol=1e-5)
+    full = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="full", block_len=e - s)
+    np.testing.assert_array_equal(np.asarray(full), np.asarray(o))
+    # Tiles wholly outside the block add exactly nothing in phase B (p = 0, correction 1).
+    whole, _ = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="fill")
+    np.testing.assert_array_equal(np.asarray(whole), np.asarray(o))
+    reused = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse",
+                                     block_len=e - s)
+    assert rel_err(reused.astype(jnp.float32), dense) <= 1e-2
+
+
 def test_fp8_kernels_on_gpu_at_llada_widths():
     """The Triton-compiled FP8 GEMM and fused quantisation kernels at LLaDA-8B's widths
     (D 4096, F 12288; N cut to 1024 to keep the reference cheap), odd M."""
