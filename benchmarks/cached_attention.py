@@ -11,6 +11,9 @@ one program each (`reuse_*`) and with their keys split (`reuse_split_*`).
 The Mosaic GPU kernel (`kernels/cached_attention_mgpu.py`, full and fill only): full mode at
 each `block_kv:stages` in --mgpu (`mgpu_full_kv*_s*_ms`; a refused or failing setting is
 recorded with its error and skipped), fill at the first. TFLOP/s count 4 L^2 H K per call.
+`--kernels ...,fa3` also times jax's own FlashAttention-3 Mosaic GPU kernel
+(`jax.experimental.pallas.ops.gpu.attention_mgpu`: f16, no masks, one phase) as a yardstick
+of the recipe.
 Each time is per call with 20 dependent calls in one jitted program (`time_chained`), so host
 dispatch (~0.1 ms) does not hide the kernels.
 """
@@ -77,6 +80,16 @@ def main():
         row["cudnn_tflops"] = tflops(row["cudnn_ms"])
         if "mgpu" in kernels:
             mgpu_rows(row, q, k, v, mask, args, tflops)
+        if "fa3" in kernels:  # the recipe's own kernel (f16, no masks, one phase): a yardstick
+            from jax.experimental.pallas.ops.gpu import attention_mgpu as fa3
+            cfg = fa3.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
+            f16 = [x.astype(jnp.float16) for x in (q, k, v)]
+            try:
+                row["fa3_ms"] = time_chained(jax.jit(lambda q, k, v: fa3.attention(
+                    q, k, v, cfg)), *f16)["median_ms"]
+                row["fa3_over_cudnn"] = row["fa3_ms"] / row["cudnn_ms"]
+            except Exception as err:
+                row["fa3_error"] = str(err).splitlines()[0][:300]
         if "triton" not in kernels:
             rows.append(row)
             print(row, flush=True)

@@ -16,10 +16,10 @@ The recipe (FlashAttention-3's forward, rewritten here for FACache's two phases)
   running max starts at the reference's finite MASKED, so a row that has seen no kept key
   keeps the reference's (m, l, acc) = (MASKED, 0, 0).
 - FACache's two phases (REFERENCE.md §7): phase A streams every key tile with the bias of
-  "valid and outside the block"; phase B streams a static window of `n_window` tiles that
-  covers [s, e) (gathered into its own small K/V/bias arrays by XLA before the kernel, so the
-  kernel has no run-time bounds and one static step count), with the bias of "valid and in
-  the block". `fill` writes (m, l, acc) after phase A; `full` is the same loop without that
+  "valid and outside the block"; phase B streams a static window of `n_window` =
+  ceil(block_len / block_kv) tiles starting at s (gathered into its own small K/V/bias arrays
+  by XLA before the kernel, so the kernel has no run-time bounds and one static step count,
+  and a block never straddles two of its tiles), with the bias of "valid and in the block". `fill` writes (m, l, acc) after phase A; `full` is the same loop without that
   store, so it sums in fill's order (as the Triton kernel's `full` does).
 
 Shared memory (K 128, `stages` 2, block_kv 128): Q 32 KiB, K and V 2 x 2 x 32 KiB, bias 1
@@ -74,9 +74,10 @@ def _biases(key_mask, s, e, Lp, block_kv, n_window):
     pos = jnp.arange(Lp)
     in_c = (pos >= s) & (pos < e)
     bias = lambda ok: jnp.where(ok, 0.0, -jnp.inf).astype(jnp.float32)
-    n = Lp // block_kv
-    lo = jnp.clip(jnp.asarray(s, jnp.int32) // block_kv, 0, n - n_window) * block_kv
     win = n_window * block_kv
+    # a gathered copy needs no tile alignment: the window starts at s (pulled back where it
+    # would run past the canvas), so a block within block_kv keys is one tile, not two
+    lo = jnp.clip(jnp.asarray(s, jnp.int32), 0, Lp - win)
     bias_c = jax.lax.dynamic_slice_in_dim(bias(valid & in_c[None]), lo, win, axis=1)
     return bias(valid & ~in_c[None]), bias_c, lo
 
@@ -112,7 +113,7 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
     step = math.lcm(tq, block_kv)
     Lp = pl.cdiv(L, step) * step
     n = Lp // block_kv
-    n_window = n if block_len is None else min(pl.cdiv(block_len, block_kv) + 1, n)
+    n_window = n if block_len is None else min(pl.cdiv(block_len, block_kv), n)
     total = n + n_window
     stages = min(stages, total)
     if stages < 2:

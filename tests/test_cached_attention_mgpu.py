@@ -17,8 +17,8 @@ from tests.conftest import rel_err
 from tests.test_cached_attention import dense_attention, inputs
 
 CASES = [  # B, L, H, G, K, pads, s, e, block_len, block_kv
-    (1, 200, 2, 1, 64, [7], 70, 102, 32, 64),     # unaligned block; MQA; L not a tile multiple
-    (2, 128, 1, 1, 64, [0, 40], 0, 32, 32, 128),  # block at the start; padded row
+    (1, 200, 2, 1, 64, [7], 70, 102, 32, 64),     # unaligned window; MQA; L not a tile multiple
+    (2, 128, 1, 1, 64, [0, 40], 96, 128, 32, 128),  # window pulled back to fit; padded row
     (1, 130, 2, 1, 64, [0], 98, 130, None, 64),   # block at the end; no bound: whole window
     (1, 64, 2, 2, 64, [0], 0, 64, 64, 64),        # the block is every key: phase A sees none
 ]

@@ -75,7 +75,7 @@ def test_facache_kernel_on_gpu(dtype):
 
 def test_facache_mosaic_kernel_on_gpu():
     """The Mosaic GPU kernel (full / fill) at LLaDA's head shape: fill vs dense attention and
-    the reference's state; full and an unbounded phase-B window give fill's bits; the Triton
+    the reference's state; full gives fill's bits; an unbounded phase-B window; the Triton
     kernel's reuse mode on its state."""
     from kernels.cached_attention import cached_attention_pallas, cached_attention_ref
     from kernels.cached_attention_mgpu import cached_attention_mgpu
@@ -94,9 +94,10 @@ def test_facache_mosaic_kernel_on_gpu():
     np.testing.assert_allclose(state.m, ref.m, rtol=1e-5, atol=1e-5)
     full = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="full", block_len=e - s)
     np.testing.assert_array_equal(np.asarray(full), np.asarray(o))
-    # Tiles wholly outside the block add exactly nothing in phase B (p = 0, correction 1).
+    # No bound on the block: phase B's window is the whole canvas (its tiles outside the
+    # block add nothing; the block's keys are grouped into other tiles: same budget).
     whole, _ = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="fill")
-    np.testing.assert_array_equal(np.asarray(whole), np.asarray(o))
+    assert rel_err(whole.astype(jnp.float32), dense) <= 1e-2
     reused = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse",
                                      block_len=e - s)
     assert rel_err(reused.astype(jnp.float32), dense) <= 1e-2
