@@ -9,7 +9,8 @@ attention plus writing the cached state) and reuse mode (block in the middle of 
 at its end, as in the last block of generation) at the default tile, with the block's tiles in
 one program each (`reuse_*`) and with their keys split (`reuse_split_*`).
 The Mosaic GPU kernel (`kernels/cached_attention_mgpu.py`, full and fill only): full mode at
-each `block_kv:stages` in --mgpu (`mgpu_full_kv*_s*_ms`; a refused or failing setting is
+each `block_kv:stages[:probe]` in --mgpu (`mgpu_full_kv*_s*_ms`; a timing probe such as
+`no_bias` is left out of the best; a refused or failing setting is
 recorded with its error and skipped), fill at the first. TFLOP/s count 4 L^2 H K per call.
 `--kernels ...,fa3` also times jax's own FlashAttention-3 Mosaic GPU kernel
 (`jax.experimental.pallas.ops.gpu.attention_mgpu`: f16, no masks, one phase) as a yardstick
@@ -33,20 +34,23 @@ from kernels.cached_attention_mgpu import cached_attention_mgpu
 def mgpu_rows(row, q, k, v, mask, args, tflops):
     """The Mosaic GPU kernel's columns: full at each --mgpu setting, fill at the first."""
     L = q.shape[1]
-    settings = [tuple(map(int, x.split(":"))) for x in args.mgpu.split(",")]
-    for bk, st in settings:
-        full = jax.jit(lambda q, k, v, bk=bk, st=st: cached_attention_mgpu(
+    settings = [x.split(":") for x in args.mgpu.split(",")]  # block_kv:stages[:probe]
+    for bk, st, *probe in settings:
+        probe = probe[0] if probe else ""
+        name = f"mgpu_full_kv{bk}_s{st}" + (f"_{probe}" if probe else "")
+        full = jax.jit(lambda q, k, v, bk=int(bk), st=int(st), probe=probe: cached_attention_mgpu(
             q, k, v, mask, 0, args.block, mode="full", block_len=args.block, block_kv=bk,
-            stages=st))
+            stages=st, probe=probe))
         try:
-            row[f"mgpu_full_kv{bk}_s{st}_ms"] = time_chained(full, q, k, v)["median_ms"]
+            row[f"{name}_ms"] = time_chained(full, q, k, v)["median_ms"]
         except Exception as err:  # a refused setting or a compile failure: record, go on
-            row[f"mgpu_full_kv{bk}_s{st}_error"] = str(err).splitlines()[0][:300]
-    times = [v for key, v in row.items() if key.startswith("mgpu_full_") and key.endswith("_ms")]
+            row[f"{name}_error"] = str(err).splitlines()[0][:300]
+    times = [v for key, v in row.items()
+             if key.startswith("mgpu_full_") and key.endswith("_ms") and "_no_" not in key]
     if times:
         row["mgpu_full_over_cudnn"] = min(times) / row["cudnn_ms"]
         row["mgpu_full_tflops"] = tflops(min(times))
-    bk, st = settings[0]
+    bk, st = map(int, settings[0][:2])
     for where, s in (("mid", L // 2), ("end", L - args.block)):
         fill = jax.jit(lambda q, k, v, s, e: cached_attention_mgpu(
             q, k, v, mask, s, e, mode="fill", block_len=args.block, block_kv=bk, stages=st))

@@ -180,10 +180,10 @@ case "${1:-1}" in
 20)
   # issue 20: FACache's Mosaic GPU kernel (full / fill): its GPU test (with the reverted
   # 128-column FP8 default's, stage 14's first line), then beside cuDNN and the Triton kernel
-  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k "facache or llada_widths" \
+  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TESTS:-facache} " \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_facache_gpu.log" | tail -3
   timeout -k 5 300 python3 -m benchmarks.cached_attention --tiles 64 \
-    --mgpu ${MGPU:-128:2,64:3} --kernels ${KERNELS:-triton,mgpu,fa3} 2>&1 | tee "$OUT/cached_attention_mgpu.log" | quiet \
+    --mgpu ${MGPU:-128:2,64:3,128:2:no_bias} --kernels ${KERNELS:-triton,mgpu,fa3} 2>&1 | tee "$OUT/cached_attention_mgpu.log" | quiet \
     | grep -v "^$" | tail -8 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1

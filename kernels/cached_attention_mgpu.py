@@ -46,6 +46,7 @@ BLOCK_Q = 64    # rows per consumer warpgroup: Hopper's wgmma M
 CONSUMERS = 2   # consumer warpgroups per CTA
 STATE_COLS = 64  # columns of the fp32 accumulator staged per TMA store
 SMEM_BYTES = 227 * 1024
+PROBES = ("", "no_bias")  # timing probes of the compiled kernel (results not meant to be right)
 
 
 def _interpret_params():
@@ -83,12 +84,14 @@ def _biases(key_mask, s, e, Lp, block_kv, n_window):
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "block_len", "block_kv", "stages",
-                                             "interpret"))
+                                             "probe", "interpret"))
 def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                           mode: str = "fill", block_len: int | None = None,
-                          block_kv: int = 128, stages: int = 2, interpret: bool = False):
+                          block_kv: int = 128, stages: int = 2, probe: str = "",
+                          interpret: bool = False):
     """FACache `full` / `fill` (module docstring); same contract as `cached_attention_ref`.
 
+    `probe="no_bias"` (timing only) drops the masks' load and add: what they cost.
     `block_len`: a static bound on e - s, which sizes phase B's window (without it the window
     is the whole canvas: correct, twice the work). `interpret`: Pallas' Mosaic GPU
     interpreter on the CPU (TMA, barriers and warpgroups simulated; each wgmma an fp32 dot of
@@ -96,6 +99,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
     model)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     _check(q, k, v, key_mask, mode, state)
+    if probe not in PROBES or (probe and interpret):
+        raise ValueError(f"probe must be one of {PROBES} (compiled kernel only), got {probe!r}")
     if mode == "reuse":
         raise ValueError("reuse mode is the Triton kernel's (cached_attention_pallas)")
     B, L, H, K = q.shape
@@ -167,7 +172,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
             def kv_step(t, carry):
                 acc, m_i, l_i = carry
                 slot = _rem(t, stages)
-                plgpu.barrier_wait(b_bars.at[slot])
+                if probe != "no_bias":
+                    plgpu.barrier_wait(b_bars.at[slot])
                 if interpret:
                     bias = b_smem.at[slot][...]
                     qk = jax.lax.dot_general(qo_smem[...], k_smem.at[slot][...],
@@ -175,7 +181,9 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                                              preferred_element_type=jnp.float32)
                     schedule()
                 else:
-                    bias = plgpu.load(b_smem.at[slot], (), layout=plgpu.Layout.WGMMA.reduce(0))
+                    if probe != "no_bias":
+                        bias = plgpu.load(b_smem.at[slot], (),
+                                          layout=plgpu.Layout.WGMMA.reduce(0))
 
                     def qk_of(acc_ref):
                         plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
@@ -184,7 +192,10 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                     qk = pl.run_scoped(qk_of, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 # base-2 online softmax, as `online_softmax_step` (the bias masks)
-                sc = qk * scale + jax.lax.broadcast_in_dim(bias, qk.shape, [1])
+                if probe == "no_bias":  # timing only: what the masks cost (wrong results)
+                    sc = qk * scale
+                else:
+                    sc = qk * scale + jax.lax.broadcast_in_dim(bias, qk.shape, [1])
                 m_new = jnp.maximum(m_i, sc.max(axis=1))
                 corr = jnp.exp2(m_i - m_new)
                 p = jnp.exp2(sc - jax.lax.broadcast_in_dim(m_new, sc.shape, [0]))
