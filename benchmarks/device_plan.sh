@@ -178,13 +178,19 @@ case "${1:-1}" in
   timeout -k 5 300 python3 -m benchmarks.fp8_ffn --ms 32,48,121,256,1024 --ablation-layers 0 \
     2>&1 | tee "$OUT/fp8_ffn_decode.log" | quiet | tail -12 ;;
 20)
-  # issue 20: FACache's Mosaic GPU kernel (full / fill): its GPU test (with the reverted
-  # 128-column FP8 default's, stage 14's first line), then beside cuDNN and the Triton kernel
+  # issue 20: FACache's Mosaic GPU kernel (full / fill): its GPU test (TESTS="facache or
+  # llada_widths" adds stage 14's first line), then beside cuDNN, the Triton kernel and jax's
+  # FA3, then the exact cache end to end on the demo model
   timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TESTS:-facache} " \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_facache_gpu.log" | tail -3
   timeout -k 5 300 python3 -m benchmarks.cached_attention --tiles 64 \
     --mgpu ${MGPU:-128:2,64:3,128:2:no_bias} --kernels ${KERNELS:-triton,mgpu,fa3} 2>&1 | tee "$OUT/cached_attention_mgpu.log" | quiet \
-    | grep -v "^$" | tail -8 ;;
+    | grep -v "^$" | tail -8
+  # generate's exact cache through the new fill dispatch (demo head dim 64): tokens as uncached
+  python3 -m convert demo_model /tmp/demo_ck --force --quiet && timeout -k 5 150 python3 -m \
+    benchmarks.accuracy --checkpoint /tmp/demo_ck --n 500 --no-plot \
+    --modes fixed,exact,threshold,threshold+exact 2>&1 | tee "$OUT/accuracy_demo_exact.log" \
+    | quiet | tail -6 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each

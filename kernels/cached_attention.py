@@ -302,11 +302,30 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
     return o, FAState(m, l, acc)
 
 
+def takes_row_bounds(q, mode: str) -> bool:
+    """Whether `cached_attention` runs the Mosaic GPU kernel here, which takes per-row bounds
+    s, e [B] itself: Hopper, full or fill, bf16/f16, a head dim the wgmma takes. Otherwise
+    callers with per-row bounds run it row by row (vmapped)."""
+    if jax.default_backend() != "gpu" or mode == "reuse" or q.shape[-1] % 64 or q.shape[-1] > 256:
+        return False
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return False
+    from kernels.fp8_matmul import compute_capability
+    return compute_capability()[0] == 9
+
+
 def cached_attention(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                      mode: str = "fill", block_q: int = 64, block_k: int = 64,
                      block_len: int | None = None):
-    """Dispatch: the Pallas kernel on GPU (with the tile sizes and `block_len`, which change
-    only how the kernel splits the work), the dense reference elsewhere."""
+    """Dispatch: full and fill on Hopper in bf16/f16 (`takes_row_bounds`) to the Mosaic GPU
+    kernel (`kernels/cached_attention_mgpu.py`: 1.9-2.1x the Triton kernel's speed at L
+    512-4096 on the H200, RESULTS.md's eighteenth session; `block_len` sizes its phase-B
+    window); other GPU cases to the Pallas Triton kernel (with the tile sizes and
+    `block_len`, which change only how the kernel splits the work); the dense reference
+    elsewhere."""
+    if takes_row_bounds(q, mode):
+        from kernels.cached_attention_mgpu import cached_attention_mgpu
+        return cached_attention_mgpu(q, k, v, key_mask, s, e, mode=mode, block_len=block_len)
     if jax.default_backend() == "gpu":
         return cached_attention_pallas(q, k, v, key_mask, s, e, state, mode=mode,
                                        block_q=block_q, block_k=block_k, block_len=block_len)

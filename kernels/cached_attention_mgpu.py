@@ -67,20 +67,28 @@ def smem_bytes(K: int, block_kv: int, stages: int, itemsize: int, write_state: b
     return q + kv + state
 
 
+def _window(x, lo_B, width: int):
+    """Rows [lo_B[b], lo_B[b] + width) of each x[b] (axis 1). A gather, not a vmapped
+    dynamic slice: that form, in one program with the interpreter's callbacks, hung the CPU
+    run 4 times in 6 (jax 0.10.2, 2 cores); this one 0 in 6."""
+    idx = lo_B[:, None] + jnp.arange(width)[None]
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
 def _biases(key_mask, s, e, Lp, block_kv, n_window):
     """Additive key biases (0 kept, -inf masked) of phase A [B, Lp] and of the phase-B window
-    [B, n_window * block_kv], and the window's first key."""
-    L = key_mask.shape[1]
+    [B, n_window * block_kv], and each row's first window key [B]. Bounds: scalars or [B]."""
+    B, L = key_mask.shape
     valid = jnp.pad(key_mask.astype(bool), [(0, 0), (0, Lp - L)])
-    pos = jnp.arange(Lp)
-    in_c = (pos >= s) & (pos < e)
+    s_B, e_B = (jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,)) for x in (s, e))
+    pos = jnp.arange(Lp)[None]
+    in_c = (pos >= s_B[:, None]) & (pos < e_B[:, None])
     bias = lambda ok: jnp.where(ok, 0.0, -jnp.inf).astype(jnp.float32)
     win = n_window * block_kv
     # a gathered copy needs no tile alignment: the window starts at s (pulled back where it
     # would run past the canvas), so a block within block_kv keys is one tile, not two
-    lo = jnp.clip(jnp.asarray(s, jnp.int32), 0, Lp - win)
-    bias_c = jax.lax.dynamic_slice_in_dim(bias(valid & in_c[None]), lo, win, axis=1)
-    return bias(valid & ~in_c[None]), bias_c, lo
+    lo_B = jnp.clip(s_B, 0, Lp - win)
+    return bias(valid & ~in_c), _window(bias(valid & in_c), lo_B, win), lo_B
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "block_len", "block_kv", "stages",
@@ -91,6 +99,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                           interpret: bool = False):
     """FACache `full` / `fill` (module docstring); same contract as `cached_attention_ref`.
 
+    `s`, `e`: scalars, or per-row bounds [B] (slot refill), which only the biases and the
+    window's gather (XLA, before the kernel) read: one launch either way.
     `probe="no_bias"` (timing only) drops the masks' load and add: what they cost.
     `block_len`: a static bound on e - s, which sizes phase B's window (without it the window
     is the whole canvas: correct, twice the work). `interpret`: Pallas' Mosaic GPU
@@ -130,9 +140,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
 
     pad = [(0, 0), (0, Lp - L), (0, 0), (0, 0)]
     q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
-    bias_a, bias_c, lo = _biases(key_mask, s, e, Lp, block_kv, n_window)
-    k_c, v_c = (jax.lax.dynamic_slice_in_dim(x, lo, n_window * block_kv, axis=1)
-                for x in (k_p, v_p))
+    bias_a, bias_c, lo_B = _biases(key_mask, s, e, Lp, block_kv, n_window)
+    k_c, v_c = (_window(x, lo_B, n_window * block_kv) for x in (k_p, v_p))
     scale = LOG2E / math.sqrt(K)
 
     def kernel(q_ref, k_ref, v_ref, ba_ref, kc_ref, vc_ref, bc_ref, o_ref, *rest):
@@ -227,24 +236,32 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                 return acc, m_new, l_i
 
             carry = jax.lax.fori_loop(0, n, kv_step, (acc, m_i, l_i))
+            later = []  # the state's column chunks held back until phase B is done
             if write_state:  # phase A's state, staged through shared memory
                 acc_out, m_out, l_out = state_refs
                 st_smem, ml_smem = st_smem2.at[wg], ml_smem2.at[wg]
                 acc, m_i, l_i = carry
                 ml_smem.at[0][...] = m_i
                 ml_smem.at[1][...] = l_i
-                for c in range(K // STATE_COLS):
-                    if c:
-                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-                    st_smem[...] = acc[:, c * STATE_COLS:(c + 1) * STATE_COLS]
-                    plgpu.commit_smem()
-                    if c == 0:
-                        plgpu.copy_smem_to_gmem(ml_smem.at[0], m_out.at[b, h, rows])
-                        plgpu.copy_smem_to_gmem(ml_smem.at[1], l_out.at[b, h, rows])
-                    plgpu.copy_smem_to_gmem(
-                        st_smem, acc_out.at[b, rows, h, pl.ds(c * STATE_COLS, STATE_COLS)])
+                chunks = [(pl.ds(c * STATE_COLS, STATE_COLS),
+                           acc[:, c * STATE_COLS:(c + 1) * STATE_COLS])
+                          for c in range(K // STATE_COLS)]
+                st_smem[...] = chunks[0][1]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(ml_smem.at[0], m_out.at[b, h, rows])
+                plgpu.copy_smem_to_gmem(ml_smem.at[1], l_out.at[b, h, rows])
+                plgpu.copy_smem_to_gmem(st_smem, acc_out.at[b, rows, h, chunks[0][0]])
+                # The staging slot is busy until TMA has read it: the next chunk waits for
+                # that after phase B (whose steps hide it), not here (a stall per CTA that
+                # made fill 1.2x full at L 2048 in the first GPU run).
+                later = chunks[1:]
             acc, _, l_i = jax.lax.fori_loop(n, total, kv_step, carry)
             pl.when(wg == 0)(schedule)
+            for cols, part in later:
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                st_smem[...] = part
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(st_smem, acc_out.at[b, rows, h, cols])
             acc = acc / jax.lax.broadcast_in_dim(l_i, acc.shape, [0])
             qo_smem[...] = acc.astype(dtype)
             plgpu.commit_smem()

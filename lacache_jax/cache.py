@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as PS
 
-from kernels.cached_attention import FAState, cached_attention
+from kernels.cached_attention import FAState, cached_attention, takes_row_bounds
 from kernels.flash_cache import chosen as flash_cache_chosen
 from kernels.flash_cache import flash_cache
 from kernels.forced import Forced
@@ -325,19 +325,20 @@ class DualRefresh(DualCache):
 
 def facache(q, k, v, key_mask, s, e, state: FAState | None = None, *, mode: str,
             block_len: int | None = None):
-    """FACache attention; under a mesh, one kernel per (row shard, head shard). In reuse mode
-    `block_len` (the static e - s) selects the kernel's split-key path for the block's tiles
-    (measured faster on the H200: RESULTS.md). Per-row bounds `s`, `e` [M] (slot refill) run
-    the kernel vmapped over rows, each row with its own scalar bounds: the kernel's contract
-    is unchanged (Pallas batches a vmapped call into one launch with a row grid axis); under a
-    mesh the bounds split with the rows and each device vmaps over its own."""
+    """FACache attention; under a mesh, one kernel per (row shard, head shard). `block_len`
+    (the static e - s): in reuse mode it selects the Triton kernel's split-key path for the
+    block's tiles (measured faster on the H200: RESULTS.md), in fill mode it sizes the Mosaic
+    GPU kernel's phase-B window. Per-row bounds `s`, `e` [M] (slot refill) go to the Mosaic
+    GPU kernel as they are (`takes_row_bounds`), else run the kernel vmapped over rows, each
+    row with its own scalar bounds (Pallas batches a vmapped call into one launch with a row
+    grid axis); under a mesh the bounds split with the rows."""
     heads = PS(DATA, None, MODEL, None)
     st = FAState(PS(DATA, MODEL, None), PS(DATA, MODEL, None), heads)
     extra = () if state is None else (state,)
     kernel = functools.partial(cached_attention, mode=mode, block_len=block_len)
-    bounds = PS()
-    if jnp.ndim(s) == 1:
-        kernel, bounds = functools.partial(_row_by_row, kernel), PS(DATA)
+    bounds = PS() if jnp.ndim(s) == 0 else PS(DATA)
+    if jnp.ndim(s) == 1 and not takes_row_bounds(q, mode):
+        kernel = functools.partial(_row_by_row, kernel)
     fn = shard_kernel(kernel, (heads, heads, heads, PS(DATA, None), bounds, bounds,
                                *((st,) if extra else ())),
                       (heads, st) if mode == "fill" else heads)
@@ -396,7 +397,8 @@ class ExactCache:
         cv = ctx.canvas
         x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
         s_M = cv.model_s(s)
-        attn, fa = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, mode="fill")
+        attn, fa = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, mode="fill",
+                           block_len=cv.block_len)
         return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):

@@ -101,6 +101,17 @@ def test_facache_mosaic_kernel_on_gpu():
     reused = cached_attention_pallas(q, k, v, key_mask, s, e, state, mode="reuse",
                                      block_len=e - s)
     assert rel_err(reused.astype(jnp.float32), dense) <= 1e-2
+    # Per-row bounds (slot refill) in one launch: each row computes as alone, bit for bit.
+    s_B = jnp.array([s, 100])
+    rows, _ = cached_attention_mgpu(q, k, v, key_mask, s_B, s_B + 32, mode="fill", block_len=32)
+    other, _ = cached_attention_mgpu(q, k, v, key_mask, 100, 132, mode="fill", block_len=32)
+    np.testing.assert_array_equal(np.asarray(rows[0]), np.asarray(o[0]))
+    np.testing.assert_array_equal(np.asarray(rows[1]), np.asarray(other[1]))
+    # The dispatch takes it for fill on Hopper, and generate's exact cache with it.
+    from kernels.cached_attention import cached_attention, takes_row_bounds
+    assert takes_row_bounds(q, "fill") and not takes_row_bounds(q, "reuse")
+    o_d, _ = cached_attention(q, k, v, key_mask, s, e, mode="fill", block_len=e - s)
+    np.testing.assert_array_equal(np.asarray(o_d), np.asarray(o))
 
 
 def test_fp8_kernels_on_gpu_at_llada_widths():
