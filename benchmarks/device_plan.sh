@@ -184,8 +184,8 @@ case "${1:-1}" in
   timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TESTS:-facache} " \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_facache_gpu.log" | tail -3
   timeout -k 5 300 python3 -m benchmarks.cached_attention --tiles 64 \
-    --mgpu ${MGPU:-128:2,64:3,128:2:no_bias} --kernels ${KERNELS:-triton,mgpu,fa3} 2>&1 | tee "$OUT/cached_attention_mgpu.log" | quiet \
-    | grep -v "^$" | tail -8
+    --mgpu ${MGPU:-128:2,64:3,128:2:no_bias} --kernels ${KERNELS:-triton,mgpu,fa3} 2>&1 \
+    | tee "$OUT/cached_attention_mgpu.log" | quiet | grep -v "^$" | tail -8
   # generate's exact cache through the new fill dispatch (demo head dim 64): tokens as uncached
   python3 -m convert demo_model /tmp/demo_ck --force --quiet && timeout -k 5 150 python3 -m \
     benchmarks.accuracy --checkpoint /tmp/demo_ck --n 500 --no-plot \

@@ -10,7 +10,9 @@ accumulates U keys first (phase A), then C keys (phase B), in base-2 online soft
            accumulator. For rows outside C it stays valid while only C's tokens change.
 - `reuse`: query tiles wholly outside C start from the cached state and stream only the key
            tiles overlapping C (U-vs-U tiles are skipped), in the same order of summation as
-           `fill`: on unchanged inputs their rows reproduce fill bit for bit. The few tiles
+           `fill`: on unchanged inputs their rows reproduce the Triton kernel's fill bit
+           for bit (on Hopper in bf16, fill runs the Mosaic GPU kernel, whose summation
+           order differs: the same values to fp32/bf16 rounding). The few tiles
            overlapping C recompute everything: by default each in one program (both phases,
            bit for bit as fill too); with a static `block_len` >= e - s, with their keys split
            over many programs and the partial states merged (`_rows_kernel`), so they do not
@@ -20,8 +22,9 @@ accumulates U keys first (phase A), then C keys (phase B), in base-2 online soft
 block edge are split exactly by masks. `key_mask` [B, L] masks padded (or dropped) keys.
 Shapes: q [B, L, H, K], k/v [B, L, G, K] (GQA: H % G == 0), state m/l [B, H, L], acc
 [B, L, H, K], all state in fp32. `cached_attention_ref` is the dense pure-jnp reference (the
-kernel's signature less its tile arguments); `cached_attention` dispatches (Pallas on GPU, the
-reference elsewhere).
+kernel's signature less its tile arguments); `cached_attention` dispatches (the Mosaic GPU
+kernel for full and fill on Hopper, this Pallas Triton kernel on other GPUs and for reuse,
+the reference elsewhere).
 """
 
 from __future__ import annotations
@@ -304,11 +307,13 @@ def cached_attention_pallas(q, k, v, key_mask, s, e, state: FAState | None = Non
 
 def takes_row_bounds(q, mode: str) -> bool:
     """Whether `cached_attention` runs the Mosaic GPU kernel here, which takes per-row bounds
-    s, e [B] itself: Hopper, full or fill, bf16/f16, a head dim the wgmma takes. Otherwise
-    callers with per-row bounds run it row by row (vmapped)."""
-    if jax.default_backend() != "gpu" or mode == "reuse" or q.shape[-1] % 64 or q.shape[-1] > 256:
+    s, e [B] itself: Hopper, and settings that kernel takes at its defaults (full or fill,
+    bf16/f16, a head dim its shared memory holds: `cached_attention_mgpu.refusal`).
+    Otherwise callers with per-row bounds run it row by row (vmapped)."""
+    if jax.default_backend() != "gpu":
         return False
-    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    from kernels.cached_attention_mgpu import refusal
+    if refusal(q.dtype, q.shape[-1], mode) is not None:
         return False
     from kernels.fp8_matmul import compute_capability
     return compute_capability()[0] == 9
@@ -318,9 +323,9 @@ def cached_attention(q, k, v, key_mask, s, e, state: FAState | None = None, *,
                      mode: str = "fill", block_q: int = 64, block_k: int = 64,
                      block_len: int | None = None):
     """Dispatch: full and fill on Hopper in bf16/f16 (`takes_row_bounds`) to the Mosaic GPU
-    kernel (`kernels/cached_attention_mgpu.py`: 1.9-2.1x the Triton kernel's speed at L
-    512-4096 on the H200, RESULTS.md's eighteenth session; `block_len` sizes its phase-B
-    window); other GPU cases to the Pallas Triton kernel (with the tile sizes and
+    kernel (`kernels/cached_attention_mgpu.py`: 1.8-2.1x the Triton kernel's speed at L
+    1024-4096 on the H200, 1.3-1.4x at 512, RESULTS.md's eighteenth session; `block_len`
+    sizes its phase-B window); other GPU cases to the Pallas Triton kernel (with the tile sizes and
     `block_len`, which change only how the kernel splits the work); the dense reference
     elsewhere."""
     if takes_row_bounds(q, mode):

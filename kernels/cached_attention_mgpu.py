@@ -19,8 +19,12 @@ The recipe (FlashAttention-3's forward, rewritten here for FACache's two phases)
   "valid and outside the block"; phase B streams a static window of `n_window` =
   ceil(block_len / block_kv) tiles starting at s (gathered into its own small K/V/bias arrays
   by XLA before the kernel, so the kernel has no run-time bounds and one static step count,
-  and a block never straddles two of its tiles), with the bias of "valid and in the block". `fill` writes (m, l, acc) after phase A; `full` is the same loop without that
-  store, so it sums in fill's order (as the Triton kernel's `full` does).
+  and a block never straddles two of its tiles), with the bias of "valid and in the block".
+  `fill` writes (m, l, acc) after phase A; `full` is the same loop without that store, so it
+  sums in fill's order (as the Triton kernel's `full` does). Unlike the reference's `where`,
+  the bias assumes finite keys (a NaN or inf key is not masked away: the engine's are
+  finite), and keys of the block past `block_len` would be in neither phase (the caller's
+  bound: generate's exact cache passes e = s + block_len).
 
 Shared memory (K 128, `stages` 2, block_kv 128): Q 32 KiB, K and V 2 x 2 x 32 KiB, bias 1
 KiB, the state's fp32 staging 32 KiB (fill: acc written in 64-column halves) and m/l 1 KiB:
@@ -46,6 +50,8 @@ BLOCK_Q = 64    # rows per consumer warpgroup: Hopper's wgmma M
 CONSUMERS = 2   # consumer warpgroups per CTA
 STATE_COLS = 64  # columns of the fp32 accumulator staged per TMA store
 SMEM_BYTES = 227 * 1024
+# barriers and Mosaic's own: it asked 2,704 bytes more than `smem_bytes` (eighteenth session)
+SMEM_RESERVE = 4096
 PROBES = ("", "no_bias")  # timing probes of the compiled kernel (results not meant to be right)
 
 
@@ -57,6 +63,26 @@ def _interpret_params():
 def _rem(t, n: int):
     """t mod n for a loop index (traced) or a Python int (the pipeline's unrolled first fill)."""
     return t % n if isinstance(t, int) else jax.lax.rem(t, jnp.asarray(n, t.dtype))
+
+
+def refusal(dtype, K: int, mode: str, block_kv: int = 128, stages: int = 2) -> str | None:
+    """Why this kernel cannot take these settings, or None: the one support check, used by
+    the kernel and by the dispatch (`kernels/cached_attention.py::takes_row_bounds`)."""
+    if mode not in ("full", "fill"):
+        return f"{mode!r} mode is the Triton kernel's (cached_attention_pallas)"
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"bf16 or f16 only (fp32 takes the Triton kernel), got {dtype}"
+    if K % 64 or K > 256:
+        return f"head dim must be a multiple of 64 up to 256, got {K}"
+    if block_kv % 64 or block_kv > 256:
+        return f"block_kv must be a multiple of 64 up to 256, got {block_kv}"
+    if stages < 2:
+        return f"stages must be at least 2, got {stages}"
+    need = smem_bytes(K, block_kv, stages, jnp.dtype(dtype).itemsize, mode == "fill")
+    if need > SMEM_BYTES - SMEM_RESERVE:
+        return (f"{need} bytes of shared memory asked, {SMEM_BYTES - SMEM_RESERVE} fit: "
+                f"fewer stages or a smaller block_kv")
+    return None
 
 
 def smem_bytes(K: int, block_kv: int, stages: int, itemsize: int, write_state: bool) -> int:
@@ -97,9 +123,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                           mode: str = "fill", block_len: int | None = None,
                           block_kv: int = 128, stages: int = 2, probe: str = "",
                           interpret: bool = False):
-    """FACache `full` / `fill` (module docstring); same contract as `cached_attention_ref`.
-
-    `s`, `e`: scalars, or per-row bounds [B] (slot refill), which only the biases and the
+    """FACache `full` / `fill` (module docstring): `cached_attention_ref`'s contract, and
+    `s`, `e` may also be per-row bounds [B] (slot refill), which only the biases and the
     window's gather (XLA, before the kernel) read: one launch either way.
     `probe="no_bias"` (timing only) drops the masks' load and add: what they cost.
     `block_len`: a static bound on e - s, which sizes phase B's window (without it the window
@@ -111,32 +136,21 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
     _check(q, k, v, key_mask, mode, state)
     if probe not in PROBES or (probe and interpret):
         raise ValueError(f"probe must be one of {PROBES} (compiled kernel only), got {probe!r}")
-    if mode == "reuse":
-        raise ValueError("reuse mode is the Triton kernel's (cached_attention_pallas)")
     B, L, H, K = q.shape
     G = k.shape[2]
     rep = H // G
     dtype = q.dtype
-    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise ValueError(f"bf16 or f16 only (fp32 takes the Triton kernel), got {dtype}")
-    if K % 64 or K > 256:
-        raise ValueError(f"head dim must be a multiple of 64 up to 256, got {K}")
-    if block_kv % 64 or block_kv > 256:
-        raise ValueError(f"block_kv must be a multiple of 64 up to 256, got {block_kv}")
+    if block_len is not None and block_len < 1:
+        raise ValueError(f"block_len must be at least 1, got {block_len}")
     write_state = mode == "fill"
     tq = CONSUMERS * BLOCK_Q
-    step = math.lcm(tq, block_kv)
-    Lp = pl.cdiv(L, step) * step
+    Lp = pl.cdiv(L, math.lcm(tq, block_kv)) * math.lcm(tq, block_kv)
     n = Lp // block_kv
     n_window = n if block_len is None else min(pl.cdiv(block_len, block_kv), n)
     total = n + n_window
     stages = min(stages, total)
-    if stages < 2:
-        raise ValueError(f"stages must be at least 2, got {stages}")
-    need = smem_bytes(K, block_kv, stages, jnp.dtype(dtype).itemsize, write_state)
-    if need > SMEM_BYTES - 1024:
-        raise ValueError(f"{need} bytes of shared memory asked, {SMEM_BYTES - 1024} fit: "
-                         f"fewer stages or a smaller block_kv")
+    if (why := refusal(dtype, K, mode, block_kv, stages)) is not None:
+        raise ValueError(why)
 
     pad = [(0, 0), (0, Lp - L), (0, 0), (0, 0)]
     q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
