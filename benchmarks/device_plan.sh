@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the seventeenth session of 2026-12-03
+# The device calls the GPU-side work left open after the eighteenth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# seventeenth session: 16 (narrow decode tiles no faster over 5 rounds: the default went back to
-# 128 columns; whole-row quantisation slower at decode rows) and 19 (with more ε/γ runs: issue
-# 18's goal met at ε 0.97, agree γ 0.9, confirmed with `benchmarks.flash --seed 1`). Left, in
-# priority order 14 (its GPU test: the 128-column default is back and has not run at the full
-# down shape), 3, 5 (6 repeats earlier runs when its code changes):
+# eighteenth session: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact
+# cache through it) and stage 14's GPU test (the 128-column FP8 default at the full down
+# shape: passed). Left, in priority order: 20 with TESTS=facache only (its GPU test at d504efe
+# or later: the support check moved after the last GPU run), 3, 5 (6 repeats earlier runs
+# when its code changes):
+#  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
+#      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
 #      default chain_model/), the sweep over 2,000 problems with the paired interval
 #   5  issue 20: the batch-1 table (dual, prefix; FP8; DPad) against the floor, one box a cache
