@@ -4,9 +4,8 @@
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
 # eighteenth session: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact
 # cache through it) and stage 14's GPU test (the 128-column FP8 default at the full down
-# shape: passed). Left, in priority order: 20 with TESTS=facache only (its GPU test at d504efe
-# or later: the support check moved after the last GPU run), 3, 5 (6 repeats earlier runs
-# when its code changes):
+# shape: passed; the FACache GPU test again at e5455f1: passed). Left, in priority order: 3, 5
+# (6 and 20 repeat earlier runs when their code changes):
 #  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
 #      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
