@@ -19,7 +19,9 @@ The recipe (FlashAttention-3's forward, rewritten here for FACache's two phases)
   "valid and outside the block"; phase B streams a static window of `n_window` =
   ceil(block_len / block_kv) tiles starting at s (gathered into its own small K/V/bias arrays
   by XLA before the kernel, so the kernel has no run-time bounds and one static step count,
-  and a block never straddles two of its tiles), with the bias of "valid and in the block".
+  and a block never straddles two of its tiles), with the bias of "valid and in the block";
+  a block within one tile gets a tile of ceil(block_len / 64) * 64 keys (a 32-key block: 64,
+  in the slot's first rows).
   `fill` writes (m, l, acc) after phase A; `full` is the same loop without that store, so it
   sums in fill's order (as the Triton kernel's `full` does). Unlike the reference's `where`,
   the bias assumes finite keys (a NaN or inf key is not masked away: the engine's are
@@ -101,16 +103,15 @@ def _window(x, lo_B, width: int):
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _biases(key_mask, s, e, Lp, block_kv, n_window):
+def _biases(key_mask, s, e, Lp, win):
     """Additive key biases (0 kept, -inf masked) of phase A [B, Lp] and of the phase-B window
-    [B, n_window * block_kv], and each row's first window key [B]. Bounds: scalars or [B]."""
+    [B, win], and each row's first window key [B]. Bounds: scalars or [B]."""
     B, L = key_mask.shape
     valid = jnp.pad(key_mask.astype(bool), [(0, 0), (0, Lp - L)])
     s_B, e_B = (jnp.broadcast_to(jnp.asarray(x, jnp.int32), (B,)) for x in (s, e))
     pos = jnp.arange(Lp)[None]
     in_c = (pos >= s_B[:, None]) & (pos < e_B[:, None])
     bias = lambda ok: jnp.where(ok, 0.0, -jnp.inf).astype(jnp.float32)
-    win = n_window * block_kv
     # a gathered copy needs no tile alignment: the window starts at s (pulled back where it
     # would run past the canvas), so a block within block_kv keys is one tile, not two
     lo_B = jnp.clip(s_B, 0, Lp - win)
@@ -147,6 +148,11 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
     Lp = pl.cdiv(L, math.lcm(tq, block_kv)) * math.lcm(tq, block_kv)
     n = Lp // block_kv
     n_window = n if block_len is None else min(pl.cdiv(block_len, block_kv), n)
+    # a block within one tile takes a narrower window tile: 64 keys for a 32-key block (one
+    # wgmma of N 64 on the slot's first rows), not a 128-key step that is 3/4 masked
+    wk = block_kv
+    if block_len is not None and n_window == 1:
+        wk = min(block_kv, pl.cdiv(block_len, 64) * 64)
     total = n + n_window
     stages = min(stages, total)
     if (why := refusal(dtype, K, mode, block_kv, stages)) is not None:
@@ -154,8 +160,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
 
     pad = [(0, 0), (0, Lp - L), (0, 0), (0, 0)]
     q_p, k_p, v_p = (jnp.pad(x, pad) for x in (q, k, v))
-    bias_a, bias_c, lo_B = _biases(key_mask, s, e, Lp, block_kv, n_window)
-    k_c, v_c = (_window(x, lo_B, n_window * block_kv) for x in (k_p, v_p))
+    bias_a, bias_c, lo_B = _biases(key_mask, s, e, Lp, n_window * wk)
+    k_c, v_c = (_window(x, lo_B, n_window * wk) for x in (k_p, v_p))
     scale = LOG2E / math.sqrt(K)
 
     def kernel(q_ref, k_ref, v_ref, ba_ref, kc_ref, vc_ref, bc_ref, o_ref, *rest):
@@ -192,27 +198,28 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
             plgpu.barrier_wait(k_bars.at[0])
             pl.when(wg == 1)(schedule)
 
-            def kv_step(t, carry):
+            def kv_step(t, carry, nk=block_kv):  # nk: the step's keys (the window's: wk)
                 acc, m_i, l_i = carry
                 slot = _rem(t, stages)
+                k_tile, v_tile = k_smem.at[slot, pl.ds(0, nk)], v_smem.at[slot, pl.ds(0, nk)]
+                b_tile = b_smem.at[slot, pl.ds(0, nk)]
                 if probe != "no_bias":
                     plgpu.barrier_wait(b_bars.at[slot])
                 if interpret:
-                    bias = b_smem.at[slot][...]
-                    qk = jax.lax.dot_general(qo_smem[...], k_smem.at[slot][...],
+                    bias = b_tile[...]
+                    qk = jax.lax.dot_general(qo_smem[...], k_tile[...],
                                              (((1,), (1,)), ((), ())),
                                              preferred_element_type=jnp.float32)
                     schedule()
                 else:
                     if probe != "no_bias":
-                        bias = plgpu.load(b_smem.at[slot], (),
-                                          layout=plgpu.Layout.WGMMA.reduce(0))
+                        bias = plgpu.load(b_tile, (), layout=plgpu.Layout.WGMMA.reduce(0))
 
                     def qk_of(acc_ref):
-                        plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+                        plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_tile, (1, 0)))
                         schedule()
                         return acc_ref[...]
-                    qk = pl.run_scoped(qk_of, plgpu.ACC((BLOCK_Q, block_kv), jnp.float32))
+                    qk = pl.run_scoped(qk_of, plgpu.ACC((BLOCK_Q, nk), jnp.float32))
                 plgpu.barrier_arrive(k_consumed.at[slot])
                 # base-2 online softmax, as `online_softmax_step` (the bias masks)
                 if probe == "no_bias":  # timing only: what the masks cost (wrong results)
@@ -232,7 +239,7 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                 plgpu.barrier_wait(sched)
                 nxt = _rem(t + 1, stages)
                 if interpret:
-                    acc = acc + jnp.dot(p16, v_smem.at[slot][...],
+                    acc = acc + jnp.dot(p16, v_tile[...],
                                         preferred_element_type=jnp.float32)
 
                     @pl.when(t + 1 < total)
@@ -240,7 +247,7 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                         plgpu.barrier_wait(k_bars.at[nxt])
                 else:
                     def pv(acc_ref):
-                        plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+                        plgpu.wgmma(acc_ref, p16, v_tile)
 
                         @pl.when(t + 1 < total)
                         def _():
@@ -269,7 +276,7 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                 # that after phase B (whose steps hide it), not here (a stall per CTA that
                 # made fill 1.2x full at L 2048 in the first GPU run).
                 later = chunks[1:]
-            acc, _, l_i = jax.lax.fori_loop(n, total, kv_step, carry)
+            acc, _, l_i = jax.lax.fori_loop(n, total, functools.partial(kv_step, nk=wk), carry)
             pl.when(wg == 0)(schedule)
             for cols, part in later:
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -290,15 +297,17 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
 
             def fetch(t, window: bool, wait: bool):
                 kr, vr, br = (kc_ref, vc_ref, bc_ref) if window else (k_ref, v_ref, ba_ref)
-                keys = pl.ds((t - n if window else t) * block_kv, block_kv)
+                nk = wk if window else block_kv
+                keys = pl.ds((t - n if window else t) * nk, nk)
                 slot = _rem(t, stages)
+                rows = pl.ds(0, nk)  # the slot's first rows (a narrow window tile: fewer)
                 if wait:
                     plgpu.barrier_wait(k_consumed.at[slot])
-                plgpu.copy_gmem_to_smem(kr.at[b, keys, g], k_smem.at[slot], k_bars.at[slot])
-                plgpu.copy_gmem_to_smem(br.at[b, keys], b_smem.at[slot], b_bars.at[slot])
+                plgpu.copy_gmem_to_smem(kr.at[b, keys, g], k_smem.at[slot, rows], k_bars.at[slot])
+                plgpu.copy_gmem_to_smem(br.at[b, keys], b_smem.at[slot, rows], b_bars.at[slot])
                 if wait:
                     plgpu.barrier_wait(v_consumed.at[slot])
-                plgpu.copy_gmem_to_smem(vr.at[b, keys, g], v_smem.at[slot], v_bars.at[slot])
+                plgpu.copy_gmem_to_smem(vr.at[b, keys, g], v_smem.at[slot, rows], v_bars.at[slot])
             for t in range(stages):  # the ring's first fill: no slot to wait for
                 fetch(t, t >= n, wait=False)
             if stages < n:
