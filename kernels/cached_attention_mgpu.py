@@ -3,7 +3,10 @@ through Pallas' Mosaic GPU backend at FlashAttention-3's recipe (Hopper only).
 
 Why a second kernel: the Triton-lowered loop (one 64-row query tile per program, no wgmma
 pipelining) runs at 40% of cuDNN's rate from L 1024 up (RESULTS.md, "FACache kernel vs full
-attention"). Reuse mode stays there: it is latency-bound, not a wgmma pipeline.
+attention"). Reuse mode stays there: it is latency-bound, not a wgmma pipeline. Measured on
+the H200 (RESULTS.md, eighteenth session, LLaDA's head shape): 1.8-2.1x the Triton kernel;
+full 1.07-1.18x cuDNN's time at L 1024-4096 in the last run, fill 1.15-1.42x (the fp32
+state's writes); the masks cost 3-12%.
 
 The recipe (FlashAttention-3's forward, rewritten here for FACache's two phases):
 - A CTA owns 128 query rows of one (batch, head): two consumer warpgroups of 64 rows each
