@@ -148,7 +148,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
         raise ValueError(f"block_len must be at least 1, got {block_len}")
     write_state = mode == "fill"
     tq = CONSUMERS * BLOCK_Q
-    Lp = pl.cdiv(L, math.lcm(tq, block_kv)) * math.lcm(tq, block_kv)
+    step = math.lcm(tq, block_kv)  # the canvas in whole query and key tiles
+    Lp = pl.cdiv(L, step) * step
     n = Lp // block_kv
     n_window = n if block_len is None else min(pl.cdiv(block_len, block_kv), n)
     # a block within one tile takes a narrower window tile: 64 keys for a 32-key block (one
@@ -276,8 +277,8 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                 plgpu.copy_smem_to_gmem(ml_smem.at[1], l_out.at[b, h, rows])
                 plgpu.copy_smem_to_gmem(st_smem, acc_out.at[b, rows, h, chunks[0][0]])
                 # The staging slot is busy until TMA has read it: the next chunk waits for
-                # that after phase B (whose steps hide it), not here (a stall per CTA that
-                # made fill 1.2x full at L 2048 in the first GPU run).
+                # that after phase B (whose steps hide it), not here (waiting here, fill took
+                # 1.22x full at L 2048 on the H200; after phase B 1.11x: RESULTS.md, s18).
                 later = chunks[1:]
             acc, _, l_i = jax.lax.fori_loop(n, total, functools.partial(kv_step, nk=wk), carry)
             pl.when(wg == 0)(schedule)
