@@ -6,6 +6,7 @@
 # cache through it) and stage 14's GPU test (the 128-column FP8 default at the full down
 # shape: passed; the FACache GPU test again at e5455f1: passed). Left, in priority order: 3, 5
 # (6 and 20 repeat earlier runs when their code changes):
+#  21  issue 17: the fused update in Mosaic GPU: GPU tests, beside Triton and unfused XLA
 #  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
 #      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
@@ -192,6 +193,18 @@ case "${1:-1}" in
     benchmarks.accuracy --checkpoint /tmp/demo_ck --n 500 --no-plot \
     --modes fixed,exact,threshold,threshold+exact 2>&1 | tee "$OUT/accuracy_demo_exact.log" \
     | quiet | tail -6 ;;
+21)
+  # issue 17: the fused cache update in Mosaic GPU (kernels/flash_cache_mgpu.py): its GPU
+  # tests and the dispatched paths through it, then beside the Triton kernel and the unfused
+  # XLA ops at the flash budget's 128 rows (batch 1 and 4) and the dual cache's 32
+  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_flash_cache.py -p no:cacheprovider \
+    2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -3
+  timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1,4 --iters 30 \
+    --update-mgpu ${UPDATE_MGPU:-default,64:3:1,64:3:4,128:2:2,64:2:2} 2>&1 \
+    | tee "$OUT/flash_update_mgpu.log" | quiet | grep "^update\|failed\|Error" | tail -8
+  timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 30 \
+    --window 16 --lookahead 8 --track 8 --update-mgpu ${UPDATE_MGPU32:-default,64:6:2,64:3:4} \
+    2>&1 | tee "$OUT/flash_update_mgpu_r32.log" | quiet | grep "^update\|failed" | tail -4 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each

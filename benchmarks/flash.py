@@ -2,6 +2,7 @@
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
                                [--update-blocks 128:128:8:3,128:128:8:3:2]
+                               [--update-mgpu default,64:4:2]
                                [--parts step,dual,update,attention,memory,verify] [--layers N]
                                [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
@@ -60,6 +61,7 @@ import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
                                measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
+from kernels import flash_cache_mgpu as fcm
 from kernels import window_attention as wa
 from lacache_jax import flash
 from lacache_jax.cache import Ctx
@@ -199,12 +201,23 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         # --update-blocks: the kernel's tiles to try beside its default (issue 17: at batch 1
         # the fused step ran slower than the unfused one; 96 programs streaming the weights
         # with 2 stages in flight is the suspect).
-        blocks = {f"pallas_{b}": fc.BlockSizes(*map(int, b.split(":")))
+        blocks = {f"pallas_{b}": functools.partial(
+                      fc.flash_cache_pallas, interpret=interpret,
+                      block=fc.BlockSizes(*map(int, b.split(":"))))
                   for b in filter(None, args.update_blocks.split(","))}
-        impls = {"pallas": None, **blocks, "ref": None}
-        for impl, block in impls.items():
-            fn = (fc.flash_cache_ref if impl == "ref" else
-                  functools.partial(fc.flash_cache_pallas, interpret=interpret, block=block))
+        # --update-mgpu: the Mosaic GPU kernel's settings beside its default (Hopper only)
+        mgpu = {}
+        if args.update_mgpu:
+            mgpu["mgpu"] = functools.partial(fcm.flash_cache_mgpu, interpret=interpret,
+                                             config=fcm.MgpuConfig(cluster=1) if interpret
+                                             else None)
+            mgpu.update({f"mgpu_{b}": functools.partial(
+                fcm.flash_cache_mgpu, interpret=interpret,
+                config=fcm.MgpuConfig(*map(int, b.split(":"))))
+                for b in args.update_mgpu.split(",") if b != "default"})
+        impls = {"pallas": functools.partial(fc.flash_cache_pallas, interpret=interpret),
+                 **blocks, **mgpu, "ref": fc.flash_cache_ref}
+        for impl, fn in impls.items():
 
             @functools.partial(jax.jit, donate_argnums=(1, 2))
             def chained(h, k, v, fn=fn):
@@ -218,7 +231,7 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
                 for _ in range(2):
                     kv = list(jax.block_until_ready(chained(h, *kv))[:2])
             except Exception as e:  # noqa: BLE001 (a tile over the shared memory: say, go on)
-                if impl not in blocks:
+                if impl in ("pallas", "ref"):
                     raise
                 r[f"error_{impl}"] = str(e).splitlines()[0][:200]
                 print(f"tiles {impl.removeprefix('pallas_')}: {r[f'error_{impl}']}", flush=True)
@@ -233,13 +246,15 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         nbytes = 2 * (D * (H + 2 * G) * K + M * D + M * H * K + 2 * M * G * K)
         r["floor_ms"] = floor_ms(2.0 * M * D * (H + 2 * G) * K, nbytes, ceil)
         r["fused_speedup"] = r["ms_ref"] / r["ms_pallas"]
+        if "ms_mgpu" in r:
+            r["fused_speedup_mgpu"] = r["ms_ref"] / r["ms_mgpu"]
         rows.append(r)
         print(f"update B={B} R={R}: fused {r['ms_pallas'] * 1e3:.1f} us, unfused "
               f"{r['ms_ref'] * 1e3:.1f} us ({r['fused_speedup']:.2f}x), floor "
               f"{r['floor_ms'] * 1e3:.1f} us" + "".join(
-                  f"; tiles {b} {r[f'ms_pallas_{b}'] * 1e3:.1f} us" if f"ms_pallas_{b}" in r
-                  else f"; tiles {b} failed"
-                  for b in (k.removeprefix("pallas_") for k in blocks)), flush=True)
+                  f"; {k} {r[f'ms_{k}'] * 1e3:.1f} us ({r['ms_ref'] / r[f'ms_{k}']:.2f}x)"
+                  if f"ms_{k}" in r else f"; {k} failed"
+                  for k in [*blocks, *mgpu]), flush=True)
 
 
 def part_attention(args, cfg, ceil, params, rows, n: int = 20):
@@ -420,6 +435,9 @@ def main():
     ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS],...",
                     help="update: flash_cache tiles timed beside the default (SPLITS: "
                          "programs per head, default 1)")
+    ap.add_argument("--update-mgpu", default="", metavar="default,BLOCK_K:STAGES:CLUSTER[:CONSUMERS]",
+                    help="update: also the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) at "
+                         "its default and these settings")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--tiny", action="store_true",
                     help="small config and shapes: checks the script on CPU")

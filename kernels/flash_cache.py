@@ -114,6 +114,23 @@ def use_kernel(M: int, tp: int, head_dim: int = 128) -> bool:
             and half >= 16 and half & (half - 1) == 0)
 
 
+# Hopper takes the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) where it supports the shape.
+MGPU = True
+
+
+def takes_mgpu(dtype, M: int, D: int, head_dim: int, heads: int, tp: int) -> bool:
+    """Whether the Pallas path runs the Mosaic GPU kernel for M query rows of `heads` q + k
+    + v heads (else the Triton kernel): on Hopper, where `flash_cache_mgpu.refusal` is
+    None at its defaults."""
+    if not MGPU or jax.default_backend() != "gpu":
+        return False
+    from kernels.flash_cache_mgpu import refusal
+    if refusal(dtype, M, D, head_dim, heads, tp) is not None:
+        return False
+    from kernels.fp8_matmul import compute_capability
+    return compute_capability()[0] == 9
+
+
 def chosen(rows: int, R: int, tp: int, head_dim: int) -> str:
     """What `flash_cache` runs for `rows` batch rows of R query rows each ("pallas" or
     "ref"): the dispatch's default, or the implementation forced while tracing."""
@@ -239,18 +256,25 @@ implementation = Forced("flash_cache")
 
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
-    """Dispatch: the Pallas kernel on GPU (per data shard under a mesh) up to
-    FUSED_MAX_ROWS query rows per device, the reference elsewhere, above that and whenever
+    """Dispatch: a Pallas kernel on GPU (per data shard under a mesh) up to FUSED_MAX_ROWS
+    query rows per device (the Mosaic GPU one on Hopper where it takes the shape,
+    `takes_mgpu`; else the Triton one), the reference elsewhere, above that and whenever
     tensor parallelism splits the heads (tp > 1)."""
     from jax.sharding import PartitionSpec as PS
 
-    from lacache_jax.sharding import DATA, shard_kernel
+    from lacache_jax.sharding import DATA, per_data_shard, shard_kernel
     if chosen(h_BRD.shape[0], h_BRD.shape[1], tp, k_BTGK.shape[-1]) == "ref":
         return flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                                n_heads=n_heads, tp=tp)
     rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)
-    kernel = functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp,
-                               interpret=jax.default_backend() != "gpu")
+    B, R, D = h_BRD.shape
+    G, K = k_BTGK.shape[2:]
+    if takes_mgpu(h_BRD.dtype, per_data_shard(B) * R, D, K, n_heads + 2 * G, tp):
+        from kernels import flash_cache_mgpu
+        kernel = functools.partial(flash_cache_mgpu.flash_cache_mgpu, n_heads=n_heads, tp=tp)
+    else:
+        kernel = functools.partial(flash_cache_pallas, n_heads=n_heads, tp=tp,
+                                   interpret=jax.default_backend() != "gpu")
     fn = shard_kernel(kernel, (rows, PS(), rows, rows, PS(DATA, None), heads, heads),
                       (heads, heads, heads))
     return fn(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK)

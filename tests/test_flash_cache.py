@@ -1,10 +1,12 @@
-"""Flash-Cache update kernel (kernels/flash_cache.py): the Pallas kernel in interpret mode
-against its pure-jnp reference, the reference against the model's own q/k/v path, the Triton
-IR through MLIR's verifier, and the kernel on the GPU (`-m gpu`)."""
+"""Flash-Cache update kernels (kernels/flash_cache.py, kernels/flash_cache_mgpu.py): the Pallas
+kernels in interpret mode against their pure-jnp reference, the reference against the model's
+own q/k/v path, the Triton IR through MLIR's verifier, the Mosaic GPU kernel through its CUDA
+lowering, and both kernels on the GPU (`-m gpu`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,9 @@ import pytest
 
 import lacache_jax as lj
 from kernels import flash_cache as fc
+from kernels import flash_cache_mgpu as fcm
 from kernels.flash_cache import BlockSizes, flash_cache_pallas, flash_cache_ref
+from kernels.flash_cache_mgpu import MgpuConfig, flash_cache_mgpu
 from lacache_jax import cache
 from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
@@ -155,11 +159,109 @@ def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
 
 
 def count_kernel_calls(monkeypatch) -> list:
-    """A list that gets an entry each time the Pallas kernel is traced."""
-    calls, kernel = [], fc.flash_cache_pallas
-    monkeypatch.setattr(fc, "flash_cache_pallas",
-                        lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    """A list that gets an entry each time a Pallas kernel (Triton or Mosaic GPU) is traced."""
+    calls = []
+    for module, name in ((fc, "flash_cache_pallas"), (fcm, "flash_cache_mgpu")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, kernel=kernel, **k: calls.append(1) or kernel(*a, **k))
     return calls
+
+
+# --- the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) -----------------------------------
+
+MGPU_CASES = {  # B, R, D, T, H, G, K, config: one and two consumer warpgroups, GQA
+    "one_wg_gqa": (2, 21, 128, 30, 4, 2, 64, MgpuConfig(cluster=1, stages=2)),
+    "two_wg_padded": (3, 30, 256, 40, 2, 2, 64, MgpuConfig(cluster=1, stages=3)),
+}
+
+
+@pytest.mark.parametrize("case", MGPU_CASES)
+def test_mgpu_kernel_matches_reference_interpret(case):
+    """Pallas' Mosaic GPU interpreter (TMA, barriers and the warp-specialised pipeline
+    simulated; clusters are not: `cluster_barrier` is unimplemented there, so cluster 1)."""
+    B, R, D, T, H, G, K, config = MGPU_CASES[case]
+    args = operands(B, R, D, T, H, G, K, dtype=jnp.bfloat16, seed=B)
+    q_r, k_r, v_r = flash_cache_ref(*args, n_heads=H)
+    q, k, v = flash_cache_mgpu(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, config=config,
+                               interpret=True)
+    for got, want in ((q, q_r), (k, k_r), (v, v_r)):
+        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        # bf16 operands summed in fp32 by both, in 64-column chunks here and in one pass by
+        # XLA: the projection's bf16 rounding may move by an ulp (2^-8 relative), rotated
+        # into two outputs.
+        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
+    cols = np.asarray(args[4])
+    untouched = np.ones((B, T), bool)
+    for b in range(B):
+        untouched[b, cols[b][cols[b] < T]] = False
+    for new, old in ((k, args[5]), (v, args[6])):  # rows nobody queried: bit for bit
+        np.testing.assert_array_equal(np.asarray(new)[untouched], np.asarray(old)[untouched])
+    # the values are not rotated: equal to the reference's bit for bit where the sums agree
+    assert np.mean(np.asarray(v) == np.asarray(v_r)) > 0.99
+
+
+def test_mgpu_refusals():
+    bf = jnp.bfloat16
+    assert fcm.refusal(bf, 128, 4096, 128, 96, 1) is None
+    assert "bf16 or f16" in fcm.refusal(jnp.float32, 128, 4096, 128, 96, 1)
+    assert "tp=2" in fcm.refusal(bf, 128, 4096, 128, 96, 2)
+    assert "head dim" in fcm.refusal(bf, 128, 4096, 96, 96, 1)
+    assert "block_k" in fcm.refusal(bf, 128, 4000, 128, 96, 1)
+    assert "cluster" in fcm.refusal(bf, 128, 4096, 128, 6, 1, MgpuConfig(cluster=4))
+    assert "shared memory" in fcm.refusal(bf, 128, 4096, 128, 96, 1, MgpuConfig(stages=6))
+    args = operands(1, 8, 64, 11, 2, 2, 64)  # fp32
+    with pytest.raises(ValueError, match="bf16 or f16"):
+        flash_cache_mgpu(*args, n_heads=2, interpret=True)
+
+
+def test_mgpu_dispatch(monkeypatch):
+    """The Pallas path takes the Mosaic GPU kernel on Hopper where it supports the shape,
+    the Triton kernel elsewhere on a GPU."""
+    from kernels import fp8_matmul
+    monkeypatch.setattr(fc.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (9, 0))
+    assert fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu(jnp.float32, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 2)
+    monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (8, 0))
+    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4])
+def test_mgpu_lowers_for_cuda(cluster):
+    """The kernel at LLaDA-8B's shapes through Pallas' Mosaic GPU lowering (layouts and
+    transforms checked, no GPU needed): 32 rows (one warpgroup) and 128 (two)."""
+    sd = jax.ShapeDtypeStruct
+    for R in (32, 128):
+        a = (sd((1, R, 4096), jnp.bfloat16), sd((4096, 96 * 128), jnp.bfloat16),
+             sd((1, R, 64), jnp.float32), sd((1, R, 64), jnp.float32), sd((1, R), jnp.int32),
+             sd((1, 768, 32, 128), jnp.bfloat16), sd((1, 768, 32, 128), jnp.bfloat16))
+        fn = functools.partial(flash_cache_mgpu, n_heads=32, config=MgpuConfig(cluster=cluster))
+        text = jax.jit(fn).trace(*a).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,R,config", [
+    (1, 128, MgpuConfig()), (1, 128, MgpuConfig(cluster=1)), (1, 128, MgpuConfig(cluster=4)),
+    (1, 32, MgpuConfig()), (4, 128, MgpuConfig()), (3, 70, MgpuConfig(block_k=128, stages=2))])
+def test_mgpu_kernel_on_gpu(B, R, config):
+    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; the rows nobody
+    queried keep the old cache bit for bit."""
+    args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
+    ref = flash_cache_ref(*args, n_heads=32)
+    out = flash_cache_mgpu(*args[:5], args[5] + 0, args[6] + 0, n_heads=32, config=config)
+    for got, want in zip(out, ref):
+        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        # as test_kernel_on_gpu: an ulp (2^-8) of the projection's rounding, rotated into two
+        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
+    cols = np.asarray(args[4])
+    for new, old in zip(out[1:], args[5:]):
+        for b in range(B):
+            rest = np.setdiff1d(np.arange(600), cols[b])
+            np.testing.assert_array_equal(np.asarray(new)[b, rest], np.asarray(old)[b, rest])
+    assert fc.takes_mgpu(jnp.bfloat16, B * R, 4096, 128, 96, 1)
 
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["one_start", "per_row_starts"])

@@ -1,0 +1,231 @@
+"""The Flash-Cache update (contract: `kernels/flash_cache.py::flash_cache_ref`) lowered through
+Pallas' Mosaic GPU backend (Hopper only): projection of a step's query rows onto one head's
+columns of w_qkv, rotate-half RoPE, and the write of the rotated keys and the values into the
+cache rows of the queried positions, in one kernel. Only q leaves it; k and v exist in HBM
+only in the cache.
+
+Why a second kernel: the update streams w_qkv (100 MB at LLaDA-8B) once per step, and at a
+batch-1 step's 128 rows every program also reads the same rows h [128, D] (1 MB): with one
+program per head (96) the Triton kernel moves as many bytes from L2 for h as from HBM for
+the weights, and ran at 1.66-1.84x the weights' read floor on the H200 (RESULTS.md,
+fifteenth session). Here:
+- A CTA owns one head's K = 128 columns (both RoPE halves: pairs i, i + K/2 stay in one
+  accumulator) for `64 * consumers` rows: one or two consumer warpgroups of 64 rows (Hopper's
+  wgmma M) and a TMA producer warpgroup (`emit_pipeline_warp_specialized`), `stages` steps of
+  `block_k` d_model columns in flight.
+- Clusters of `cluster` CTAs on neighbouring heads: each h tile is read from L2 once per
+  cluster and multicast by TMA to its CTAs (the weights, different per head, are not shared).
+- Epilogue per consumer: the fp32 sum rounded to the activation dtype (as the reference
+  rounds the projection), rotated with the rows' cos/sin (TMA'd into shared memory while
+  the pipeline runs), staged in shared memory; a q head's tile goes out by one TMA store, a
+  key or value head's rows by one TMA store each to their cache row (Hopper's TMA has no
+  scatter: 64 row stores per warpgroup, each 2 K bytes, skipped for padding rows).
+
+Shapes as `flash_cache_pallas`; caches are updated in place (mutable refs aliased into the
+kernel, the caller's buffers donated). Support: `refusal`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.flash_cache import _check
+
+WG_ROWS = 64  # rows per consumer warpgroup: Hopper's wgmma M
+SMEM_BYTES = 227 * 1024
+SMEM_RESERVE = 4096  # barriers and Mosaic's own (as kernels/cached_attention_mgpu.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class MgpuConfig:
+    """Knobs (hashable: a static jit argument)."""
+    block_k: int = 64           # d_model columns per pipeline step
+    stages: int = 3             # pipeline steps in flight
+    cluster: int = 2            # CTAs (neighbouring heads) sharing each h tile by multicast
+    consumers: int | None = None  # warpgroups of 64 rows; None: 1 up to 64 rows, else 2
+
+    def rows(self, M: int) -> int:
+        return WG_ROWS * (self.consumers or (1 if M <= WG_ROWS else 2))
+
+    def smem_bytes(self, M: int, K: int, itemsize: int) -> int:
+        rows = self.rows(M)
+        pipeline = self.stages * (rows + K) * self.block_k * itemsize
+        return pipeline + rows * K * 4 + rows * K * itemsize  # + cos|sin fp32, staging
+
+
+def refusal(dtype, M: int, D: int, K: int, heads: int, tp: int,
+            config: MgpuConfig = MgpuConfig()) -> str | None:
+    """Why this kernel cannot take these settings, or None (the one support check, used by
+    the kernel and by `flash_cache`'s dispatch). `heads`: q + k + v heads (H + 2G)."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"bf16 or f16 only, got {dtype}"
+    if tp != 1:
+        return f"tp={tp}: the column groups of tensor parallelism are the Triton kernel's"
+    if K not in (64, 128, 256):
+        return f"head dim must be 64, 128 or 256 (one wgmma N), got {K}"
+    c = config
+    if c.consumers not in (None, 1, 2):
+        return f"consumers must be 1 or 2, got {c.consumers}"
+    if c.block_k % 64 or D % c.block_k:
+        return f"block_k must be a multiple of 64 dividing d_model {D}, got {c.block_k}"
+    if c.stages < 2:
+        return f"stages must be at least 2, got {c.stages}"
+    if c.cluster not in (1, 2, 4) or heads % c.cluster:
+        return f"cluster must be 1, 2 or 4 and divide the {heads} heads, got {c.cluster}"
+    need = c.smem_bytes(M, K, jnp.dtype(dtype).itemsize)
+    if need > SMEM_BYTES - SMEM_RESERVE:
+        return (f"{need} bytes of shared memory asked, {SMEM_BYTES - SMEM_RESERVE} fit: fewer "
+                f"stages or a smaller block_k")
+    return None
+
+
+def _interpret_params():
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams()
+
+
+@functools.partial(jax.jit, static_argnames=("n_heads", "tp", "config", "interpret"),
+                   donate_argnums=(5, 6))
+def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *,
+                     n_heads: int, tp: int = 1, config: MgpuConfig | None = None,
+                     interpret: bool = False):
+    """The fused update (module docstring); `flash_cache_ref`'s contract. `interpret`: Pallas'
+    Mosaic GPU interpreter on the CPU (TMA, clusters, barriers simulated; each wgmma an fp32
+    dot of the same operands)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp)
+    B, R, D = h_BRD.shape
+    _, T, G, K = k_BTGK.shape
+    M, NH, half = B * R, n_heads + 2 * G, K // 2
+    c = config or MgpuConfig()
+    if (why := refusal(h_BRD.dtype, M, D, K, NH, tp, c)) is not None:
+        raise ValueError(why)
+    dtype = h_BRD.dtype
+    rows = c.rows(M)
+    consumers = rows // WG_ROWS
+    Mp = pl.cdiv(M, rows) * rows
+    n_valid = B * T
+    b = jnp.arange(B, dtype=jnp.int32)[:, None]
+    flat = jnp.where(cols_BR < T, b * T + cols_BR, n_valid).reshape(M).astype(jnp.int32)
+    idx = jnp.pad(flat, [(0, Mp - M)], constant_values=n_valid)
+    h = jnp.pad(h_BRD.reshape(M, D), [(0, Mp - M), (0, 0)])
+    # cos | sin side by side: one TMA copy per warpgroup
+    cs = jnp.pad(jnp.concatenate([cos_BRk, sin_BRk], -1).reshape(M, K).astype(jnp.float32),
+                 [(0, Mp - M), (0, 0)])
+
+    item = jnp.dtype(dtype).itemsize * 8
+    sw = plgpu.find_swizzle(c.block_k * item)
+    h_tiled = (plgpu.TilingTransform((8, sw * 8 // item)), plgpu.SwizzleTransform(sw))
+    sw_w = plgpu.find_swizzle(K * item)
+    w_tiled = (plgpu.TilingTransform((8, sw_w * 8 // item)), plgpu.SwizzleTransform(sw_w))
+    share_h = ("cluster",) if c.cluster > 1 else ()
+    in_specs = [
+        plgpu.BlockSpec((rows, c.block_k), lambda d: (0, d), transforms=h_tiled,
+                        collective_axes=share_h),
+        plgpu.BlockSpec((c.block_k, K), lambda d: (d, 0), transforms=w_tiled)]
+
+    def pipeline(body, context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body, grid=(D // c.block_k,), memory_registers=40, max_concurrent_steps=c.stages,
+            wg_axis="wg", num_compute_wgs=consumers, in_specs=in_specs,
+            compute_context=context)
+
+    def kernel(h_g, w_g, cs_g, idx_g, k_ref, v_ref, q_g, cs_smem, out_smem, cs_bar):
+        wg = jax.lax.axis_index("wg")
+        j = jax.lax.axis_index("heads") * c.cluster + jax.lax.axis_index("cluster")
+        row_tile = pl.ds(jax.lax.axis_index("rows") * rows, rows)
+        head = pl.ds(j * K, K)
+
+        def body(_, h_smem, w_smem, acc):
+            mine = h_smem.at[pl.ds(wg * WG_ROWS, WG_ROWS)]
+            if interpret:
+                return acc + jnp.dot(mine[...], w_smem[...], preferred_element_type=jnp.float32)
+            plgpu.wgmma(acc, mine, w_smem)
+            plgpu.wgmma_wait(0)  # the slot is released when the body returns
+            return acc
+
+        def epilogue(acc, r0):
+            x = acc.astype(dtype).astype(jnp.float32)  # the reference rounds the projection
+            x1, x2 = x[:, :half], x[:, half:]
+            plgpu.barrier_wait(cs_bar.at[wg])
+            tab = cs_smem.at[wg]
+            cos, sin = tab[:, pl.ds(0, half)], tab[:, pl.ds(half, half)]
+            stage = out_smem.at[wg]
+
+            @pl.when(j < n_heads + G)  # q and k heads rotate, v heads do not
+            def _():
+                stage[:, pl.ds(0, half)] = (x1 * cos - x2 * sin).astype(dtype)
+                stage[:, pl.ds(half, half)] = (x2 * cos + x1 * sin).astype(dtype)
+
+            @pl.when(j >= n_heads + G)
+            def _():
+                stage[...] = x.astype(dtype)
+            plgpu.commit_smem()
+
+            @pl.when(j < n_heads)
+            def _():
+                plgpu.copy_smem_to_gmem(stage, q_g.at[pl.ds(r0, WG_ROWS), head])
+
+            def scatter(cache, g):
+                @pl.loop(0, WG_ROWS)
+                def _(r):
+                    row = idx_g[r0 + r]
+
+                    @pl.when(row < n_valid)  # padding rows of the query budget do not write
+                    def _():
+                        plgpu.copy_smem_to_gmem(stage.at[pl.ds(r, 1)],
+                                                cache.at[pl.ds(row, 1), pl.ds(g * K, K)])
+
+            @pl.when((j >= n_heads) & (j < n_heads + G))
+            def _():
+                scatter(k_ref, j - n_heads)
+
+            @pl.when(j >= n_heads + G)
+            def _():
+                scatter(v_ref, j - n_heads - G)
+            plgpu.wait_smem_to_gmem(0)
+
+        def context(run):
+            r0 = jax.lax.axis_index("rows") * rows + wg * WG_ROWS
+            # the rows' cos | sin, loaded while the projection streams
+            plgpu.copy_gmem_to_smem(cs_g.at[pl.ds(r0, WG_ROWS)], cs_smem.at[wg], cs_bar.at[wg])
+            if interpret:
+                acc = run(jnp.zeros((WG_ROWS, K), jnp.float32))
+            else:
+                acc = pl.run_scoped(lambda a: (run(a), a[...])[1],
+                                    plgpu.ACC((WG_ROWS, K), jnp.float32))
+            epilogue(acc, r0)
+
+        def ignore(*_, **__):
+            return None
+        allocs = pipeline(ignore, ignore).get_allocations(h_g, w_g)
+
+        @functools.partial(pl.run_scoped, allocations=allocs, collective_axes="wg")
+        def _(allocations):
+            pipeline(body, context)(h_g.at[row_tile], w_g.at[:, head], allocations=allocations)
+
+    k_flat = jax.new_ref(k_BTGK.reshape(n_valid, G * K), memory_space=plgpu.GMEM)
+    v_flat = jax.new_ref(v_BTGK.reshape(n_valid, G * K), memory_space=plgpu.GMEM)
+    mesh = plgpu.Mesh(grid=(Mp // rows, NH // c.cluster), grid_names=("rows", "heads"),
+                      cluster=(c.cluster,), cluster_names=("cluster",),
+                      num_threads=consumers + 1, thread_name="wg")
+    scratch = [plgpu.SMEM((consumers, WG_ROWS, K), jnp.float32),
+               plgpu.SMEM((consumers, WG_ROWS, K), dtype),
+               plgpu.Barrier(num_barriers=consumers)]
+
+    def entry(*refs):
+        pl.run_scoped(lambda *s: kernel(*refs, *s), *scratch, collective_axes="wg")
+    # pl.kernel, not plgpu.kernel: the caches go in as mutable refs, written in place
+    q = pl.kernel(
+        entry, out_type=jax.ShapeDtypeStruct((Mp, n_heads * K), dtype), mesh=mesh,
+        compiler_params=None if interpret else plgpu.CompilerParams(
+            lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=_interpret_params() if interpret else False, name="flash_cache_mgpu",
+    )(h, w_qkv_DN, cs, idx, k_flat, v_flat)
+    return (q[:M].reshape(B, R, n_heads, K), k_flat[...].reshape(B, T, G, K),
+            v_flat[...].reshape(B, T, G, K))
