@@ -200,10 +200,10 @@ case "${1:-1}" in
   timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_flash_cache.py -p no:cacheprovider \
     2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -3
   timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1,4 --iters 30 \
-    --update-mgpu ${UPDATE_MGPU:-default,64:3:1,64:3:4,128:2:2,64:2:2} 2>&1 \
+    --update-mgpu ${UPDATE_MGPU:-default,64:3:1,64:3:4,64:2:1} 2>&1 \
     | tee "$OUT/flash_update_mgpu.log" | quiet | grep "^update\|failed\|Error" | tail -8
   timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 30 \
-    --window 16 --lookahead 8 --track 8 --update-mgpu ${UPDATE_MGPU32:-default,64:6:2,64:3:4} \
+    --window 16 --lookahead 8 --track 8 --update-mgpu ${UPDATE_MGPU32:-default,64:6:2,64:6:1} \
     2>&1 | tee "$OUT/flash_update_mgpu_r32.log" | quiet | grep "^update\|failed" | tail -4 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1

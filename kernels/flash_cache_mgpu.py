@@ -55,7 +55,8 @@ class MgpuConfig:
     def smem_bytes(self, M: int, K: int, itemsize: int) -> int:
         rows = self.rows(M)
         pipeline = self.stages * (rows + K) * self.block_k * itemsize
-        return pipeline + rows * K * 4 + rows * K * itemsize  # + cos|sin fp32, staging
+        # + cos|sin fp32, staging, cache rows
+        return pipeline + rows * K * 4 + rows * K * itemsize + rows * 4
 
 
 def refusal(dtype, M: int, D: int, K: int, heads: int, tp: int,
@@ -135,7 +136,8 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
             wg_axis="wg", num_compute_wgs=consumers, in_specs=in_specs,
             compute_context=context)
 
-    def kernel(h_g, w_g, cs_g, idx_g, k_ref, v_ref, q_g, cs_smem, out_smem, cs_bar):
+    def kernel(h_g, w_g, cs_g, idx_g, k_ref, v_ref, q_g, cs_smem, out_smem, idx_smem,
+               bars):
         wg = jax.lax.axis_index("wg")
         j = jax.lax.axis_index("heads") * c.cluster + jax.lax.axis_index("cluster")
         row_tile = pl.ds(jax.lax.axis_index("rows") * rows, rows)
@@ -152,34 +154,47 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
         def epilogue(acc, r0):
             x = acc.astype(dtype).astype(jnp.float32)  # the reference rounds the projection
             x1, x2 = x[:, :half], x[:, half:]
-            plgpu.barrier_wait(cs_bar.at[wg])
+            plgpu.barrier_wait(bars.at[2 * wg])
             tab = cs_smem.at[wg]
             cos, sin = tab[:, pl.ds(0, half)], tab[:, pl.ds(half, half)]
-            stage = out_smem.at[wg]
+            # the two halves staged apart: each TMA store (a tile or a row) reads one half's
+            # contiguous rows (a 256-byte unswizzled box wrote the right half wrong on the
+            # H200: the first GPU run of this kernel)
+            lo, hi = out_smem.at[wg, 0], out_smem.at[wg, 1]
 
             @pl.when(j < n_heads + G)  # q and k heads rotate, v heads do not
             def _():
-                stage[:, pl.ds(0, half)] = (x1 * cos - x2 * sin).astype(dtype)
-                stage[:, pl.ds(half, half)] = (x2 * cos + x1 * sin).astype(dtype)
+                lo[...] = (x1 * cos - x2 * sin).astype(dtype)
+                hi[...] = (x2 * cos + x1 * sin).astype(dtype)
 
             @pl.when(j >= n_heads + G)
             def _():
-                stage[...] = x.astype(dtype)
+                lo[...] = x1.astype(dtype)
+                hi[...] = x2.astype(dtype)
             plgpu.commit_smem()
 
             @pl.when(j < n_heads)
             def _():
-                plgpu.copy_smem_to_gmem(stage, q_g.at[pl.ds(r0, WG_ROWS), head])
+                for part, stage in enumerate((lo, hi)):
+                    plgpu.copy_smem_to_gmem(
+                        stage, q_g.at[pl.ds(r0, WG_ROWS), pl.ds(j * K + part * half, half)])
 
             def scatter(cache, g):
+                plgpu.barrier_wait(bars.at[2 * wg + 1])
+                cache_rows = idx_smem.at[wg]
+
                 @pl.loop(0, WG_ROWS)
                 def _(r):
-                    row = idx_g[r0 + r]
+                    # from shared memory: a global load per row, each waited for before its
+                    # store, made the first GPU run slower than the Triton kernel
+                    row = cache_rows[r]
 
                     @pl.when(row < n_valid)  # padding rows of the query budget do not write
                     def _():
-                        plgpu.copy_smem_to_gmem(stage.at[pl.ds(r, 1)],
-                                                cache.at[pl.ds(row, 1), pl.ds(g * K, K)])
+                        for part, stage in enumerate((lo, hi)):
+                            plgpu.copy_smem_to_gmem(
+                                stage.at[pl.ds(r, 1)],
+                                cache.at[pl.ds(row, 1), pl.ds(g * K + part * half, half)])
 
             @pl.when((j >= n_heads) & (j < n_heads + G))
             def _():
@@ -192,8 +207,11 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
 
         def context(run):
             r0 = jax.lax.axis_index("rows") * rows + wg * WG_ROWS
-            # the rows' cos | sin, loaded while the projection streams
-            plgpu.copy_gmem_to_smem(cs_g.at[pl.ds(r0, WG_ROWS)], cs_smem.at[wg], cs_bar.at[wg])
+            # the rows' cos | sin and cache rows, loaded while the projection streams
+            plgpu.copy_gmem_to_smem(cs_g.at[pl.ds(r0, WG_ROWS)], cs_smem.at[wg],
+                                    bars.at[2 * wg])
+            plgpu.copy_gmem_to_smem(idx_g.at[pl.ds(r0, WG_ROWS)], idx_smem.at[wg],
+                                    bars.at[2 * wg + 1])
             if interpret:
                 acc = run(jnp.zeros((WG_ROWS, K), jnp.float32))
             else:
@@ -215,8 +233,9 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                       cluster=(c.cluster,), cluster_names=("cluster",),
                       num_threads=consumers + 1, thread_name="wg")
     scratch = [plgpu.SMEM((consumers, WG_ROWS, K), jnp.float32),
-               plgpu.SMEM((consumers, WG_ROWS, K), dtype),
-               plgpu.Barrier(num_barriers=consumers)]
+               plgpu.SMEM((consumers, 2, WG_ROWS, half), dtype),
+               plgpu.SMEM((consumers, WG_ROWS), jnp.int32),
+               plgpu.Barrier(num_barriers=2 * consumers)]
 
     def entry(*refs):
         pl.run_scoped(lambda *s: kernel(*refs, *s), *scratch, collective_axes="wg")
