@@ -195,16 +195,18 @@ case "${1:-1}" in
     | quiet | tail -6 ;;
 21)
   # issue 17: the fused cache update in Mosaic GPU (kernels/flash_cache_mgpu.py): its GPU
-  # tests and the dispatched paths through it, then beside the Triton kernel and the unfused
-  # XLA ops at the flash budget's 128 rows (batch 1 and 4) and the dual cache's 32
-  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_flash_cache.py -p no:cacheprovider \
-    2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -3
-  timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1,4 --iters 30 \
-    --update-mgpu ${UPDATE_MGPU:-default,64:3:1,64:3:4,64:2:1} 2>&1 \
+  # tests and the dispatched paths (TESTS: a -k filter), then the Triton kernel, the Mosaic
+  # one and the unfused XLA ops round by round (ROUNDS), at the flash budget's 128 rows
+  # (batch 1) and the dual cache's 32
+  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_flash_cache.py -k "${TESTS:-}" \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -3
+  timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1 --iters 10 \
+    --rounds ${ROUNDS:-15} --update-mgpu ${UPDATE_MGPU:-default,64:3:2} 2>&1 \
     | tee "$OUT/flash_update_mgpu.log" | quiet | grep "^update\|failed\|Error" | tail -8
-  timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 30 \
-    --window 16 --lookahead 8 --track 8 --update-mgpu ${UPDATE_MGPU32:-default,64:6:2,64:6:1} \
-    2>&1 | tee "$OUT/flash_update_mgpu_r32.log" | quiet | grep "^update\|failed" | tail -4 ;;
+  timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 10 \
+    --rounds ${ROUNDS:-15} --window 16 --lookahead 8 --track 8 \
+    --update-mgpu ${UPDATE_MGPU32:-default} 2>&1 | tee "$OUT/flash_update_mgpu_r32.log" \
+    | quiet | grep "^update\|failed" | tail -4 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each

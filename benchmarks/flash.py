@@ -208,15 +208,14 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         # --update-mgpu: the Mosaic GPU kernel's settings beside its default (Hopper only)
         mgpu = {}
         if args.update_mgpu:
-            mgpu["mgpu"] = functools.partial(fcm.flash_cache_mgpu, interpret=interpret,
-                                             config=fcm.MgpuConfig(cluster=1) if interpret
-                                             else None)
+            mgpu["mgpu"] = functools.partial(fcm.flash_cache_mgpu, interpret=interpret)
             mgpu.update({f"mgpu_{b}": functools.partial(
                 fcm.flash_cache_mgpu, interpret=interpret,
                 config=fcm.MgpuConfig(*map(int, b.split(":"))))
                 for b in args.update_mgpu.split(",") if b != "default"})
         impls = {"pallas": functools.partial(fc.flash_cache_pallas, interpret=interpret),
                  **blocks, **mgpu, "ref": fc.flash_cache_ref}
+        compiled, kv = {}, {}
         for impl, fn in impls.items():
 
             @functools.partial(jax.jit, donate_argnums=(1, 2))
@@ -226,22 +225,41 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
                     q, k, v = fn(h, w, cos, sin, cols, k, v, n_heads=H)
                     return k, v, acc + q[0, 0, 0, 0].astype(jnp.float32)
                 return jax.lax.fori_loop(0, n, body, (k, v, jnp.float32(0)))
-            kv = [jnp.zeros((B, T, G, K), w.dtype) for _ in range(2)]
+            kv[impl] = [jnp.zeros((B, T, G, K), w.dtype) for _ in range(2)]
             try:
                 for _ in range(2):
-                    kv = list(jax.block_until_ready(chained(h, *kv))[:2])
+                    kv[impl] = list(jax.block_until_ready(chained(h, *kv[impl]))[:2])
             except Exception as e:  # noqa: BLE001 (a tile over the shared memory: say, go on)
                 if impl in ("pallas", "ref"):
                     raise
                 r[f"error_{impl}"] = str(e).splitlines()[0][:200]
                 print(f"tiles {impl.removeprefix('pallas_')}: {r[f'error_{impl}']}", flush=True)
                 continue
-            times = []
-            for _ in range(args.iters):
-                t0 = time.perf_counter()
-                kv = list(jax.block_until_ready(chained(h, *kv))[:2])
-                times.append((time.perf_counter() - t0) * 1e3 / n)
-            r[f"ms_{impl}"] = float(np.median(times))
+            compiled[impl] = chained
+        # --rounds: every implementation timed once per round, round after round, so a drift
+        # of the machine's speed within the run moves them alike; each round's ratios kept
+        times = {impl: [] for impl in compiled}
+        per_round = {impl: [] for impl in compiled}
+        for _ in range(args.rounds):
+            for impl, chained in compiled.items():
+                ts = []
+                for _ in range(args.iters):
+                    t0 = time.perf_counter()
+                    kv[impl] = list(jax.block_until_ready(chained(h, *kv[impl]))[:2])
+                    ts.append((time.perf_counter() - t0) * 1e3 / n)
+                times[impl] += ts
+                per_round[impl].append(float(np.median(ts)))
+        for impl in compiled:
+            r[f"ms_{impl}"] = float(np.median(times[impl]))
+            r[f"round_ms_{impl}"] = per_round[impl]
+        if args.rounds > 1:
+            ratios = np.asarray(per_round["ref"]) / np.asarray(per_round["pallas"])
+            r["round_fused_speedup"] = ratios.tolist()
+            print(f"update B={B} R={R}: fused / unfused by round (Triton): "
+                  + ", ".join(f"{x:.2f}" for x in ratios) + f"; median {np.median(ratios):.2f}"
+                  + "".join(
+                      f"; {k} median {np.median(np.asarray(per_round['ref']) / per_round[k]):.2f}"
+                      for k in compiled if k not in ("pallas", "ref")), flush=True)
         M = B * R
         nbytes = 2 * (D * (H + 2 * G) * K + M * D + M * H * K + 2 * M * G * K)
         r["floor_ms"] = floor_ms(2.0 * M * D * (H + 2 * G) * K, nbytes, ceil)
@@ -439,6 +457,9 @@ def main():
                     help="update: also the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) at "
                          "its default and these settings")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="update: time every implementation once per round, this many "
+                         "rounds (each round's fused / unfused ratio reported)")
     ap.add_argument("--tiny", action="store_true",
                     help="small config and shapes: checks the script on CPU")
     args = ap.parse_args()

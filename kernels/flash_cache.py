@@ -114,8 +114,10 @@ def use_kernel(M: int, tp: int, head_dim: int = 128) -> bool:
             and half >= 16 and half & (half - 1) == 0)
 
 
-# Hopper takes the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) where it supports the shape.
-MGPU = True
+# Whether Hopper takes the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) where it supports
+# the shape. Off: it did not run faster than the Triton kernel on the H200 (RESULTS.md,
+# nineteenth session).
+MGPU = False
 
 
 def takes_mgpu(dtype, M: int, D: int, head_dim: int, heads: int, tp: int) -> bool:

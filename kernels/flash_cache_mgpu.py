@@ -46,7 +46,9 @@ class MgpuConfig:
     """Knobs (hashable: a static jit argument)."""
     block_k: int = 64           # d_model columns per pipeline step
     stages: int = 3             # pipeline steps in flight
-    cluster: int = 2            # CTAs (neighbouring heads) sharing each h tile by multicast
+    # CTAs (neighbouring heads) sharing each h tile by multicast; 1: 1.08-1.10x faster than 2
+    # at batch 1 (128 rows) in both GPU runs of 2026-12-04 (RESULTS.md, nineteenth session)
+    cluster: int = 1
     consumers: int | None = None  # warpgroups of 64 rows; None: 1 up to 64 rows, else 2
 
     def rows(self, M: int) -> int:

@@ -171,8 +171,8 @@ def count_kernel_calls(monkeypatch) -> list:
 # --- the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) -----------------------------------
 
 MGPU_CASES = {  # B, R, D, T, H, G, K, config: one and two consumer warpgroups, GQA
-    "one_wg_gqa": (2, 21, 128, 30, 4, 2, 64, MgpuConfig(cluster=1, stages=2)),
-    "two_wg_padded": (3, 30, 256, 40, 2, 2, 64, MgpuConfig(cluster=1, stages=3)),
+    "one_wg_gqa": (2, 21, 128, 30, 4, 2, 64, MgpuConfig(stages=2)),
+    "two_wg_padded": (3, 30, 256, 40, 2, 2, 64, MgpuConfig(stages=3)),
 }
 
 
@@ -220,11 +220,15 @@ def test_mgpu_dispatch(monkeypatch):
     the Triton kernel elsewhere on a GPU."""
     from kernels import fp8_matmul
     monkeypatch.setattr(fc.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(fc, "MGPU", True)
     monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (9, 0))
     assert fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
     assert not fc.takes_mgpu(jnp.float32, 128, 4096, 128, 96, 1)
     assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 2)
     monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (8, 0))
+    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
+    monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(fc, "MGPU", False)
     assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
 
 
@@ -244,7 +248,7 @@ def test_mgpu_lowers_for_cuda(cluster):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B,R,config", [
-    (1, 128, MgpuConfig()), (1, 128, MgpuConfig(cluster=1)), (1, 128, MgpuConfig(cluster=4)),
+    (1, 128, MgpuConfig()), (1, 128, MgpuConfig(cluster=2)), (1, 128, MgpuConfig(cluster=4)),
     (1, 32, MgpuConfig()), (4, 128, MgpuConfig()), (3, 70, MgpuConfig(cluster=1, stages=2))])
 def test_mgpu_kernel_on_gpu(B, R, config):
     """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; the rows nobody
@@ -261,7 +265,7 @@ def test_mgpu_kernel_on_gpu(B, R, config):
         for b in range(B):
             rest = np.setdiff1d(np.arange(600), cols[b])
             np.testing.assert_array_equal(np.asarray(new)[b, rest], np.asarray(old)[b, rest])
-    assert fc.takes_mgpu(jnp.bfloat16, B * R, 4096, 128, 96, 1)
+    assert fc.takes_mgpu(jnp.bfloat16, B * R, 4096, 128, 96, 1) == fc.MGPU  # Hopper
 
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["one_start", "per_row_starts"])
