@@ -17,12 +17,25 @@ fifteenth session). Here:
   cluster and multicast by TMA to its CTAs (the weights, different per head, are not shared).
 - Epilogue per consumer: the fp32 sum rounded to the activation dtype (as the reference
   rounds the projection), rotated with the rows' cos/sin (TMA'd into shared memory while
-  the pipeline runs), staged in shared memory; a q head's tile goes out by one TMA store, a
-  key or value head's rows by one TMA store each to their cache row (Hopper's TMA has no
-  scatter: 64 row stores per warpgroup, each 2 K bytes, skipped for padding rows).
+  the pipeline runs), staged in shared memory one RoPE half apart from the other; a q head's
+  tile goes out by two TMA stores, a key or value head's rows by two each to their cache
+  row, read from shared memory (Hopper's TMA has no scatter: 128 row stores per warpgroup,
+  each 64 columns, skipped for padding rows).
 
 Shapes as `flash_cache_pallas`; caches are updated in place (mutable refs aliased into the
 kernel, the caller's buffers donated). Support: `refusal`.
+
+Measured on the H200 (2026-12-04, RESULTS.md nineteenth session; one layer of random LLaDA-8B,
+128 rows at batch 1): correct (`pytest -m gpu tests/test_flash_cache.py`, 12 passed), but not
+faster than the Triton kernel: over 15 interleaved rounds 1.10x the unfused XLA ops where the
+Triton kernel gave 1.18x (58.2 against 54.2 us; floor 28.1), at the dual cache's 32 rows
+0.95x against 1.07x. The multicast cluster did not pay (cluster 2 1.08x slower than 1 in two
+calls, level in the third). Kept beside its tests and benchmark (`benchmarks/flash.py
+--update-mgpu`), not dispatched (`kernels/flash_cache.py::MGPU`). What is left to try: more
+bytes in flight (the cos/sin tables and the staging take 96 KiB beside the 96 KiB pipeline;
+one could share the tables' space with the staging), one wgmma in flight per consumer
+(`wgmma_wait(1)` with delayed release) for the compute-bound batch-4 rows (1.8x their FLOP
+floor here).
 """
 
 from __future__ import annotations
@@ -46,8 +59,9 @@ class MgpuConfig:
     """Knobs (hashable: a static jit argument)."""
     block_k: int = 64           # d_model columns per pipeline step
     stages: int = 3             # pipeline steps in flight
-    # CTAs (neighbouring heads) sharing each h tile by multicast; 1: 1.08-1.10x faster than 2
-    # at batch 1 (128 rows) in both GPU runs of 2026-12-04 (RESULTS.md, nineteenth session)
+    # CTAs (neighbouring heads) sharing each h tile by multicast. 1: faster than 2 at batch 1
+    # (128 rows) in two GPU calls of 2026-12-04 (58.0 / 54.5 us against 62.8 / 60.0), level in
+    # the third (58.2 / 58.0): RESULTS.md, nineteenth session
     cluster: int = 1
     consumers: int | None = None  # warpgroups of 64 rows; None: 1 up to 64 rows, else 2
 
