@@ -2,7 +2,7 @@
 
     python -m benchmarks.flash [--batch 1,32] [--prompt 512] [--gen 256] [--memory-batch 16,32]
                                [--update-blocks 128:128:8:3,128:128:8:3:2]
-                               [--update-mgpu default,64:4:2]
+                               [--update-mgpu default,64:3:2] [--update-gemm] [--rounds N]
                                [--parts step,dual,update,attention,memory,verify] [--layers N]
                                [--tiny]
     python -m benchmarks.flash --parts gamma [--checkpoint DIR] [--task arith|chain]
@@ -185,6 +185,14 @@ def part_dual(args, cfg, ceil, params, rows):
               flush=True)
 
 
+def gemm_alone(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads):
+    """A yardstick with the update's signature: XLA's projection GEMM alone (no RoPE, no cache
+    write), its output kept live by a max over it (a 3 MB read at 128 rows)."""
+    qkv = h_BRD @ w_qkv_DN
+    q = jnp.broadcast_to(jnp.max(qkv), (*h_BRD.shape[:2], n_heads, k_BTGK.shape[-1]))
+    return q, k_BTGK, v_BTGK
+
+
 def part_update(args, cfg, ceil, params, rows, n: int = 20):
     """One layer's cache update, `n` chained calls per program (cache carried, in place)."""
     D, H, G, K = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -215,6 +223,8 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
                 for b in args.update_mgpu.split(",") if b != "default"})
         impls = {"pallas": functools.partial(fc.flash_cache_pallas, interpret=interpret),
                  **blocks, **mgpu, "ref": fc.flash_cache_ref}
+        if args.update_gemm:
+            impls["gemm"] = gemm_alone
         compiled, kv = {}, {}
         for impl, fn in impls.items():
 
@@ -259,7 +269,7 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
                   + ", ".join(f"{x:.2f}" for x in ratios) + f"; median {np.median(ratios):.2f}"
                   + "".join(
                       f"; {k} median {np.median(np.asarray(per_round['ref']) / per_round[k]):.2f}"
-                      for k in compiled if k not in ("pallas", "ref")), flush=True)
+                      for k in compiled if k not in ("pallas", "ref", "gemm")), flush=True)
         M = B * R
         nbytes = 2 * (D * (H + 2 * G) * K + M * D + M * H * K + 2 * M * G * K)
         r["floor_ms"] = floor_ms(2.0 * M * D * (H + 2 * G) * K, nbytes, ceil)
@@ -267,6 +277,9 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         if "ms_mgpu" in r:
             r["fused_speedup_mgpu"] = r["ms_ref"] / r["ms_mgpu"]
         rows.append(r)
+        if "ms_gemm" in r:
+            print(f"update B={B} R={R}: XLA's projection GEMM alone {r['ms_gemm'] * 1e3:.1f} us",
+                  flush=True)
         print(f"update B={B} R={R}: fused {r['ms_pallas'] * 1e3:.1f} us, unfused "
               f"{r['ms_ref'] * 1e3:.1f} us ({r['fused_speedup']:.2f}x), floor "
               f"{r['floor_ms'] * 1e3:.1f} us" + "".join(
@@ -457,6 +470,8 @@ def main():
                     help="update: also the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) at "
                          "its default and these settings")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--update-gemm", action="store_true",
+                    help="update: also time XLA's projection GEMM alone (a yardstick)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="update: time every implementation once per round, this many "
                          "rounds (each round's fused / unfused ratio reported)")
