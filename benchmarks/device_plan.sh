@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the eighteenth session of 2026-12-04
+# The device calls the GPU-side work left open after the nineteenth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# eighteenth session: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact
-# cache through it) and stage 14's GPU test (the 128-column FP8 default at the full down
-# shape: passed; the FACache GPU test again at e5455f1: passed). Left, in priority order: 3, 5
-# (6 and 20 repeat earlier runs when their code changes):
-#  21  issue 17: the fused update in Mosaic GPU: GPU tests, beside Triton and unfused XLA
+# nineteenth session: 21 (the fused update in Mosaic GPU); in the eighteenth: 20 (FACache's
+# Mosaic GPU kernel: GPU tests, timing, the demo's exact cache through it) and stage 14's
+# GPU test. Left, in priority order: 22, 3, 5 (6, 20 and 21 repeat earlier runs when their
+# code changes):
+#  22  the GPU test suite in two calls (PART=1, PART=2)
+#  21  issue 17 (done, nineteenth): the fused update in Mosaic GPU: GPU tests, beside Triton
+#      and unfused XLA round by round
 #  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
 #      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
@@ -207,6 +209,13 @@ case "${1:-1}" in
     --rounds ${ROUNDS:-15} --window 16 --lookahead 8 --track 8 \
     --update-mgpu ${UPDATE_MGPU32:-default} 2>&1 | tee "$OUT/flash_update_mgpu_r32.log" \
     | quiet | grep "^update\|failed" | tail -4 ;;
+22)
+  # the GPU test suite in two calls (PART=1 or 2): all 37 did not fit one 520 s box (32
+  # passed in the nineteenth session's)
+  files="tests/test_flash_cache.py tests/test_fp8_mgpu_ws.py"
+  [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
+  timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
+    | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each
