@@ -2,13 +2,13 @@
 # The device calls the GPU-side work left open after the nineteenth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# nineteenth session: 21 (the fused update in Mosaic GPU); in the eighteenth: 20 (FACache's
-# Mosaic GPU kernel: GPU tests, timing, the demo's exact cache through it) and stage 14's
-# GPU test. Left, in priority order: 22, 3, 5 (6, 20 and 21 repeat earlier runs when their
-# code changes):
+# nineteenth session: 21 at its earlier form (the fused update in Mosaic GPU); in the
+# eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
+# through it) and stage 14's GPU test. Left, in priority order: 21, 22, 3, 5 (6 and 20
+# repeat earlier runs when their code changes):
 #  22  the GPU test suite in two calls (PART=1, PART=2)
-#  21  issue 17 (done, nineteenth): the fused update in Mosaic GPU: GPU tests, beside Triton
-#      and unfused XLA round by round
+#  21  issue 17: the fused update's GPU tests (the Triton kernel's d_model split: new), its
+#      tiles (split 2 and 4, 64-row tiles) round by round beside the unfused ops and the GEMM
 #  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
 #      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
@@ -196,19 +196,19 @@ case "${1:-1}" in
     --modes fixed,exact,threshold,threshold+exact 2>&1 | tee "$OUT/accuracy_demo_exact.log" \
     | quiet | tail -6 ;;
 21)
-  # issue 17: the fused cache update in Mosaic GPU (kernels/flash_cache_mgpu.py): its GPU
-  # tests and the dispatched paths (TESTS: a -k filter), then the Triton kernel, the Mosaic
-  # one and the unfused XLA ops round by round (ROUNDS), at the flash budget's 128 rows
-  # (batch 1) and the dual cache's 32
-  timeout -k 5 240 python3 -m pytest -q -m gpu tests/test_flash_cache.py -k "${TESTS:-}" \
+  # issue 17: the fused cache update: the GPU tests (TESTS: a -k filter; the Triton kernel's
+  # d_model split first ran here), then the Triton kernel at its default and at TILES (the
+  # d_model split over 2 and 4 programs, 64-row tiles) beside the unfused XLA ops and XLA's
+  # projection GEMM alone, round by round (ROUNDS), at the flash budget's 128 rows (batch 1),
+  # and the Mosaic GPU kernel with UPDATE_MGPU (e.g. default,64:3:2; not dispatched)
+  timeout -k 5 300 python3 -m pytest -q -m gpu tests/test_flash_cache.py -k "${TESTS:-}" \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_flash_cache_gpu.log" | tail -3
+  mgpu=${UPDATE_MGPU:+--update-mgpu $UPDATE_MGPU}
   timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1 --iters 10 \
-    --rounds ${ROUNDS:-15} --update-mgpu ${UPDATE_MGPU:-default,64:3:2} 2>&1 \
-    | tee "$OUT/flash_update_mgpu.log" | quiet | grep "^update\|failed\|Error" | tail -8
-  timeout -k 5 100 python3 -m benchmarks.flash --parts update --batch 1 --iters 10 \
-    --rounds ${ROUNDS:-15} --window 16 --lookahead 8 --track 8 \
-    --update-mgpu ${UPDATE_MGPU32:-default} 2>&1 | tee "$OUT/flash_update_mgpu_r32.log" \
-    | quiet | grep "^update\|failed" | tail -4 ;;
+    --rounds ${ROUNDS:-10} --update-gemm $mgpu \
+    --update-blocks ${TILES:-128:64:8:3:1:2,128:128:8:3:1:2,128:64:8:3:1:4,64:64:4:4} 2>&1 \
+    | tee "$OUT/flash_update_tiles.log" | quiet | grep "^update\|failed\|Error\|: " | tail -12
+  ;;
 22)
   # the GPU test suite in two calls (PART=1 or 2): all 37 did not fit one 520 s box (32
   # passed in the nineteenth session's)

@@ -220,7 +220,7 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
             mgpu.update({f"mgpu_{b}": functools.partial(
                 fcm.flash_cache_mgpu, interpret=interpret,
                 config=fcm.MgpuConfig(*map(int, b.split(":"))))
-                for b in args.update_mgpu.split(",") if b != "default"})
+                for b in filter(None, args.update_mgpu.split(",")) if b != "default"})
         impls = {"pallas": functools.partial(fc.flash_cache_pallas, interpret=interpret),
                  **blocks, **mgpu, "ref": fc.flash_cache_ref}
         if args.update_gemm:
@@ -243,11 +243,12 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
                 if impl in ("pallas", "ref"):
                     raise
                 r[f"error_{impl}"] = str(e).splitlines()[0][:200]
-                print(f"tiles {impl.removeprefix('pallas_')}: {r[f'error_{impl}']}", flush=True)
+                print(f"{impl}: {r[f'error_{impl}']}", flush=True)
                 continue
             compiled[impl] = chained
         # --rounds: every implementation timed once per round, round after round, so a drift
-        # of the machine's speed within the run moves them alike; each round's ratios kept
+        # of the machine's speed within the run moves them alike; each round's ratios kept.
+        # ms_<impl>: the median of all its timings; round_ms_<impl>: each round's median
         times = {impl: [] for impl in compiled}
         per_round = {impl: [] for impl in compiled}
         for _ in range(args.rounds):
@@ -463,10 +464,13 @@ def main():
                     help="gamma: the draw of held-out problems (a fresh one confirms a γ "
                          "chosen on another)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
-    ap.add_argument("--update-blocks", default="", metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS],...",
+    ap.add_argument("--update-blocks", default="",
+                    metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS[:SPLIT_K]],...",
                     help="update: flash_cache tiles timed beside the default (SPLITS: "
-                         "programs per head, default 1)")
-    ap.add_argument("--update-mgpu", default="", metavar="default,BLOCK_K:STAGES:CLUSTER[:CONSUMERS]",
+                         "programs per head over its columns, SPLIT_K: over d_model; "
+                         "default 1)")
+    ap.add_argument("--update-mgpu", default="",
+                    metavar="default,BLOCK_K:STAGES:CLUSTER[:CONSUMERS]",
                     help="update: also the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) at "
                          "its default and these settings")
     ap.add_argument("--iters", type=int, default=10)

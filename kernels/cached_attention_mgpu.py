@@ -49,20 +49,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import hopper
 from kernels.cached_attention import LOG2E, MASKED, FAState, _check
 
 BLOCK_Q = 64    # rows per consumer warpgroup: Hopper's wgmma M
 CONSUMERS = 2   # consumer warpgroups per CTA
 STATE_COLS = 64  # columns of the fp32 accumulator staged per TMA store
-SMEM_BYTES = 227 * 1024
-# barriers and Mosaic's own: it asked 2,704 bytes more than `smem_bytes` (eighteenth session)
-SMEM_RESERVE = 4096
 PROBES = ("", "no_bias")  # timing probes of the compiled kernel (results not meant to be right)
 
-
-def _interpret_params():
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    return InterpretGPUParams()
 
 
 def _rem(t, n: int):
@@ -84,10 +78,7 @@ def refusal(dtype, K: int, mode: str, block_kv: int = 128, stages: int = 2) -> s
     if stages < 2:
         return f"stages must be at least 2, got {stages}"
     need = smem_bytes(K, block_kv, stages, jnp.dtype(dtype).itemsize, mode == "fill")
-    if need > SMEM_BYTES - SMEM_RESERVE:
-        return (f"{need} bytes of shared memory asked, {SMEM_BYTES - SMEM_RESERVE} fit: "
-                f"fewer stages or a smaller block_kv")
-    return None
+    return hopper.smem_refusal(need, "fewer stages or a smaller block_kv")
 
 
 def smem_bytes(K: int, block_kv: int, stages: int, itemsize: int, write_state: bool) -> int:
@@ -352,7 +343,7 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
         entry, out_type=out_type, grid=(H, Lp // tq, B), grid_names=("heads", "q_seq", "batch"),
         num_threads=CONSUMERS + 1, thread_name="wg",
         compiler_params=None if interpret else plgpu.CompilerParams(approx_math=True),
-        interpret=_interpret_params() if interpret else None,
+        interpret=hopper.interpret_params() if interpret else None,
     )(q_p, k_p, v_p, bias_a, k_c, v_c, bias_c)
     o = outs[0][:, :L]
     if not write_state:

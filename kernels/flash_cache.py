@@ -74,8 +74,9 @@ def flash_cache_ref(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Tiles of the Pallas kernel: `rows` query rows per program, `depth` the d_model chunk
-    of the projection loop, Triton's `warps` and `stages`, and `splits` programs per head,
-    each taking 1/splits of both RoPE halves' columns (pairs i, i + K/2 stay together). A
+    of the projection loop, Triton's `warps` and `stages`, `splits` programs per head,
+    each taking 1/splits of both RoPE halves' columns (pairs i, i + K/2 stay together), and
+    `split_k` programs per head along d_model. A
     batch-1 step of LLaDA-8B has one row tile and 96 heads: 96 programs on 132 SMs, each
     streaming a 1 MB weight column block; `splits` 2 gives 192 smaller ones. Programs run
     row tile fastest, so the row tiles of one head's weight columns follow each other and
@@ -85,6 +86,10 @@ class BlockSizes:
     warps: int = 4
     stages: int = 2
     splits: int = 1
+    # programs per head along d_model, each summing 1/split_k of it into an fp32 partial; the
+    # last to finish (an atomic count) adds the partials in a fixed order and rotates and
+    # writes (deterministic). 2: 192 programs at batch 1, where 96 leave 36 of 132 SMs idle.
+    split_k: int = 1
 
     @classmethod
     def get_default(cls, M: int, D: int) -> "BlockSizes":
@@ -120,14 +125,14 @@ def use_kernel(M: int, tp: int, head_dim: int = 128) -> bool:
 MGPU = False
 
 
-def takes_mgpu(dtype, M: int, D: int, head_dim: int, heads: int, tp: int) -> bool:
+def takes_mgpu(dtypes, M: int, D: int, head_dim: int, heads: int, tp: int) -> bool:
     """Whether the Pallas path runs the Mosaic GPU kernel for M query rows of `heads` q + k
-    + v heads (else the Triton kernel): on Hopper, where `flash_cache_mgpu.refusal` is
-    None at its defaults."""
+    + v heads (else the Triton kernel): when `MGPU` is set, on Hopper, where
+    `flash_cache_mgpu.refusal` is None at its defaults. `dtypes`: of h, w_qkv, the caches."""
     if not MGPU or jax.default_backend() != "gpu":
         return False
     from kernels.flash_cache_mgpu import refusal
-    if refusal(dtype, M, D, head_dim, heads, tp) is not None:
+    if refusal(dtypes, M, D, head_dim, heads, tp) is not None:
         return False
     from kernels.fp8_matmul import compute_capability
     return compute_capability()[0] == 9
@@ -141,14 +146,20 @@ def chosen(rows: int, R: int, tp: int, head_dim: int) -> str:
     return implementation.choice("pallas" if use_kernel(M, tp, head_dim) else "ref")
 
 
-def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v_ref, *,
-            n_heads, n_kv, tp, K, rows, depth, splits, n_valid):
-    """Program (row tile i, column head j, part s of `splits`): j < H a query head, then G
-    key heads, then G value heads. Projects the tile's rows onto the part's columns of both
-    K/2 halves (so RoPE pairs stay in registers), rotates q and k, then stores q, or
-    scatters k / v rows into the cache at their flat row index; rows at index n_valid
-    (padding) are masked."""
+def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, *refs,
+            n_heads, n_kv, tp, K, rows, depth, splits, split_k, n_valid, interpret):
+    """Program (row tile i, column head j, part s of `splits`, d_model part kk of
+    `split_k`): j < H a query head, then G key heads, then G value heads. Projects the
+    tile's rows onto the part's columns of both K/2 halves (so RoPE pairs stay in
+    registers), rotates q and k, then stores q, or scatters k / v rows into the cache at
+    their flat row index; rows at index n_valid (padding) are masked. With split_k > 1 the
+    projection is split along d_model (`_sum_partials`)."""
     del k_in, v_in  # aliased to k_ref / v_ref: only the queried rows are overwritten
+    if split_k > 1:
+        count_in, q_ref, k_ref, v_ref, part_ref, count_ref = refs
+        del count_in  # aliased to count_ref
+    else:
+        q_ref, k_ref, v_ref = refs
     i, js = pl.program_id(0), pl.program_id(1)
     j, part = jax.lax.div(js, jnp.int32(splits)), jax.lax.rem(js, jnp.int32(splits))
     half = K // 2
@@ -167,15 +178,54 @@ def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, q_ref, k_ref, v
     col = jax.lax.div(local, per) * width + (first + jax.lax.rem(local, per)) * K + off
     r = pl.ds(i * rows, rows)
 
+    chunks = D // depth // split_k  # this program's d_model chunks
+    first_chunk = pl.program_id(2) * chunks if split_k > 1 else 0
+
     def step(d, acc):
         a1, a2 = acc
-        h = h_ref[r, pl.ds(d * depth, depth)]
-        w1 = w_ref[pl.ds(d * depth, depth), pl.ds(col, width_s)]
-        w2 = w_ref[pl.ds(d * depth, depth), pl.ds(col + half, width_s)]
+        dd = pl.ds((first_chunk + d) * depth, depth)
+        h = h_ref[r, dd]
+        w1 = w_ref[dd, pl.ds(col, width_s)]
+        w2 = w_ref[dd, pl.ds(col + half, width_s)]
         return (a1 + jnp.dot(h, w1, preferred_element_type=jnp.float32),
                 a2 + jnp.dot(h, w2, preferred_element_type=jnp.float32))
     zero = jnp.zeros((rows, width_s), jnp.float32)
-    x1, x2 = jax.lax.fori_loop(0, D // depth, step, (zero, zero))
+    x1, x2 = jax.lax.fori_loop(0, chunks, step, (zero, zero))
+    finish = functools.partial(_rotate_and_write, h_ref, cos_ref, sin_ref, idx_ref, q_ref,
+                               k_ref, v_ref, j=j, r=r, off=off, width_s=width_s, half=half,
+                               K=K, n_heads=n_heads, n_kv=n_kv, n_valid=n_valid)
+    if split_k == 1:
+        finish(x1, x2)
+        return
+    # d_model split: each program leaves its fp32 partial; the last of the head's split_k
+    # programs to finish sums them in the order of kk (run to run the same bits) and goes on
+    pcols = [pl.ds(j * K + lo + off, width_s) for lo in (0, half)]
+    kk = pl.program_id(2)
+    part_ref[kk, r, pcols[0]] = x1
+    part_ref[kk, r, pcols[1]] = x2
+    if not interpret:  # one program at a time there, and no rule for the barrier
+        plgpu.debug_barrier()  # every thread's partial stored before the count is released
+    tile = (i * jnp.int32(pl.num_programs(1)) + js).astype(jnp.int32)
+    done = plgpu.atomic_add(count_ref, (tile,), jnp.int32(1))
+
+    @pl.when(done == split_k - 1)
+    def _():
+        # volatile: read from L2, where the other programs put their partials (no stale L1
+        # line); the lowering of cache_modifier=".cg" fails in jax 0.10.2
+        def total(c):
+            y = plgpu.load(part_ref.at[jnp.int32(0), r, c], volatile=True)
+            for s in range(1, split_k):
+                y = y + plgpu.load(part_ref.at[jnp.int32(s), r, c], volatile=True)
+            return y
+        finish(total(pcols[0]), total(pcols[1]))
+
+
+def _rotate_and_write(h_ref, cos_ref, sin_ref, idx_ref, q_ref, k_ref, v_ref, x1, x2, *, j, r,
+                      off, width_s, half, K, n_heads, n_kv, n_valid):
+    """The epilogue of program (row tile `r`, head `j`, columns `off` + [0, width_s) of each
+    RoPE half) on its fp32 projection halves x1, x2: round, rotate q and k, store q or
+    scatter k / v into the cache."""
+    is_q, is_k = j < n_heads, (j >= n_heads) & (j < n_heads + n_kv)
     # The reference rounds the projection to the activation dtype before RoPE: so do we.
     x1 = x1.astype(h_ref.dtype).astype(jnp.float32)
     x2 = x2.astype(h_ref.dtype).astype(jnp.float32)
@@ -231,6 +281,9 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     if not interpret and K // 2 // block.splits < 16:
         raise ValueError(f"block.splits={block.splits} leaves {K // 2 // block.splits} columns "
                          f"per RoPE half: Triton's dot needs at least 16")
+    if block.split_k < 1 or D % (block.depth * block.split_k):
+        raise ValueError(f"block.split_k={block.split_k} must divide d_model={D} into whole "
+                         f"{block.depth}-column chunks")
     Mp = pl.cdiv(M, block.rows) * block.rows
     pad = Mp - M
     b = jnp.arange(B, dtype=jnp.int32)[:, None]
@@ -239,16 +292,26 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     cos = jnp.pad(cos_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
     sin = jnp.pad(sin_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
     idx = jnp.pad(flat, [(0, pad)], constant_values=B * T)
+    S, NH = block.split_k, n_heads + 2 * G
     kernel = functools.partial(_kernel, n_heads=n_heads, n_kv=G, tp=tp, K=K, rows=block.rows,
-                               depth=block.depth, splits=block.splits, n_valid=B * T)
-    q, k, v = pl.pallas_call(
-        kernel, grid=(Mp // block.rows, (n_heads + 2 * G) * block.splits),
-        out_shape=[jax.ShapeDtypeStruct((Mp, n_heads * K), h.dtype),
-                   jax.ShapeDtypeStruct((B * T, G * K), k_BTGK.dtype),
-                   jax.ShapeDtypeStruct((B * T, G * K), v_BTGK.dtype)],
-        input_output_aliases={5: 1, 6: 2}, interpret=interpret, name="flash_cache",
+                               depth=block.depth, splits=block.splits, split_k=S,
+                               n_valid=B * T, interpret=interpret)
+    grid = (Mp // block.rows, NH * block.splits)
+    out_shape = [jax.ShapeDtypeStruct((Mp, n_heads * K), h.dtype),
+                 jax.ShapeDtypeStruct((B * T, G * K), k_BTGK.dtype),
+                 jax.ShapeDtypeStruct((B * T, G * K), v_BTGK.dtype)]
+    extra, aliases = (), {5: 1, 6: 2}
+    if S > 1:  # the partials, and per program tile a count of its finished d_model parts
+        grid += (S,)
+        out_shape += [jax.ShapeDtypeStruct((S, Mp, NH * K), jnp.float32),
+                      jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.int32)]
+        extra, aliases = (jnp.zeros((grid[0] * grid[1],), jnp.int32),), {5: 1, 6: 2, 7: 4}
+    q, k, v, *_ = pl.pallas_call(
+        kernel, grid=grid, out_shape=out_shape, input_output_aliases=aliases,
+        interpret=interpret, name="flash_cache",
         compiler_params=plgpu.CompilerParams(num_warps=block.warps, num_stages=block.stages),
-    )(h, w_qkv_DN, cos, sin, idx, k_BTGK.reshape(B * T, G * K), v_BTGK.reshape(B * T, G * K))
+    )(h, w_qkv_DN, cos, sin, idx, k_BTGK.reshape(B * T, G * K), v_BTGK.reshape(B * T, G * K),
+      *extra)
     return (q[:M].reshape(B, R, n_heads, K), k.reshape(B, T, G, K), v.reshape(B, T, G, K))
 
 
@@ -259,9 +322,9 @@ implementation = Forced("flash_cache")
 def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n_heads: int,
                 tp: int = 1):
     """Dispatch: a Pallas kernel on GPU (per data shard under a mesh) up to FUSED_MAX_ROWS
-    query rows per device (the Mosaic GPU one on Hopper where it takes the shape,
-    `takes_mgpu`; else the Triton one), the reference elsewhere, above that and whenever
-    tensor parallelism splits the heads (tp > 1)."""
+    query rows per device (the Triton one; the Mosaic GPU one instead when `MGPU` is set,
+    on Hopper, where it takes the shape: `takes_mgpu`), the reference elsewhere, above that
+    and whenever tensor parallelism splits the heads (tp > 1)."""
     from jax.sharding import PartitionSpec as PS
 
     from lacache_jax.sharding import DATA, per_data_shard, shard_kernel
@@ -271,7 +334,8 @@ def flash_cache(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, *, n
     rows, heads = PS(DATA, None, None), PS(DATA, None, None, None)
     B, R, D = h_BRD.shape
     G, K = k_BTGK.shape[2:]
-    if takes_mgpu(h_BRD.dtype, per_data_shard(B) * R, D, K, n_heads + 2 * G, tp):
+    dtypes = (h_BRD.dtype, w_qkv_DN.dtype, k_BTGK.dtype, v_BTGK.dtype)
+    if takes_mgpu(dtypes, per_data_shard(B) * R, D, K, n_heads + 2 * G, tp):
         from kernels import flash_cache_mgpu
         kernel = functools.partial(flash_cache_mgpu.flash_cache_mgpu, n_heads=n_heads, tp=tp)
     else:

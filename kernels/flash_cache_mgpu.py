@@ -25,17 +25,17 @@ fifteenth session). Here:
 Shapes as `flash_cache_pallas`; caches are updated in place (mutable refs aliased into the
 kernel, the caller's buffers donated). Support: `refusal`.
 
-Measured on the H200 (2026-12-04, RESULTS.md nineteenth session; one layer of random LLaDA-8B,
-128 rows at batch 1): correct (`pytest -m gpu tests/test_flash_cache.py`, 12 passed), but not
-faster than the Triton kernel: over 15 interleaved rounds 1.10x the unfused XLA ops where the
-Triton kernel gave 1.18x (58.2 against 54.2 us; floor 28.1), at the dual cache's 32 rows
-0.95x against 1.07x. The multicast cluster did not pay (cluster 2 1.08x slower than 1 in two
-calls, level in the third). Kept beside its tests and benchmark (`benchmarks/flash.py
---update-mgpu`), not dispatched (`kernels/flash_cache.py::MGPU`). What is left to try: more
-bytes in flight (the cos/sin tables and the staging take 96 KiB beside the 96 KiB pipeline;
-one could share the tables' space with the staging), one wgmma in flight per consumer
-(`wgmma_wait(1)` with delayed release) for the compute-bound batch-4 rows (1.8x their FLOP
-floor here).
+Measured on the H200 (2026-12-04, RESULTS.md nineteenth session; one layer of random
+LLaDA-8B, 128 rows at batch 1): correct (`pytest -m gpu tests/test_flash_cache.py`: its six
+cases passed), but not faster than the Triton kernel: over 15 interleaved rounds 1.10x the
+unfused XLA ops where the Triton kernel gave 1.18x (58.2 against 54.2 us; floor 28.1), at the
+dual cache's 32 rows 0.95x against 1.07x. The multicast cluster did not pay (cluster 2
+1.08-1.10x slower than 1 in two calls, level in the third). Kept beside its tests and
+benchmark (`benchmarks/flash.py --update-mgpu`), not dispatched
+(`kernels/flash_cache.py::MGPU`). What is left to try: more bytes in flight (the cos/sin
+tables and the staging take 96 KiB beside the 96 KiB pipeline; one could share the tables'
+space with the staging), one wgmma in flight per consumer (`wgmma_wait(1)` with delayed
+release) for the compute-bound batch-4 rows (1.8x their FLOP floor here).
 """
 
 from __future__ import annotations
@@ -47,11 +47,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels import hopper
 from kernels.flash_cache import _check
 
 WG_ROWS = 64  # rows per consumer warpgroup: Hopper's wgmma M
-SMEM_BYTES = 227 * 1024
-SMEM_RESERVE = 4096  # barriers and Mosaic's own (as kernels/cached_attention_mgpu.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +74,21 @@ class MgpuConfig:
         return pipeline + rows * K * 4 + rows * K * itemsize + rows * 4
 
 
-def refusal(dtype, M: int, D: int, K: int, heads: int, tp: int,
+def refusal(dtypes, M: int, D: int, K: int, heads: int, tp: int,
             config: MgpuConfig = MgpuConfig()) -> str | None:
     """Why this kernel cannot take these settings, or None (the one support check, used by
-    the kernel and by `flash_cache`'s dispatch). `heads`: q + k + v heads (H + 2G)."""
-    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    the kernel and by `flash_cache`'s dispatch). `dtypes`: of h, w_qkv and the caches (one
+    bf16 or f16 type: the staged tiles go to the caches as they are); `heads`: q + k + v
+    heads (H + 2G)."""
+    dtype, *others = map(jnp.dtype, dtypes)
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"bf16 or f16 only, got {dtype}"
+    if any(o != dtype for o in others):
+        return f"h, w_qkv and the caches must share one dtype, got {[dtype, *others]}"
     if tp != 1:
         return f"tp={tp}: the column groups of tensor parallelism are the Triton kernel's"
-    if K not in (64, 128, 256):
-        return f"head dim must be 64, 128 or 256 (one wgmma N), got {K}"
+    if K not in (64, 128):  # the two lowered for CUDA in the tests
+        return f"head dim must be 64 or 128, got {K}"
     c = config
     if c.consumers not in (None, 1, 2):
         return f"consumers must be 1 or 2, got {c.consumers}"
@@ -95,15 +99,7 @@ def refusal(dtype, M: int, D: int, K: int, heads: int, tp: int,
     if c.cluster not in (1, 2, 4) or heads % c.cluster:
         return f"cluster must be 1, 2 or 4 and divide the {heads} heads, got {c.cluster}"
     need = c.smem_bytes(M, K, jnp.dtype(dtype).itemsize)
-    if need > SMEM_BYTES - SMEM_RESERVE:
-        return (f"{need} bytes of shared memory asked, {SMEM_BYTES - SMEM_RESERVE} fit: fewer "
-                f"stages or a smaller block_k")
-    return None
-
-
-def _interpret_params():
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    return InterpretGPUParams()
+    return hopper.smem_refusal(need, "fewer stages or a smaller block_k")
 
 
 @functools.partial(jax.jit, static_argnames=("n_heads", "tp", "config", "interpret"),
@@ -112,15 +108,16 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
                      n_heads: int, tp: int = 1, config: MgpuConfig | None = None,
                      interpret: bool = False):
     """The fused update (module docstring); `flash_cache_ref`'s contract. `interpret`: Pallas'
-    Mosaic GPU interpreter on the CPU (TMA, clusters, barriers simulated; each wgmma an fp32
-    dot of the same operands)."""
+    Mosaic GPU interpreter on the CPU (TMA, barriers and warpgroups simulated, clusters not:
+    cluster 1 only; each wgmma an fp32 dot of the same operands)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     _check(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK, n_heads, tp)
     B, R, D = h_BRD.shape
     _, T, G, K = k_BTGK.shape
     M, NH, half = B * R, n_heads + 2 * G, K // 2
     c = config or MgpuConfig()
-    if (why := refusal(h_BRD.dtype, M, D, K, NH, tp, c)) is not None:
+    dtypes = (h_BRD.dtype, w_qkv_DN.dtype, k_BTGK.dtype, v_BTGK.dtype)
+    if (why := refusal(dtypes, M, D, K, NH, tp, c)) is not None:
         raise ValueError(why)
     dtype = h_BRD.dtype
     rows = c.rows(M)
@@ -173,9 +170,8 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
             plgpu.barrier_wait(bars.at[2 * wg])
             tab = cs_smem.at[wg]
             cos, sin = tab[:, pl.ds(0, half)], tab[:, pl.ds(half, half)]
-            # the two halves staged apart: each TMA store (a tile or a row) reads one half's
-            # contiguous rows (a 256-byte unswizzled box wrote the right half wrong on the
-            # H200: the first GPU run of this kernel)
+            # the halves staged apart: a TMA store reads 128-byte rows (an unswizzled box of
+            # 256-byte rows stores its second 128 bytes from the wrong place)
             lo, hi = out_smem.at[wg, 0], out_smem.at[wg, 1]
 
             @pl.when(j < n_heads + G)  # q and k heads rotate, v heads do not
@@ -201,8 +197,8 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
 
                 @pl.loop(0, WG_ROWS)
                 def _(r):
-                    # from shared memory: a global load per row, each waited for before its
-                    # store, made the first GPU run slower than the Triton kernel
+                    # from shared memory: a global load here would put its latency before
+                    # each of the 64 stores in turn
                     row = cache_rows[r]
 
                     @pl.when(row < n_valid)  # padding rows of the query budget do not write
@@ -223,11 +219,15 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
 
         def context(run):
             r0 = jax.lax.axis_index("rows") * rows + wg * WG_ROWS
-            # the rows' cos | sin and cache rows, loaded while the projection streams
+            # the rows' cos | sin and (key and value heads: each copy is waited for) cache
+            # rows, loaded while the projection streams
             plgpu.copy_gmem_to_smem(cs_g.at[pl.ds(r0, WG_ROWS)], cs_smem.at[wg],
                                     bars.at[2 * wg])
-            plgpu.copy_gmem_to_smem(idx_g.at[pl.ds(r0, WG_ROWS)], idx_smem.at[wg],
-                                    bars.at[2 * wg + 1])
+
+            @pl.when(j >= n_heads)
+            def _():
+                plgpu.copy_gmem_to_smem(idx_g.at[pl.ds(r0, WG_ROWS)], idx_smem.at[wg],
+                                        bars.at[2 * wg + 1])
             if interpret:
                 acc = run(jnp.zeros((WG_ROWS, K), jnp.float32))
             else:
@@ -260,7 +260,7 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
         entry, out_type=jax.ShapeDtypeStruct((Mp, n_heads * K), dtype), mesh=mesh,
         compiler_params=None if interpret else plgpu.CompilerParams(
             lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=_interpret_params() if interpret else False, name="flash_cache_mgpu",
+        interpret=hopper.interpret_params() if interpret else False, name="flash_cache_mgpu",
     )(h, w_qkv_DN, cs, idx, k_flat, v_flat)
     return (q[:M].reshape(B, R, n_heads, K), k_flat[...].reshape(B, T, G, K),
             v_flat[...].reshape(B, T, G, K))

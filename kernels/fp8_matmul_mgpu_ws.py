@@ -72,11 +72,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul as fm
+from kernels import hopper
 
 GROUP = 128
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
-SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
 PROBES = ("", "carry_acc")
 
 
@@ -142,15 +142,11 @@ class WsConfig:
                 for slots, cols in ((2, 64), (1, 64), (1, 32)):
                     c = dataclasses.replace(base, stages=stages, epi_slots=slots,
                                             epi_cols=min(cols, 128 // item), steady=steady)
-                    if (c.smem_bytes(out_dtype) <= SMEM_BYTES - 1024  # 1 KiB: barriers
+                    if (c.smem_bytes(out_dtype) <= hopper.SMEM_BYTES - 1024  # 1 KiB: barriers
                             and not (steady and groups % stages)):
                         return c
         raise AssertionError("2 stages always fit")
 
-
-def _interpret_params():
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    return InterpretGPUParams()
 
 
 def _check_config(c: WsConfig, N: int, K: int) -> None:
@@ -395,5 +391,5 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                                   transforms=out_tiled)],
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
         cluster_names=("cluster",), num_threads=3, thread_name="wg",
-        interpret=_interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
+        interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
     return out if Mp == M else out[:M]

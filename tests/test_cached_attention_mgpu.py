@@ -66,8 +66,8 @@ def test_interpreted_per_row_bounds(monkeypatch):
     may be reported."""
     from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    import kernels.cached_attention_mgpu as mgpu
-    monkeypatch.setattr(mgpu, "_interpret_params", lambda: InterpretGPUParams(detect_races=True))
+    from kernels import hopper
+    monkeypatch.setattr(hopper, "interpret_params", lambda: InterpretGPUParams(detect_races=True))
     q, k, v, key_mask = inputs(1, 2, 128, 1, 1, 128, [0, 30], jnp.bfloat16)
     s, e = jnp.array([96, 40]), jnp.array([128, 72])
     o, state = cached_attention_mgpu(q, k, v, key_mask, s, e, mode="fill", block_len=32,

@@ -48,15 +48,18 @@ CASES = {  # B, R, D, T, H, G, K, tp: 21 rows over three 8-row tiles (the last o
 }
 
 
-@pytest.mark.parametrize("case,splits", [(c, 1) for c in CASES] + [("gqa_tp2", 2)])
-def test_kernel_matches_reference_interpret(case, splits):
+@pytest.mark.parametrize("case,splits,split_k", [(c, 1, 1) for c in CASES]
+                         + [("gqa_tp2", 2, 1), ("gqa_tp2", 1, 2), ("mha", 2, 2)])
+def test_kernel_matches_reference_interpret(case, splits, split_k):
     """Every head's columns in one program, or split over `splits` programs (each taking
-    part of both RoPE halves)."""
+    part of both RoPE halves), and d_model over `split_k` programs (fp32 partials summed by
+    the last one)."""
     B, R, D, T, H, G, K, tp = CASES[case]
     args = operands(B, R, D, T, H, G, K)
     q_r, k_r, v_r = flash_cache_ref(*args, n_heads=H, tp=tp)
     q, k, v = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, tp=tp,
-                                 block=BlockSizes(rows=8, depth=16, splits=splits),
+                                 block=BlockSizes(rows=8, depth=16, splits=splits,
+                                                  split_k=split_k),
                                  interpret=True)
     # fp32: the kernel sums the projection in 16-wide chunks, XLA in one pass: summation order
     # over D <= 64 terms of magnitude ~1 changes the result by ~1e-6.
@@ -107,24 +110,29 @@ def test_bad_shapes_are_refused():
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=3), interpret=True)
     with pytest.raises(ValueError, match="leaves 4 columns per RoPE half: Triton's dot"):
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=2))
+    with pytest.raises(ValueError, match="split_k=3 must divide d_model=64"):
+        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, split_k=3), interpret=True)
 
 
-@pytest.mark.parametrize("splits", [1, 2])
-def test_triton_ir_verifies(monkeypatch, splits):
+@pytest.mark.parametrize("splits,split_k", [(1, 1), (2, 1), (1, 2)])
+def test_triton_ir_verifies(monkeypatch, splits, split_k):
     args = operands(2, 40, 128, 50, 4, 2, 64, dtype=jnp.bfloat16)
-    block = dataclasses.replace(BlockSizes.get_default(80, 128), splits=splits)
+    block = dataclasses.replace(BlockSizes.get_default(80, 128), splits=splits,
+                                split_k=split_k, depth=128 // split_k)
     fn = lambda *a: flash_cache_pallas(*a, n_heads=4, block=block)  # noqa: E731
     assert_valid_triton(fn, *args, monkeypatch=monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,R,splits", [(1, 128, 1), (4, 128, 1), (3, 70, 1), (1, 128, 2)])
-def test_kernel_on_gpu(B, R, splits):
-    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; default tiles, and
-    each head split over two programs."""
+@pytest.mark.parametrize("B,R,splits,split_k", [(1, 128, 1, 1), (4, 128, 1, 1), (3, 70, 1, 1),
+                                                (1, 128, 2, 1), (1, 128, 1, 2), (3, 70, 1, 4)])
+def test_kernel_on_gpu(B, R, splits, split_k):
+    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; default tiles, each
+    head split over two programs, and d_model split over 2 or 4 (the partials' sum)."""
     args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
     ref = flash_cache_ref(*args, n_heads=32)
-    block = dataclasses.replace(BlockSizes.get_default(B * R, 1024), splits=splits)
+    block = dataclasses.replace(BlockSizes.get_default(B * R, 1024), splits=splits,
+                                split_k=split_k)
     out = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=32, block=block)
     for got, want in zip(out, ref):
         g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
@@ -158,10 +166,11 @@ def test_dispatch_leaves_large_batches_to_xla(monkeypatch):
     assert not fc.use_kernel(128, 1)
 
 
-def count_kernel_calls(monkeypatch) -> list:
-    """A list that gets an entry each time a Pallas kernel (Triton or Mosaic GPU) is traced."""
+def count_kernel_calls(monkeypatch, *kernels) -> list:
+    """A list that gets an entry each time one of `kernels` ((module, name) pairs; default
+    both Pallas kernels, Triton and Mosaic GPU) is traced."""
     calls = []
-    for module, name in ((fc, "flash_cache_pallas"), (fcm, "flash_cache_mgpu")):
+    for module, name in kernels or ((fc, "flash_cache_pallas"), (fcm, "flash_cache_mgpu")):
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *a, kernel=kernel, **k: calls.append(1) or kernel(*a, **k))
@@ -176,6 +185,28 @@ MGPU_CASES = {  # B, R, D, T, H, G, K, config: one and two consumer warpgroups, 
 }
 
 
+# A bf16 ulp is 2^-8 to 2^-7 of a value. Where the kernel's fp32 sum (in other chunks than
+# XLA's) rounds the projection to the other bf16 neighbour, RoPE carries that ulp of x1 and of
+# x2 into an output (|cos| + |sin| <= sqrt 2), whose own rounding may then differ by an ulp:
+# (sqrt 2 + 1) 2^-7 < 2^-5.7 of the largest value. Hence 2^-6 of the largest output.
+ULP_BUDGET = 2.0 ** -6
+
+
+def assert_rounding_close(got, want):
+    g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    np.testing.assert_allclose(g, w, rtol=0, atol=ULP_BUDGET * np.abs(w).max())
+
+
+def assert_unqueried_rows_kept(new_caches, old_caches, cols_BR):
+    """Rows nobody queried keep the old cache bit for bit."""
+    cols = np.asarray(cols_BR)
+    T = np.asarray(old_caches[0]).shape[1]
+    for new, old in zip(new_caches, old_caches):
+        for b in range(cols.shape[0]):
+            rest = np.setdiff1d(np.arange(T), cols[b])
+            np.testing.assert_array_equal(np.asarray(new)[b, rest], np.asarray(old)[b, rest])
+
+
 @pytest.mark.parametrize("case", MGPU_CASES)
 def test_mgpu_kernel_matches_reference_interpret(case):
     """Pallas' Mosaic GPU interpreter (TMA, barriers and the warp-specialised pipeline
@@ -186,27 +217,25 @@ def test_mgpu_kernel_matches_reference_interpret(case):
     q, k, v = flash_cache_mgpu(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, config=config,
                                interpret=True)
     for got, want in ((q, q_r), (k, k_r), (v, v_r)):
-        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
-        # bf16 operands summed in fp32 by both, in 64-column chunks here and in one pass by
-        # XLA: the projection's bf16 rounding may move by an ulp (2^-8 relative), rotated
-        # into two outputs.
-        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
+        assert_rounding_close(got, want)
+    assert_unqueried_rows_kept((k, v), args[5:], args[4])
+    # the written value rows are the projection's bf16 rounding, not rotated: equal to the
+    # reference's bit for bit except where the two sums round to neighbours (rare)
     cols = np.asarray(args[4])
-    untouched = np.ones((B, T), bool)
-    for b in range(B):
-        untouched[b, cols[b][cols[b] < T]] = False
-    for new, old in ((k, args[5]), (v, args[6])):  # rows nobody queried: bit for bit
-        np.testing.assert_array_equal(np.asarray(new)[untouched], np.asarray(old)[untouched])
-    # the values are not rotated: equal to the reference's bit for bit where the sums agree
-    assert np.mean(np.asarray(v) == np.asarray(v_r)) > 0.99
+    written = [(b, c) for b in range(B) for c in cols[b] if c < T]
+    got_v = np.stack([np.asarray(v)[b, c] for b, c in written])
+    want_v = np.stack([np.asarray(v_r)[b, c] for b, c in written])
+    assert np.mean(got_v == want_v) > 0.99
 
 
 def test_mgpu_refusals():
-    bf = jnp.bfloat16
+    bf = (jnp.bfloat16,) * 4
     assert fcm.refusal(bf, 128, 4096, 128, 96, 1) is None
-    assert "bf16 or f16" in fcm.refusal(jnp.float32, 128, 4096, 128, 96, 1)
+    assert "bf16 or f16" in fcm.refusal((jnp.float32,) * 4, 128, 4096, 128, 96, 1)
+    assert "one dtype" in fcm.refusal(bf[:3] + (jnp.float32,), 128, 4096, 128, 96, 1)
     assert "tp=2" in fcm.refusal(bf, 128, 4096, 128, 96, 2)
     assert "head dim" in fcm.refusal(bf, 128, 4096, 96, 96, 1)
+    assert "head dim" in fcm.refusal(bf, 128, 4096, 256, 96, 1)
     assert "block_k" in fcm.refusal(bf, 128, 4000, 128, 96, 1)
     assert "cluster" in fcm.refusal(bf, 128, 4096, 128, 6, 1, MgpuConfig(cluster=4))
     assert "shared memory" in fcm.refusal(bf, 128, 4096, 128, 96, 1, MgpuConfig(stages=6))
@@ -216,34 +245,42 @@ def test_mgpu_refusals():
 
 
 def test_mgpu_dispatch(monkeypatch):
-    """The Pallas path takes the Mosaic GPU kernel on Hopper where it supports the shape,
-    the Triton kernel elsewhere on a GPU."""
+    """The predicate of the dispatch: the Mosaic GPU kernel when `MGPU` is set, on Hopper,
+    where it supports the shape and dtypes; otherwise (the default) the Triton kernel."""
     from kernels import fp8_matmul
+    bf = (jnp.bfloat16,) * 4
     monkeypatch.setattr(fc.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(fc, "MGPU", True)
     monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (9, 0))
-    assert fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
-    assert not fc.takes_mgpu(jnp.float32, 128, 4096, 128, 96, 1)
-    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 2)
+    assert fc.takes_mgpu(bf, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu((jnp.float32,) * 4, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu(bf, 128, 4096, 128, 96, 2)
     monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (8, 0))
-    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu(bf, 128, 4096, 128, 96, 1)
     monkeypatch.setattr(fp8_matmul, "compute_capability", lambda: (9, 0))
     monkeypatch.setattr(fc, "MGPU", False)
-    assert not fc.takes_mgpu(jnp.bfloat16, 128, 4096, 128, 96, 1)
+    assert not fc.takes_mgpu(bf, 128, 4096, 128, 96, 1)
 
 
 @pytest.mark.parametrize("cluster", [1, 2, 4])
 def test_mgpu_lowers_for_cuda(cluster):
-    """The kernel at LLaDA-8B's shapes through Pallas' Mosaic GPU lowering (layouts and
-    transforms checked, no GPU needed): 32 rows (one warpgroup) and 128 (two)."""
+    """The kernel through Pallas' Mosaic GPU lowering (layouts and transforms checked, no GPU
+    needed) at LLaDA-8B's shapes, 32 rows (one warpgroup) and 128 (two), and at head dim 64."""
     sd = jax.ShapeDtypeStruct
-    for R in (32, 128):
-        a = (sd((1, R, 4096), jnp.bfloat16), sd((4096, 96 * 128), jnp.bfloat16),
-             sd((1, R, 64), jnp.float32), sd((1, R, 64), jnp.float32), sd((1, R), jnp.int32),
-             sd((1, 768, 32, 128), jnp.bfloat16), sd((1, 768, 32, 128), jnp.bfloat16))
+    for R, K in ((32, 128), (128, 128), (128, 64)):
+        a = (sd((1, R, 4096), jnp.bfloat16), sd((4096, 96 * K), jnp.bfloat16),
+             sd((1, R, K // 2), jnp.float32), sd((1, R, K // 2), jnp.float32),
+             sd((1, R), jnp.int32), sd((1, 768, 32, K), jnp.bfloat16),
+             sd((1, 768, 32, K), jnp.bfloat16))
         fn = functools.partial(flash_cache_mgpu, n_heads=32, config=MgpuConfig(cluster=cluster))
         text = jax.jit(fn).trace(*a).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text
+
+
+def skip_off_hopper():
+    from kernels.fp8_matmul import compute_capability
+    if compute_capability()[0] != 9:
+        pytest.skip("the Mosaic GPU kernel is Hopper's")
 
 
 @pytest.mark.gpu
@@ -251,21 +288,29 @@ def test_mgpu_lowers_for_cuda(cluster):
     (1, 128, MgpuConfig()), (1, 128, MgpuConfig(cluster=2)), (1, 128, MgpuConfig(cluster=4)),
     (1, 32, MgpuConfig()), (4, 128, MgpuConfig()), (3, 70, MgpuConfig(cluster=1, stages=2))])
 def test_mgpu_kernel_on_gpu(B, R, config):
-    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; the rows nobody
-    queried keep the old cache bit for bit."""
+    """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model."""
+    skip_off_hopper()
     args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
     ref = flash_cache_ref(*args, n_heads=32)
     out = flash_cache_mgpu(*args[:5], args[5] + 0, args[6] + 0, n_heads=32, config=config)
     for got, want in zip(out, ref):
-        g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
-        # as test_kernel_on_gpu: an ulp (2^-8) of the projection's rounding, rotated into two
-        np.testing.assert_allclose(g, w, rtol=0, atol=2 * 2.0 ** -8 * np.abs(w).max())
-    cols = np.asarray(args[4])
-    for new, old in zip(out[1:], args[5:]):
-        for b in range(B):
-            rest = np.setdiff1d(np.arange(600), cols[b])
-            np.testing.assert_array_equal(np.asarray(new)[b, rest], np.asarray(old)[b, rest])
-    assert fc.takes_mgpu(jnp.bfloat16, B * R, 4096, 128, 96, 1) == fc.MGPU  # Hopper
+        assert_rounding_close(got, want)
+    assert_unqueried_rows_kept(out[1:], args[5:], args[4])
+
+
+@pytest.mark.gpu
+def test_mgpu_through_the_dispatch_on_gpu(monkeypatch):
+    """With `MGPU` set, `flash_cache` runs the Mosaic GPU kernel on Hopper (traced once),
+    with the reference's results."""
+    skip_off_hopper()
+    monkeypatch.setattr(fc, "MGPU", True)
+    args = operands(2, 64, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=7)
+    ref = flash_cache_ref(*args, n_heads=32)
+    calls = count_kernel_calls(monkeypatch, (fcm, "flash_cache_mgpu"))
+    out = jax.jit(functools.partial(fc.flash_cache, n_heads=32))(*args)
+    assert len(calls) == 1
+    for got, want in zip(out, ref):
+        assert_rounding_close(got, want)
 
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["one_start", "per_row_starts"])

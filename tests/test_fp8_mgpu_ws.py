@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from kernels.fp8_matmul import fp8_matmul_ref
-from kernels.fp8_matmul_mgpu_ws import SMEM_BYTES, WsConfig, _check_config, fp8_matmul_mgpu_ws
+from kernels.fp8_matmul_mgpu_ws import WsConfig, _check_config, fp8_matmul_mgpu_ws
+from kernels.hopper import SMEM_BYTES
 from lacache_jax.quant import quantize_act, quantize_weight
 from tests.conftest import rel_err
 

@@ -1,0 +1,23 @@
+"""What the Mosaic GPU kernels share: Hopper's shared memory per block and the parameters of
+Pallas' Mosaic GPU interpreter (their CPU tests' way of running them)."""
+
+from __future__ import annotations
+
+SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
+# what a kernel's buffers may not use: barriers and Mosaic's own (the FACache kernel asked
+# 2,704 bytes more than its buffers, eighteenth session)
+SMEM_RESERVE = 4096
+
+
+def smem_refusal(need: int, fix: str) -> str | None:
+    """The refusal of a kernel whose buffers need `need` bytes of shared memory, or None."""
+    if need > SMEM_BYTES - SMEM_RESERVE:
+        return f"{need} bytes of shared memory asked, {SMEM_BYTES - SMEM_RESERVE} fit: {fix}"
+    return None
+
+
+def interpret_params():
+    """Pallas' Mosaic GPU interpreter at its defaults (a private module in jax 0.10-0.11;
+    tests patch this function to turn on race detection)."""
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    return InterpretGPUParams()
