@@ -152,8 +152,9 @@ def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, *refs,
     `split_k`): j < H a query head, then G key heads, then G value heads. Projects the
     tile's rows onto the part's columns of both K/2 halves (so RoPE pairs stay in
     registers), rotates q and k, then stores q, or scatters k / v rows into the cache at
-    their flat row index; rows at index n_valid (padding) are masked. With split_k > 1 the
-    projection is split along d_model (`_sum_partials`)."""
+    their flat row index; rows at index n_valid (padding) are masked. With split_k > 1
+    each program sums its part of d_model and the last of a head's programs to finish goes
+    on with the sum of all parts (below)."""
     del k_in, v_in  # aliased to k_ref / v_ref: only the queried rows are overwritten
     if split_k > 1:
         count_in, q_ref, k_ref, v_ref, part_ref, count_ref = refs

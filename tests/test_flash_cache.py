@@ -180,8 +180,8 @@ def count_kernel_calls(monkeypatch, *kernels) -> list:
 # --- the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) -----------------------------------
 
 MGPU_CASES = {  # B, R, D, T, H, G, K, config: one and two consumer warpgroups, GQA
-    "one_wg_gqa": (2, 21, 128, 30, 4, 2, 64, MgpuConfig(stages=2)),
-    "two_wg_padded": (3, 30, 256, 40, 2, 2, 64, MgpuConfig(stages=3)),
+    "one_wg_gqa": (2, 21, 128, 30, 2, 1, 64, MgpuConfig(stages=2)),
+    "two_wg_padded": (3, 30, 256, 40, 2, 1, 64, MgpuConfig(stages=3)),
 }
 
 
