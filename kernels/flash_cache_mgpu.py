@@ -32,7 +32,8 @@ unfused XLA ops where the Triton kernel gave 1.18x (58.2 against 54.2 us; floor 
 dual cache's 32 rows 0.95x against 1.07x. The multicast cluster did not pay (cluster 2
 1.08-1.10x slower than 1 in two calls, level in the third). Kept beside its tests and
 benchmark (`benchmarks/flash.py --update-mgpu`), not dispatched
-(`kernels/flash_cache.py::MGPU`). What is left to try: more bytes in flight (the cos/sin
+(`kernels/flash_cache.py::MGPU`); jax 0.11.2 (the GPU machine's) warns that the Pallas Triton
+backend of the dispatched kernel is deprecated and will be removed. What is left to try: more bytes in flight (the cos/sin
 tables and the staging take 96 KiB beside the 96 KiB pipeline; one could share the tables'
 space with the staging), one wgmma in flight per consumer (`wgmma_wait(1)` with delayed
 release) for the compute-bound batch-4 rows (1.8x their FLOP floor here).
