@@ -58,7 +58,6 @@ STATE_COLS = 64  # columns of the fp32 accumulator staged per TMA store
 PROBES = ("", "no_bias")  # timing probes of the compiled kernel (results not meant to be right)
 
 
-
 def _rem(t, n: int):
     """t mod n for a loop index (traced) or a Python int (the pipeline's unrolled first fill)."""
     return t % n if isinstance(t, int) else jax.lax.rem(t, jnp.asarray(n, t.dtype))

@@ -146,6 +146,18 @@ def chosen(rows: int, R: int, tp: int, head_dim: int) -> str:
     return implementation.choice("pallas" if use_kernel(M, tp, head_dim) else "ref")
 
 
+def flat_rows(h_BRD, cols_BR, T: int, Mp: int):
+    """The kernels' row operands: h [B, R, D] as [Mp, D] (zero rows padding M = B R up to Mp)
+    and each row's flat cache row b T + col [Mp] in the caches viewed [B T, G K], B T (past
+    the end: no write) for rows at a column >= T and for the padding."""
+    B, R, D = h_BRD.shape
+    M = B * R
+    b = jnp.arange(B, dtype=jnp.int32)[:, None]
+    flat = jnp.where(cols_BR < T, b * T + cols_BR, B * T).reshape(M).astype(jnp.int32)
+    return (jnp.pad(h_BRD.reshape(M, D), [(0, Mp - M), (0, 0)]),
+            jnp.pad(flat, [(0, Mp - M)], constant_values=B * T))
+
+
 def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, *refs,
             n_heads, n_kv, tp, K, rows, depth, splits, split_k, n_valid, interpret):
     """Program (row tile i, column head j, part s of `splits`, d_model part kk of
@@ -286,13 +298,8 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
         raise ValueError(f"block.split_k={block.split_k} must divide d_model={D} into whole "
                          f"{block.depth}-column chunks")
     Mp = pl.cdiv(M, block.rows) * block.rows
-    pad = Mp - M
-    b = jnp.arange(B, dtype=jnp.int32)[:, None]
-    flat = jnp.where(cols_BR < T, b * T + cols_BR, B * T).reshape(M).astype(jnp.int32)
-    h = jnp.pad(h_BRD.reshape(M, D), [(0, pad), (0, 0)])
-    cos = jnp.pad(cos_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
-    sin = jnp.pad(sin_BRk.reshape(M, K // 2), [(0, pad), (0, 0)])
-    idx = jnp.pad(flat, [(0, pad)], constant_values=B * T)
+    h, idx = flat_rows(h_BRD, cols_BR, T, Mp)
+    cos, sin = (jnp.pad(x.reshape(M, K // 2), [(0, Mp - M), (0, 0)]) for x in (cos_BRk, sin_BRk))
     S, NH = block.split_k, n_heads + 2 * G
     kernel = functools.partial(_kernel, n_heads=n_heads, n_kv=G, tp=tp, K=K, rows=block.rows,
                                depth=block.depth, splits=block.splits, split_k=S,

@@ -32,11 +32,12 @@ unfused XLA ops where the Triton kernel gave 1.18x (58.2 against 54.2 us; floor 
 dual cache's 32 rows 0.95x against 1.07x. The multicast cluster did not pay (cluster 2
 1.08-1.10x slower than 1 in two calls, level in the third). Kept beside its tests and
 benchmark (`benchmarks/flash.py --update-mgpu`), not dispatched
-(`kernels/flash_cache.py::MGPU`); jax 0.11.2 (the GPU machine's) warns that the Pallas Triton
-backend of the dispatched kernel is deprecated and will be removed. What is left to try: more bytes in flight (the cos/sin
-tables and the staging take 96 KiB beside the 96 KiB pipeline; one could share the tables'
-space with the staging), one wgmma in flight per consumer (`wgmma_wait(1)` with delayed
-release) for the compute-bound batch-4 rows (1.8x their FLOP floor here).
+(`kernels/flash_cache.py::MGPU`); jax 0.11.2 (the GPU machine's) warns that the Pallas
+Triton backend of the dispatched kernel is deprecated and will be removed. What is left to
+try: more bytes in flight (the cos/sin tables and the staging take 96 KiB beside the 96 KiB
+pipeline; one could share the tables' space with the staging), one wgmma in flight per
+consumer (`wgmma_wait(1)` with delayed release) for the compute-bound batch-4 rows (1.8x
+their FLOP floor here).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels import hopper
-from kernels.flash_cache import _check
+from kernels.flash_cache import _check, flat_rows
 
 WG_ROWS = 64  # rows per consumer warpgroup: Hopper's wgmma M
 
@@ -125,10 +126,7 @@ def flash_cache_mgpu(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTGK,
     consumers = rows // WG_ROWS
     Mp = pl.cdiv(M, rows) * rows
     n_valid = B * T
-    b = jnp.arange(B, dtype=jnp.int32)[:, None]
-    flat = jnp.where(cols_BR < T, b * T + cols_BR, n_valid).reshape(M).astype(jnp.int32)
-    idx = jnp.pad(flat, [(0, Mp - M)], constant_values=n_valid)
-    h = jnp.pad(h_BRD.reshape(M, D), [(0, Mp - M), (0, 0)])
+    h, idx = flat_rows(h_BRD, cols_BR, T, Mp)
     # cos | sin side by side: one TMA copy per warpgroup
     cs = jnp.pad(jnp.concatenate([cos_BRk, sin_BRk], -1).reshape(M, K).astype(jnp.float32),
                  [(0, Mp - M), (0, 0)])

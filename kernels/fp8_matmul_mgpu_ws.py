@@ -148,7 +148,6 @@ class WsConfig:
         raise AssertionError("2 stages always fit")
 
 
-
 def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.wg_rows not in (WAVE, 2 * WAVE):
         raise ValueError(f"wg_rows must be 64 or 128, got {c.wg_rows}")
