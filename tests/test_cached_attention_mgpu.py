@@ -89,7 +89,7 @@ def test_refusals():
     q, k, v, key_mask = inputs(0, 1, 64, 2, 2, 64, [0], jnp.bfloat16)
     f = functools.partial(cached_attention_mgpu, interpret=True)
     _, state = cached_attention_ref(q, k, v, key_mask, 0, 8, mode="fill")
-    with pytest.raises(ValueError, match="mode is the Triton kernel's"):
+    with pytest.raises(ValueError, match="'reuse' mode is the Triton kernel's"):
         f(q, k, v, key_mask, 0, 8, state, mode="reuse")
     with pytest.raises(ValueError, match="bf16 or f16 only"):
         f(*(x.astype(jnp.float32) for x in (q, k, v)), key_mask, 0, 8)
