@@ -196,9 +196,9 @@ case "${1:-1}" in
     --modes fixed,exact,threshold,threshold+exact 2>&1 | tee "$OUT/accuracy_demo_exact.log" \
     | quiet | tail -6 ;;
 21)
-  # issue 17: the fused cache update: the GPU tests (TESTS: a -k filter; the Triton kernel's
-  # d_model split first ran here), then the Triton kernel at its default and at TILES (the
-  # d_model split over 2 and 4 programs, 64-row tiles) beside the unfused XLA ops and XLA's
+  # issue 17: the fused cache update: the GPU tests (TESTS: a -k filter), then the Triton
+  # kernel at its default and at TILES (the heads' work dealt to 132 programs, 64-row
+  # tiles) beside the unfused XLA ops and XLA's
   # projection GEMM alone, round by round (ROUNDS), at the flash budget's 128 rows (batch 1),
   # and the Mosaic GPU kernel with UPDATE_MGPU (e.g. default,64:3:2; not dispatched)
   timeout -k 5 300 python3 -m pytest -q -m gpu tests/test_flash_cache.py -k "${TESTS:-}" \
@@ -206,7 +206,8 @@ case "${1:-1}" in
   mgpu=${UPDATE_MGPU:+--update-mgpu $UPDATE_MGPU}
   timeout -k 5 200 python3 -m benchmarks.flash --parts update --batch 1 --iters 10 \
     --rounds ${ROUNDS:-10} --update-gemm $mgpu \
-    --update-blocks ${TILES:-128:64:8:3:1:2,128:128:8:3:1:2,128:64:8:3:1:4,64:64:4:4} 2>&1 \
+    --update-blocks \
+    ${TILES:-128:128:8:3:1:132,128:64:8:4:1:132,128:64:8:3:1:132,64:64:4:4,64:64:4:4:1:132} 2>&1 \
     | tee "$OUT/flash_update_tiles.log" | quiet | grep "^update\|failed\|Error\|: " | tail -12
   ;;
 22)

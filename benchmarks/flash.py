@@ -207,8 +207,7 @@ def part_update(args, cfg, ceil, params, rows, n: int = 20):
         cos, sin = rope_tables(cols, K, cfg.rope_theta)
         r = dict(part="update", B=B, rows=R)
         # --update-blocks: the kernel's tiles to try beside its default (issue 17: at batch 1
-        # the fused step ran slower than the unfused one; 96 programs streaming the weights
-        # with 2 stages in flight is the suspect).
+        # one program a head leaves 36 of the H200's 132 SMs idle).
         blocks = {f"pallas_{b}": functools.partial(
                       fc.flash_cache_pallas, interpret=interpret,
                       block=fc.BlockSizes(*map(int, b.split(":"))))
@@ -465,10 +464,11 @@ def main():
                          "chosen on another)")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (quick checks)")
     ap.add_argument("--update-blocks", default="",
-                    metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS[:SPLIT_K]],...",
+                    metavar="ROWS:DEPTH:WARPS:STAGES[:SPLITS[:PROGRAMS]],...",
                     help="update: flash_cache tiles timed beside the default (SPLITS: "
-                         "programs per head over its columns, SPLIT_K: over d_model; "
-                         "default 1)")
+                         "programs per head over its columns, default 1; PROGRAMS: the "
+                         "(head, depth chunk) work of a row tile dealt to that many, "
+                         "default 0: one a head)")
     ap.add_argument("--update-mgpu", default="",
                     metavar="default,BLOCK_K:STAGES:CLUSTER[:CONSUMERS]",
                     help="update: also the Mosaic GPU kernel (kernels/flash_cache_mgpu.py) at "

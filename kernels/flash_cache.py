@@ -76,20 +76,19 @@ class BlockSizes:
     """Tiles of the Pallas kernel: `rows` query rows per program, `depth` the d_model chunk
     of the projection loop, Triton's `warps` and `stages`, `splits` programs per head,
     each taking 1/splits of both RoPE halves' columns (pairs i, i + K/2 stay together), and
-    `split_k` programs per head along d_model. A
-    batch-1 step of LLaDA-8B has one row tile and 96 heads: 96 programs on 132 SMs, each
-    streaming a 1 MB weight column block; `splits` 2 gives 192 smaller ones. Programs run
-    row tile fastest, so the row tiles of one head's weight columns follow each other and
-    share them in L2."""
+    `programs`: 0 for one program per (row tile, head part), else the (head part, depth
+    chunk) work of each row tile dealt in equal contiguous runs to that many programs (a
+    head cut between programs is summed from fp32 partials by the last of them to finish:
+    `Stream`). A batch-1 step of LLaDA-8B has one row tile and 96 heads: one program per
+    head leaves 36 of the H200's 132 SMs idle, and doubling the programs (splits or d_model
+    halves) runs two waves. Programs run row tile fastest, so the row tiles of one head's
+    weight columns follow each other and share them in L2."""
     rows: int = 64
     depth: int = 64
     warps: int = 4
     stages: int = 2
     splits: int = 1
-    # programs per head along d_model, each summing 1/split_k of it into an fp32 partial; the
-    # last to finish (an atomic count) adds the partials in a fixed order and rotates and
-    # writes (deterministic). 2: 192 programs at batch 1, where 96 leave 36 of 132 SMs idle.
-    split_k: int = 1
+    programs: int = 0
 
     @classmethod
     def get_default(cls, M: int, D: int) -> "BlockSizes":
@@ -158,77 +157,124 @@ def flat_rows(h_BRD, cols_BR, T: int, Mp: int):
             jnp.pad(flat, [(0, Mp - M)], constant_values=B * T))
 
 
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """How a row tile's work is dealt to programs: unit hs C + c is head part hs's depth
+    chunk c (`heads` parts of `chunks` chunks), and program p takes units [p per, p per +
+    per). `segments`: the most head parts one program touches; `pieces`: the most
+    programs one head part is cut between (1: no partials)."""
+    heads: int
+    chunks: int
+    per: int
+
+    @classmethod
+    def of(cls, heads: int, chunks: int, programs: int) -> "Stream":
+        """`programs` 0: one program per head part (per = chunks)."""
+        return cls(heads, chunks, pl.cdiv(heads * chunks, programs) if programs else chunks)
+
+    @property
+    def programs(self) -> int:
+        return pl.cdiv(self.heads * self.chunks, self.per)
+
+    @property
+    def segments(self) -> int:
+        C, per, U = self.chunks, self.per, self.heads * self.chunks
+        return max((min(p * per + per, U) - 1) // C - p * per // C + 1
+                   for p in range(self.programs))
+
+    @property
+    def pieces(self) -> int:
+        C, per = self.chunks, self.per
+        return max((j * C + C - 1) // per - j * C // per + 1 for j in range(self.heads))
+
+
 def _kernel(h_ref, w_ref, cos_ref, sin_ref, idx_ref, k_in, v_in, *refs,
-            n_heads, n_kv, tp, K, rows, depth, splits, split_k, n_valid, interpret):
-    """Program (row tile i, column head j, part s of `splits`, d_model part kk of
-    `split_k`): j < H a query head, then G key heads, then G value heads. Projects the
-    tile's rows onto the part's columns of both K/2 halves (so RoPE pairs stay in
-    registers), rotates q and k, then stores q, or scatters k / v rows into the cache at
-    their flat row index; rows at index n_valid (padding) are masked. With split_k > 1
-    each program sums its part of d_model and the last of a head's programs to finish goes
-    on with the sum of all parts (below)."""
+            n_heads, n_kv, tp, K, rows, depth, splits, stream, n_valid, interpret):
+    """Program (row tile i, p) projects the tile's rows onto its units' columns (both K/2
+    halves of a head part, so RoPE pairs stay in registers), head part by head part: hs =
+    head j's part `splits`, j < H a query head, then G key heads, then G value heads. A head
+    part whole in the program is finished at once: rotate q and k, store q, or scatter k /
+    v rows into the cache at their flat row index (rows at index n_valid, padding, are
+    masked). A head part cut between programs leaves an fp32 partial; the last of them to
+    finish (an atomic count) sums the partials in program order (the same bits run to run)
+    and finishes it."""
     del k_in, v_in  # aliased to k_ref / v_ref: only the queried rows are overwritten
-    if split_k > 1:
+    if stream.pieces > 1:
         count_in, q_ref, k_ref, v_ref, part_ref, count_ref = refs
         del count_in  # aliased to count_ref
     else:
         q_ref, k_ref, v_ref = refs
-    i, js = pl.program_id(0), pl.program_id(1)
-    j, part = jax.lax.div(js, jnp.int32(splits)), jax.lax.rem(js, jnp.int32(splits))
+    i32 = jnp.int32  # explicit: weak-typed Python ints in a select lower badly to Triton
+    i, p = pl.program_id(0), pl.program_id(1)
+    C, per = i32(stream.chunks), i32(stream.per)
+    first, end = p * per, jnp.minimum(p * per + per, C * stream.heads)
     half = K // 2
     width_s = half // splits  # the part's columns in each half
-    off = part * width_s
-    D = h_ref.shape[1]
-    # Column of head j in w_qkv: `tp` groups of [q heads | k heads | v heads] (Layer.tp).
+    r = pl.ds(i * rows, rows)
     hq, hk = n_heads // tp, n_kv // tp
     width = (hq + 2 * hk) * K
-    is_q, is_k = j < n_heads, (j >= n_heads) & (j < n_heads + n_kv)
-    i32 = jnp.int32  # explicit: weak-typed Python ints in a select lower badly to Triton
-    local = j - jnp.where(is_q, i32(0), jnp.where(is_k, i32(n_heads), i32(n_heads + n_kv)))
-    per = jnp.where(is_q, i32(hq), i32(hk))
-    first = jnp.where(is_q, i32(0), jnp.where(is_k, i32(hq), i32(hq + hk)))
-    # Non-negative operands: C division (lax) is floor division here, and lowers to Triton.
-    col = jax.lax.div(local, per) * width + (first + jax.lax.rem(local, per)) * K + off
-    r = pl.ds(i * rows, rows)
+    for seg in range(stream.segments):
+        hs = jax.lax.div(first, C) + seg
+        c0 = jnp.maximum(first - hs * C, 0)
+        c1 = jnp.maximum(jnp.minimum(end - hs * C, C), c0)  # c0 == c1: past the program's end
+        j, part = jax.lax.div(hs, i32(splits)), jax.lax.rem(hs, i32(splits))
+        off = part * width_s
+        # Column of head j in w_qkv: `tp` groups of [q heads | k heads | v heads] (Layer.tp).
+        is_q, is_k = j < n_heads, (j >= n_heads) & (j < n_heads + n_kv)
+        local = j - jnp.where(is_q, i32(0), jnp.where(is_k, i32(n_heads), i32(n_heads + n_kv)))
+        per_g = jnp.where(is_q, i32(hq), i32(hk))
+        first_g = jnp.where(is_q, i32(0), jnp.where(is_k, i32(hq), i32(hq + hk)))
+        # Non-negative operands: C division (lax) is floor division here, and lowers to Triton.
+        col = jax.lax.div(local, per_g) * width + (first_g + jax.lax.rem(local, per_g)) * K + off
 
-    chunks = D // depth // split_k  # this program's d_model chunks
-    first_chunk = pl.program_id(2) * chunks if split_k > 1 else 0
+        def step(d, acc, col=col):
+            a1, a2 = acc
+            dd = pl.ds(d * depth, depth)
+            h = h_ref[r, dd]
+            w1 = w_ref[dd, pl.ds(col, width_s)]
+            w2 = w_ref[dd, pl.ds(col + half, width_s)]
+            return (a1 + jnp.dot(h, w1, preferred_element_type=jnp.float32),
+                    a2 + jnp.dot(h, w2, preferred_element_type=jnp.float32))
+        zero = jnp.zeros((rows, width_s), jnp.float32)
+        x1, x2 = jax.lax.fori_loop(c0, c1, step, (zero, zero))
+        finish = functools.partial(_rotate_and_write, h_ref, cos_ref, sin_ref, idx_ref, q_ref,
+                                   k_ref, v_ref, j=j, r=r, off=off, width_s=width_s,
+                                   half=half, K=K, n_heads=n_heads, n_kv=n_kv,
+                                   n_valid=n_valid)
+        live = c0 < c1
+        if stream.pieces == 1:
+            pl.when(live)(lambda finish=finish, x1=x1, x2=x2: finish(x1, x2))
+            continue
+        lead = jax.lax.div(hs * C, per)  # the head part's first program
+        n_pieces = jax.lax.div(hs * C + C - 1, per) - lead + 1
+        pl.when(live & (n_pieces == 1))(lambda finish=finish, x1=x1, x2=x2: finish(x1, x2))
+        pl.when(live & (n_pieces > 1))(functools.partial(
+            _cut, part_ref, count_ref, finish, x1, x2, piece=p - lead, n_pieces=n_pieces,
+            tile=i * i32(stream.heads) + hs, r=r,
+            pcols=[pl.ds(hs * (2 * width_s) + lo, width_s) for lo in (0, width_s)],
+            max_pieces=stream.pieces, interpret=interpret))
 
-    def step(d, acc):
-        a1, a2 = acc
-        dd = pl.ds((first_chunk + d) * depth, depth)
-        h = h_ref[r, dd]
-        w1 = w_ref[dd, pl.ds(col, width_s)]
-        w2 = w_ref[dd, pl.ds(col + half, width_s)]
-        return (a1 + jnp.dot(h, w1, preferred_element_type=jnp.float32),
-                a2 + jnp.dot(h, w2, preferred_element_type=jnp.float32))
-    zero = jnp.zeros((rows, width_s), jnp.float32)
-    x1, x2 = jax.lax.fori_loop(0, chunks, step, (zero, zero))
-    finish = functools.partial(_rotate_and_write, h_ref, cos_ref, sin_ref, idx_ref, q_ref,
-                               k_ref, v_ref, j=j, r=r, off=off, width_s=width_s, half=half,
-                               K=K, n_heads=n_heads, n_kv=n_kv, n_valid=n_valid)
-    if split_k == 1:
-        finish(x1, x2)
-        return
-    # d_model split: each program leaves its fp32 partial; the last of the head's split_k
-    # programs to finish sums them in the order of kk (run to run the same bits) and goes on
-    pcols = [pl.ds(j * K + lo + off, width_s) for lo in (0, half)]
-    kk = pl.program_id(2)
-    part_ref[kk, r, pcols[0]] = x1
-    part_ref[kk, r, pcols[1]] = x2
+
+def _cut(part_ref, count_ref, finish, x1, x2, *, piece, n_pieces, tile, r, pcols, max_pieces,
+         interpret):
+    """A head part cut between programs: leave this program's fp32 partial; the last of its
+    n_pieces programs to count itself in sums them in piece order and finishes."""
+    part_ref[piece, r, pcols[0]] = x1
+    part_ref[piece, r, pcols[1]] = x2
     if not interpret:  # one program at a time there, and no rule for the barrier
         plgpu.debug_barrier()  # every thread's partial stored before the count is released
-    tile = (i * jnp.int32(pl.num_programs(1)) + js).astype(jnp.int32)
     done = plgpu.atomic_add(count_ref, (tile,), jnp.int32(1))
 
-    @pl.when(done == split_k - 1)
+    @pl.when(done == n_pieces - 1)
     def _():
         # volatile: read from L2, where the other programs put their partials (no stale L1
-        # line); the lowering of cache_modifier=".cg" fails in jax 0.10.2
+        # line); the lowering of cache_modifier=".cg" fails in jax 0.10.2. Slots past
+        # n_pieces hold another head's partial or nothing: selected away, never summed.
         def total(c):
             y = plgpu.load(part_ref.at[jnp.int32(0), r, c], volatile=True)
-            for s in range(1, split_k):
-                y = y + plgpu.load(part_ref.at[jnp.int32(s), r, c], volatile=True)
+            for s in range(1, max_pieces):
+                y_s = plgpu.load(part_ref.at[jnp.int32(s), r, c], volatile=True)
+                y = y + jnp.where(s < n_pieces, y_s, 0.0)
             return y
         finish(total(pcols[0]), total(pcols[1]))
 
@@ -294,26 +340,26 @@ def flash_cache_pallas(h_BRD, w_qkv_DN, cos_BRk, sin_BRk, cols_BR, k_BTGK, v_BTG
     if not interpret and K // 2 // block.splits < 16:
         raise ValueError(f"block.splits={block.splits} leaves {K // 2 // block.splits} columns "
                          f"per RoPE half: Triton's dot needs at least 16")
-    if block.split_k < 1 or D % (block.depth * block.split_k):
-        raise ValueError(f"block.split_k={block.split_k} must divide d_model={D} into whole "
-                         f"{block.depth}-column chunks")
+    if block.programs < 0:
+        raise ValueError(f"block.programs={block.programs} must be >= 0 (0: one a head part)")
     Mp = pl.cdiv(M, block.rows) * block.rows
     h, idx = flat_rows(h_BRD, cols_BR, T, Mp)
     cos, sin = (jnp.pad(x.reshape(M, K // 2), [(0, Mp - M), (0, 0)]) for x in (cos_BRk, sin_BRk))
-    S, NH = block.split_k, n_heads + 2 * G
+    NH = n_heads + 2 * G
+    stream = Stream.of(NH * block.splits, D // block.depth, block.programs)
     kernel = functools.partial(_kernel, n_heads=n_heads, n_kv=G, tp=tp, K=K, rows=block.rows,
-                               depth=block.depth, splits=block.splits, split_k=S,
+                               depth=block.depth, splits=block.splits, stream=stream,
                                n_valid=B * T, interpret=interpret)
-    grid = (Mp // block.rows, NH * block.splits)
+    grid = (Mp // block.rows, stream.programs)
     out_shape = [jax.ShapeDtypeStruct((Mp, n_heads * K), h.dtype),
                  jax.ShapeDtypeStruct((B * T, G * K), k_BTGK.dtype),
                  jax.ShapeDtypeStruct((B * T, G * K), v_BTGK.dtype)]
     extra, aliases = (), {5: 1, 6: 2}
-    if S > 1:  # the partials, and per program tile a count of its finished d_model parts
-        grid += (S,)
-        out_shape += [jax.ShapeDtypeStruct((S, Mp, NH * K), jnp.float32),
-                      jax.ShapeDtypeStruct((grid[0] * grid[1],), jnp.int32)]
-        extra, aliases = (jnp.zeros((grid[0] * grid[1],), jnp.int32),), {5: 1, 6: 2, 7: 4}
+    if stream.pieces > 1:  # the partials, and per row tile and head part a count of pieces
+        n_counts = grid[0] * stream.heads
+        out_shape += [jax.ShapeDtypeStruct((stream.pieces, Mp, NH * K), jnp.float32),
+                      jax.ShapeDtypeStruct((n_counts,), jnp.int32)]
+        extra, aliases = (jnp.zeros((n_counts,), jnp.int32),), {5: 1, 6: 2, 7: 4}
     q, k, v, *_ = pl.pallas_call(
         kernel, grid=grid, out_shape=out_shape, input_output_aliases=aliases,
         interpret=interpret, name="flash_cache",

@@ -48,19 +48,22 @@ CASES = {  # B, R, D, T, H, G, K, tp: 21 rows over three 8-row tiles (the last o
 }
 
 
-@pytest.mark.parametrize("case,splits,split_k", [(c, 1, 1) for c in CASES]
-                         + [("gqa_tp2", 2, 1), ("gqa_tp2", 1, 2), ("mha", 2, 2)])
-def test_kernel_matches_reference_interpret(case, splits, split_k):
+@pytest.mark.parametrize("case,splits,depth,programs", [(c, 1, 16, 0) for c in CASES] + [
+    ("gqa_tp2", 2, 16, 0), ("gqa_tp2", 1, 8, 22), ("gqa_tp2", 1, 16, 3), ("mha", 2, 16, 5)])
+def test_kernel_matches_reference_interpret(case, splits, depth, programs):
     """Every head's columns in one program, or split over `splits` programs (each taking
-    part of both RoPE halves), and d_model over `split_k` programs (fp32 partials summed by
-    the last one)."""
+    part of both RoPE halves), or the (head part, chunk) units dealt to `programs`
+    programs: 22 take 3 of a head's 8 chunks each (every head cut, up to 4 partials
+    summed), 3 take 11 of 4-chunk heads (whole heads finished at once beside cut ones, up
+    to 4 head parts a program), 5 take 5 of 2-chunk head halves."""
     B, R, D, T, H, G, K, tp = CASES[case]
     args = operands(B, R, D, T, H, G, K)
+    block = BlockSizes(rows=8, depth=depth, splits=splits, programs=programs)
+    stream = fc.Stream.of((H + 2 * G) * splits, D // depth, programs)
+    assert programs == 0 or stream.pieces > 1  # partials summed: what these cases test
     q_r, k_r, v_r = flash_cache_ref(*args, n_heads=H, tp=tp)
     q, k, v = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=H, tp=tp,
-                                 block=BlockSizes(rows=8, depth=16, splits=splits,
-                                                  split_k=split_k),
-                                 interpret=True)
+                                 block=block, interpret=True)
     # fp32: the kernel sums the projection in 16-wide chunks, XLA in one pass: summation order
     # over D <= 64 terms of magnitude ~1 changes the result by ~1e-6.
     for got, want in ((q, q_r), (k, k_r), (v, v_r)):
@@ -110,29 +113,32 @@ def test_bad_shapes_are_refused():
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=3), interpret=True)
     with pytest.raises(ValueError, match="leaves 4 columns per RoPE half: Triton's dot"):
         flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, splits=2))
-    with pytest.raises(ValueError, match="split_k=3 must divide d_model=64"):
-        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, split_k=3), interpret=True)
+    with pytest.raises(ValueError, match="block.programs=-1 must be >= 0"):
+        flash_cache_pallas(*args, n_heads=4, block=BlockSizes(8, 16, programs=-1),
+                           interpret=True)
 
 
-@pytest.mark.parametrize("splits,split_k", [(1, 1), (2, 1), (1, 2)])
-def test_triton_ir_verifies(monkeypatch, splits, split_k):
+@pytest.mark.parametrize("splits,depth,programs", [(1, 128, 0), (2, 128, 0), (1, 32, 11)])
+def test_triton_ir_verifies(monkeypatch, splits, depth, programs):
     args = operands(2, 40, 128, 50, 4, 2, 64, dtype=jnp.bfloat16)
-    block = dataclasses.replace(BlockSizes.get_default(80, 128), splits=splits,
-                                split_k=split_k, depth=128 // split_k)
+    block = dataclasses.replace(BlockSizes.get_default(80, 128), splits=splits, depth=depth,
+                                programs=programs)
     fn = lambda *a: flash_cache_pallas(*a, n_heads=4, block=block)  # noqa: E731
     assert_valid_triton(fn, *args, monkeypatch=monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B,R,splits,split_k", [(1, 128, 1, 1), (4, 128, 1, 1), (3, 70, 1, 1),
-                                                (1, 128, 2, 1), (1, 128, 1, 2), (3, 70, 1, 4)])
-def test_kernel_on_gpu(B, R, splits, split_k):
+@pytest.mark.parametrize("B,R,splits,programs", [(1, 128, 1, 0), (4, 128, 1, 0), (3, 70, 1, 0),
+                                                 (1, 128, 2, 0), (1, 128, 1, 132),
+                                                 (3, 70, 1, 200)])
+def test_kernel_on_gpu(B, R, splits, programs):
     """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; default tiles, each
-    head split over two programs, and d_model split over 2 or 4 (the partials' sum)."""
+    head split over two programs, and the 96 heads' 8 chunks dealt to 132 programs (128
+    of 6 chunks) or, over two row tiles, to 200 (192 of 4)."""
     args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
     ref = flash_cache_ref(*args, n_heads=32)
     block = dataclasses.replace(BlockSizes.get_default(B * R, 1024), splits=splits,
-                                split_k=split_k)
+                                programs=programs)
     out = flash_cache_pallas(*args[:5], args[5] + 0, args[6] + 0, n_heads=32, block=block)
     for got, want in zip(out, ref):
         g, w = np.asarray(got, np.float32), np.asarray(want, np.float32)
