@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the nineteenth session of 2026-12-04
+# The device calls the GPU-side work left open after the twentieth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# nineteenth session: 21 at its earlier form (the fused update in Mosaic GPU); in the
+# twentieth session: 21 (the heads' work over 132 programs: slower) and 22 (every GPU test
+# passed); in the nineteenth: 21 at its earlier form (the fused update in Mosaic GPU); in the
 # eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
-# through it) and stage 14's GPU test. Left, in priority order: 21, 22, 3, 5 (6 and 20
+# through it) and stage 14's GPU test. Left, in priority order: 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
 #  22  the GPU test suite in two calls (PART=1, PART=2)
-#  21  issue 17: the fused update's GPU tests (the Triton kernel's d_model split: new), its
-#      tiles (split 2 and 4, 64-row tiles) round by round beside the unfused ops and the GEMM
+#  21  issue 17: the fused update's GPU tests, its tiles (TILES: the heads' work over 132
+#      programs, 64-row tiles) round by round beside the unfused ops and the GEMM
 #  20  issue 20: FACache's Mosaic GPU kernel: GPU test, beside cuDNN / Triton / jax's FA3
 #      (MGPU=block_kv:stages[:probe],... KERNELS=triton,mgpu,fa3), the demo's exact cache
 #   3  issues 15, 18: the accuracy table and the cumprod γ sweep on a chain model (CHAIN_HF,
