@@ -97,8 +97,9 @@ class BlockSizes:
         # stages ran 49.1 and 49.3 us where 64-deep with 4 stages ran 53.5 and 51.4-53.4
         # (sixth and tenth sessions). At 65-128 rows (a batch-1 flash step) two 64-row tiles,
         # 64 deep, 4 stages: faster than one 128-row tile in 5 of 6 same-run comparisons at
-        # 128 rows, by 1-13% (round medians 1-3%; fifteenth and twentieth sessions,
-        # benchmarks/RESULTS.md). Smaller tiles keep 64-deep chunks with 4 stages.
+        # 128 rows (means 0.5-14% where they won, 3.5% slower once; round medians 1-2%;
+        # fifteenth and twentieth sessions, benchmarks/RESULTS.md; the sixth after the
+        # switch). Smaller tiles keep 64-deep chunks with 4 stages.
         rows = min(64 if M <= 128 else 128, max(16, 1 << max(M - 1, 0).bit_length()))
         wide = rows == 128 and D % 128 == 0
         depth = 128 if wide else next(d for d in (64, 32, 16, 8) if D % d == 0)

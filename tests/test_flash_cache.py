@@ -133,8 +133,9 @@ def test_triton_ir_verifies(monkeypatch, splits, depth, programs):
                                                  (3, 70, 1, 200)])
 def test_kernel_on_gpu(B, R, splits, programs):
     """LLaDA-8B head shapes (H = G = 32, K = 128), a shortened d_model; default tiles, each
-    head split over two programs, and the 96 heads' 8 chunks dealt to 132 programs (128
-    of 6 chunks) or, over two row tiles, to 200 (192 of 4)."""
+    head split over two programs, and the 96 heads' chunks dealt, per row tile, to 132
+    programs (128 rows: two 64-row tiles, 16 chunks a head, 128 programs of 12) or to 200
+    (210 rows: two 128-row tiles, 8 chunks a head, 192 programs of 4)."""
     args = operands(B, R, 1024, 600, 32, 32, 128, dtype=jnp.bfloat16, seed=B)
     ref = flash_cache_ref(*args, n_heads=32)
     block = dataclasses.replace(BlockSizes.get_default(B * R, 1024), splits=splits,
