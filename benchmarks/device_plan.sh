@@ -7,6 +7,8 @@
 # eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
 # through it) and stage 14's GPU test. Left, in priority order: 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
+#  23  issue 23: cuBLASLt's block-scaled configurations searched at the FFN shapes (SEARCH:
+#      SHAPE:M,...), the fastest timed again in jit beside XLA's per-tensor FP8; GPU tests
 #  22  the GPU test suite in two calls (PART=1, PART=2)
 #  21  issue 17: the fused update's GPU tests, its tiles (TILES: the heads' work over 132
 #      programs, 64-row tiles) round by round beside the unfused ops and the GEMM
@@ -218,6 +220,13 @@ case "${1:-1}" in
   [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
   timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
+23)
+  timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k cublaslt -s \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cublaslt_gpu.log" | grep -v -i warn | tail -12
+  timeout -k 5 ${SEARCH_S:-400} python3 -m benchmarks.fp8_gemm --cublaslt-search \
+    ${SEARCH:-gate_up:1024,down:1024,gate_up:4096,down:4096} --top ${TOP:-6} \
+    --rounds ${ROUNDS:-5} 2>&1 | tee "$OUT/fp8_gemm_search.log" | quiet \
+    | grep -v "^{" | tail -12 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each

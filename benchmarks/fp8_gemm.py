@@ -5,6 +5,8 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
     python -m benchmarks.fp8_gemm [--ms 1024,4096,768,256,32,16384] [--shapes gate_up,down]
         [--check-only] [--kernels cublaslt,xla_fp8_precise,mgpu_ws]
     python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
+    python -m benchmarks.fp8_gemm --cublaslt-search gate_up:1024,down:1024 [--top 6]
+        [--rounds 5]
 
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
 per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
@@ -14,7 +16,11 @@ its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe 
 `WsConfig.get_default`; `--mgpu-ws-sweep gate_up:4096` times only its knobs), the Triton
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
-The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
+`--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
+without split-K, timed by the handler itself (`fp8_cublaslt.search`), then the `--top` fastest
+and the heuristic's choice timed again inside jit beside XLA's per-tensor FP8 dot, `--rounds`
+rounds round by round (median per kernel), each output compared bit for bit with the
+heuristic's. The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
 (N cut to 1024 to keep the fp32 reference small), relative L2 and max-abs error, so an
 unwritten or stale tile shows even where the norm would hide it.
 """
@@ -169,6 +175,49 @@ def ws_sweep(spec: str, rows: list) -> None:
         print(row, flush=True)
 
 
+def cublaslt_search(spec: str, top: int, rounds: int, rows: list) -> None:
+    """`--cublaslt-search`: for each SHAPE:M, every configuration `lt.search` finds (rows
+    `kind` "search"), then the `top` fastest, the heuristic's and XLA's per-tensor FP8 dots
+    timed in jit over `rounds` rounds (rows `kind` "jit", median and all round times), with
+    whether each output has the heuristic's bits."""
+    for item in spec.split(","):
+        shape, M = item.split(":")
+        M, (K, N) = int(M), SHAPES[shape]
+        flops = 2.0 * M * K * N
+        base = dict(shape=shape, M=M, K=K, N=N)
+        found = lt.search(M, N, K, jnp.bfloat16, swap=False)
+        for config, ms in found:
+            rows.append({**base, "kind": "search", "config": config, "ms": ms,
+                         "tflops": flops / ms / 1e9})
+        ranked = sorted(found[1:], key=lambda r: r[1])
+        print(f"{shape} M {M}: {len(found)} configurations; heuristic {found[0][0]} "
+              f"{flops / found[0][1] / 1e9:.0f} TFLOP/s; best "
+              + "; ".join(f"{c} {flops / ms / 1e9:.0f}" for c, ms in ranked[:top]), flush=True)
+        xq, xs, wq, ws = operands(M, K, N, M)
+        dot = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.bfloat16)
+        fns = {"xla_fp8_fast": lambda a, s: dot(a, wq),
+               "xla_fp8_precise": lambda a, s: dot(a, wq, precision="highest")}
+        configs = [lt.HEURISTIC] + [c for c, _ in ranked[:top]]
+        for c in configs:
+            fns[c] = functools.partial(lambda a, s, c: lt.fp8_matmul_cublaslt(
+                a, s, wq, ws, swap=False, config=c), c=c)
+        heuristic = np.asarray(fns[lt.HEURISTIC](xq, xs))
+        same = {c: bool(np.array_equal(np.asarray(fns[c](xq, xs)), heuristic)) for c in configs}
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(time_chained(fn, xq, xs, n=20)["median_ms"])
+        for name, ts in times.items():
+            ms = float(np.median(ts))
+            row = {**base, "kind": "jit", "kernel": name if isinstance(name, str) else "cublaslt",
+                   "ms": ms, "tflops": flops / ms / 1e9, "round_ms": ts}
+            if not isinstance(name, str):
+                row.update(config=name, same_bits_as_heuristic=same[name])
+            rows.append(row)
+            print(row, flush=True)
+
+
 def table(rows: list) -> None:
     names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "cublaslt_swap", "mgpu", "mgpu_ws",
              "triton", "dispatch", "xla_bf16"]
@@ -195,8 +244,19 @@ def main():
                     help="comma-separated subset of the kernels (xla_bf16 always runs)")
     ap.add_argument("--mgpu-ws-sweep", default=None, metavar="SHAPE:M",
                     help="only time fp8_matmul_mgpu_ws's knobs at one shape, e.g. gate_up:4096")
+    ap.add_argument("--cublaslt-search", default=None, metavar="SHAPE:M,...",
+                    help="search cuBLASLt's configurations, e.g. gate_up:1024,down:1024")
+    ap.add_argument("--top", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     exit_on_sigterm()
+    if args.cublaslt_search:
+        rows = []
+        try:
+            cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows)
+        finally:
+            print("->", write_result("fp8_gemm_search", {"rows": rows}))
+        return
     if args.mgpu_ws_sweep:
         rows = []
         try:

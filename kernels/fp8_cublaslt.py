@@ -18,10 +18,14 @@ activations, writing [N, M], transposed afterwards) and whether it writes f32
 (`F32_OUT`) are probed once by `available()` on a tiny problem, so a cuBLASLt that refuses one
 arrangement still serves the other (both run at the same speed on the H200: RESULTS.md).
 
-The heuristic's first algorithm is taken without timing others: asked for up to 16, cuBLASLt
-13 offered exactly one block-scaled FP8 algorithm for every shape tried (M 8 to 4096, both FFN
-shapes, bf16 and f32 out; the tuning handler of commit d9e8500, 2026-12-01), so there is
-nothing to choose between.
+The algorithm: asked for up to 16, cuBLASLt's heuristic offers exactly one block-scaled FP8
+algorithm for every shape tried (M 8 to 4096, both FFN shapes, bf16 and f32 out; commit d9e8500,
+2026-12-01), but that algorithm's configuration (tile, pipeline stages, cluster shape, CTA
+swizzling, custom option) is open: `search` times every configuration cuBLASLt accepts for a
+problem (`benchmarks/fp8_gemm.py --cublaslt-search`), and `TUNED` holds the measured winners
+that the handler then runs (`config_for`), the heuristic's choice everywhere else or where
+cuBLASLt refuses a configuration. Only configurations without split-K are searched or
+tabled: a split changes the order of K's sum, so the output's bits.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ HEADERS = ("cublasLt.h", "cuda_runtime_api.h", "crt/host_defines.h", "nv/target"
 LIBRARIES = ("libcublasLt.so", "libcudart.so")
 SWAP = False     # set by available()'s probe: A = activations, output transposed afterwards
 F32_OUT = True   # set by available()'s probe: cuBLASLt writes f32 in this arrangement
+# A configuration: cuBLASLt's algo id, tile, stages, cluster shape, CTA swizzling, split-K,
+# reduction scheme and custom option (its enum values); an algo id < 0 is the heuristic's.
+CONFIG_FIELDS = ("algo", "tile", "stages", "cluster", "swizzle", "split_k", "reduction", "custom")
+HEURISTIC = (-1, 0, 0, 0, 0, 1, 0, 0)
+# (N, K) -> [(from M rows, config)], bf16 out, the arrangement `SWAP` False: measured winners of
+# `benchmarks/fp8_gemm.py --cublaslt-search` (RESULTS.md); the last entry whose M bound is met.
+TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
+_LIB: ctypes.CDLL | None = None  # the loaded handler, for `search`
 
 
 class Unavailable(RuntimeError):
@@ -67,16 +79,35 @@ def supports(M: int, N: int, K: int, out_dtype) -> bool:
             and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
 
 
-def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None):
+def config_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, ...]:
+    """The `TUNED` configuration for this problem, else `HEURISTIC`."""
+    if swap or jnp.dtype(out_dtype) != jnp.dtype(jnp.bfloat16):
+        return HEURISTIC
+    config = HEURISTIC
+    for from_m, tuned in TUNED.get((N, K), ()):
+        if M >= from_m:
+            config = tuned
+    return config
+
+
+def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None,
+                        config=None):
     """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
     x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
     Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`.
-    `swap` (default: the probed `SWAP`) is for benchmarks that compare the arrangements."""
-    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=SWAP if swap is None else swap)
+    `swap` (default: the probed `SWAP`) and `config` (default: `config_for`) are for
+    benchmarks that compare arrangements and configurations."""
+    swap = SWAP if swap is None else swap
+    if config is None:
+        config = config_for(xq.shape[0], wq.shape[0], xq.shape[1], out_dtype, swap)
+    if len(config) != len(CONFIG_FIELDS):
+        raise ValueError(f"config must be {len(CONFIG_FIELDS)} ints {CONFIG_FIELDS}, got {config}")
+    return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=swap,
+                     config=tuple(map(int, config)))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "swap"))
-def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap", "config"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, config: tuple[int, ...]):
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -89,14 +120,39 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool):
     ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
     shape = (N, M) if swap else (M, N)
     out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
-        xq, x_scale.T, wq, ws, swap=np.int32(swap))
+        xq, x_scale.T, wq, ws, swap=np.int32(swap), config=np.asarray(config, np.int32))
     return out.T if swap else out
+
+
+def search(M: int, N: int, K: int, out_dtype=jnp.bfloat16, *, swap=None, reps: int = 5,
+           max_configs: int = 4096) -> list[tuple[tuple[int, ...], float]]:
+    """Every configuration cuBLASLt accepts for this problem without split-K, timed by the
+    handler on operands of its own (random FP8 values and scales, the current device, outside
+    XLA), `reps` calls each after a warm-up: [(config, ms per call)], the heuristic's choice
+    first, then cuBLASLt's order. Needs `available()`."""
+    if not available():
+        raise Unavailable("the cuBLASLt handler is not available")
+    n = len(CONFIG_FIELDS)
+    configs = np.zeros((max_configs, n), np.int32)
+    ms = np.zeros(max_configs, np.float32)
+    error = ctypes.create_string_buffer(512)
+    f32 = jnp.dtype(out_dtype) == jnp.dtype(jnp.float32)
+    swap = SWAP if swap is None else swap
+    count = _LIB.lacache_cublaslt_search(
+        ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), ctypes.c_int32(f32),
+        ctypes.c_int32(swap), ctypes.c_int32(reps), ctypes.c_int32(max_configs),
+        configs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        ms.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), error, ctypes.c_int32(len(error)))
+    if count < 0:
+        raise RuntimeError(f"cuBLASLt configuration search failed: {error.value.decode()}")
+    return [(tuple(map(int, configs[i])), float(ms[i])) for i in range(count)]
 
 
 @functools.cache
 def available() -> bool:
     """Build (or find cached), load and register the handler; False (with one warning) where
     that cannot be done."""
+    global _LIB
     jax.devices()  # the backend first: its cuBLASLt is then mapped and found by find_cuda
     try:
         path = build()
@@ -106,6 +162,10 @@ def available() -> bool:
         if version < MIN_CUBLASLT:
             raise Unavailable(f"cuBLASLt {version} has no block-scaled FP8 (needs >= "
                               f"{MIN_CUBLASLT})")
+        lib.lacache_cublaslt_search.restype = ctypes.c_int32
+        if lib.lacache_cublaslt_config_len() != len(CONFIG_FIELDS):
+            raise Unavailable(f"{path.name} takes another configuration length")
+        _LIB = lib
         jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, HANDLER)),
                                     platform="CUDA")
         probe()
@@ -128,7 +188,8 @@ def probe() -> None:
         xs, ws = jnp.ones((8, 1), jnp.float32), jnp.ones((1, 1), jnp.float32)
         for swap in (False, True):
             try:
-                got = float(_cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap)[0, 0])
+                got = float(_cublaslt(xq, xs, wq, ws, jnp.bfloat16, swap=swap,
+                                      config=HEURISTIC)[0, 0])
             except Exception as e:  # noqa: BLE001 (any failure: try the other arrangement)
                 errors.append(f"swap={swap}: {str(e).splitlines()[0][:200]}")
                 continue
@@ -137,7 +198,8 @@ def probe() -> None:
                 continue
             SWAP = swap
             try:
-                F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap)[0, 0]) == GROUP
+                F32_OUT = float(_cublaslt(xq, xs, wq, ws, jnp.float32, swap=swap,
+                                          config=HEURISTIC)[0, 0]) == GROUP
             except Exception:  # noqa: BLE001 (no f32 output: bf16 only)
                 F32_OUT = False
             return

@@ -315,10 +315,11 @@ def test_mgpu_default_config():
     assert fm.MgpuConfig is MgpuConfig and fm.fp8_matmul_pallas is fp8_matmul_pallas
 
 
-def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads():
+def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads(monkeypatch):
     """The FFI call as lowered for CUDA (it cannot run here): one custom call to our target
     with x [M, K], its scales M-major [K/128, M], w [N, K] and the weight scales' K blocks
-    padded to a multiple of 4 (here 3 -> 4), output [M, N]; shapes it cannot take refused."""
+    padded to a multiple of 4 (here 3 -> 4), output [M, N], and the configuration `TUNED`
+    holds for the shape; shapes it cannot take refused."""
     from kernels import fp8_cublaslt as lt
     _, _, (xq, xs), (wq, ws) = operands(40, 384, 256)
     text = jax.jit(lt.fp8_matmul_cublaslt, static_argnames="out_dtype").trace(
@@ -327,6 +328,17 @@ def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads():
     assert len(call) == 1
     assert ("(tensor<40x384xf8E4M3FN>, tensor<3x40xf32>, tensor<256x384xf8E4M3FN>, "
             "tensor<2x4xf32>) -> tensor<40x256xf32>") in call[0]
+    # No tuned configuration at this shape: the heuristic's (algo id -1) goes to the handler;
+    # a tuned one goes as given.
+    assert "config = dense<[-1, 0, 0, 0, 0, 1, 0, 0]> : tensor<8xi32>" in call[0]
+    monkeypatch.setitem(lt.TUNED, (256, 384), [(32, (7, 20, 14, 3, 1, 1, 0, 2))])
+    text = jax.jit(lt.fp8_matmul_cublaslt).trace(xq, xs, wq, ws).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "config = dense<[7, 20, 14, 3, 1, 1, 0, 2]> : tensor<8xi32>" in text
+    assert lt.config_for(31, 256, 384, jnp.bfloat16, False) == lt.HEURISTIC
+    assert lt.config_for(40, 256, 384, jnp.float32, False) == lt.HEURISTIC  # tabled for bf16
+    with pytest.raises(ValueError, match="config must be 8 ints"):
+        lt.fp8_matmul_cublaslt(xq, xs, wq, ws, config=(1, 2))
     assert lt.supports(40, 256, 384, jnp.bfloat16) and not lt.supports(33, 256, 384, jnp.float32)
     assert not lt.supports(40, 256, 384, jnp.float16)
     with pytest.raises(ValueError, match="M a multiple of 8"):

@@ -172,6 +172,34 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 1e-3  # as on CPU
 
 
+def test_cublaslt_configurations_on_gpu():
+    """The handler's configuration search (`lt.search`) and a given configuration in the FFI
+    call: the search's first row is the heuristic's own choice (a real algo id); each of the
+    fastest configurations it found computes the product within the f32 bound above; one that
+    cuBLASLt refuses runs the heuristic's algorithm (the same bits as `HEURISTIC`)."""
+    from kernels import fp8_cublaslt as lt
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from lacache_jax.quant import quantize_act, quantize_weight
+    assert lt.available(), "the cuBLASLt handler did not build or load (see the warning)"
+    M, K, N = 256, 4096, 1024
+    found = lt.search(M, N, K, jnp.float32, reps=1, max_configs=256)
+    assert found and found[0][0][0] >= 0 and all(ms > 0 for _, ms in found)
+    print("configurations", len(found), "heuristic", found[0])
+    kx, kw = jax.random.split(jax.random.key(11))
+    xq, xs = quantize_act(jax.random.normal(kx, (M, K)))
+    wq, ws = quantize_weight(jax.random.normal(kw, (K, N)) * K ** -0.5)
+    with jax.default_matmul_precision("highest"):
+        ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    base = np.asarray(lt.fp8_matmul_cublaslt(xq, xs, wq, ws, jnp.float32, config=lt.HEURISTIC))
+    for config, ms in sorted(found, key=lambda r: r[1])[:4]:
+        out = lt.fp8_matmul_cublaslt(xq, xs, wq, ws, jnp.float32, config=config)
+        print(config, ms, rel_err(out, ref), "same bits", np.array_equal(np.asarray(out), base))
+        assert rel_err(out, ref) <= 2.0 ** -12  # the bound of the test below
+    refused = (99999,) + lt.HEURISTIC[1:]
+    np.testing.assert_array_equal(
+        np.asarray(lt.fp8_matmul_cublaslt(xq, xs, wq, ws, jnp.float32, config=refused)), base)
+
+
 def test_cublaslt_fp8_gemm_on_gpu():
     """cuBLASLt's block-scaled FP8 GEMM through our FFI handler (built here on first use) at
     LLaDA-8B's widths: as precise as the Mosaic GPU kernel against the exact per-group

@@ -17,19 +17,28 @@
 // column-major, i.e. the output buffer is [N, M] row-major and the caller transposes it.
 //
 // State per device (made on first use, kept for the process): a cuBLASLt handle, a workspace
-// and, per (M, N, K, output type, alignment), the operation/layout descriptors and the
-// heuristic's algorithm, so a shape's algorithm is chosen once.
+// and, per (M, N, K, output type, alignment, config), the operation/layout descriptors and the
+// algorithm, so a shape's algorithm is chosen once.
+//
+// The algorithm: the attribute `config` (kConfigLen int32: algo id, tile, stages, cluster
+// shape, CTA swizzling, split-K, reduction scheme, custom option; cuBLASLt's enum values) where
+// its algo id is >= 0 and cublasLtMatmulAlgoCheck accepts it; else the heuristic's first. `lacache_cublaslt_search` (ctypes, outside XLA) times every
+// configuration cuBLASLt accepts for a shape, so a benchmark can find the ones worth passing.
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -40,6 +49,7 @@ namespace {
 constexpr int64_t kGroup = 128;
 // NVIDIA's recommended cuBLASLt workspace on Hopper.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kConfigLen = 8;
 
 ffi::Error LtError(cublasStatus_t status, const char* what) {
   return ffi::Error(ffi::ErrorCode::kInternal,
@@ -84,8 +94,9 @@ struct Plan {
   }
 };
 
-// (M, N, K, output type, alignment of all operands in bytes, swap)
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t>;
+// (M, N, K, output type, alignment of all operands in bytes, swap, config)
+using PlanKey =
+    std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t, std::vector<int32_t>>;
 
 struct DeviceState {
   std::mutex mu;  // guards plans and the scale pointers written into a plan's descriptor
@@ -129,11 +140,10 @@ cublasStatus_t SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t
   return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
 }
 
-// The scale pointers are set before the heuristic runs (cuBLASLt checks them there too);
-// each call sets its own again.
-ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
-                    cudaDataType_t out_type, uint32_t alignment, int32_t swap,
-                    const void* a_scale, const void* b_scale, Plan* plan) {
+// The descriptors of one problem. The scale pointers are set before the heuristic runs
+// (cuBLASLt checks them there too); each call sets its own again.
+ffi::Error MakeDescriptors(int64_t M, int64_t N, int64_t K, cudaDataType_t out_type,
+                           int32_t swap, const void* a_scale, const void* b_scale, Plan* plan) {
   const int64_t a_cols = swap ? M : N, b_cols = swap ? N : M;
   const int32_t a_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -151,7 +161,12 @@ ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, K, a_cols, K));
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, K, b_cols, K));
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, a_cols, b_cols, a_cols));
+  return ffi::Error::Success();
+}
 
+// The heuristic's first algorithm for plan's problem, operands aligned to `alignment` bytes.
+ffi::Error Heuristic(const DeviceState& state, uint32_t alignment, Plan* plan,
+                     const char* shape) {
   cublasLtMatmulPreference_t pref = nullptr;
   LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t workspace = kWorkspaceBytes;
@@ -175,12 +190,87 @@ ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
   if (status != CUBLAS_STATUS_SUCCESS) return LtError(status, "cublasLtMatmulAlgoGetHeuristic");
   if (found == 0) {
     return ffi::Error(ffi::ErrorCode::kUnimplemented,
-                      "lacache fp8 cuBLASLt GEMM: no block-scaled algorithm for M=" +
-                          std::to_string(M) + " N=" + std::to_string(N) + " K=" +
-                          std::to_string(K) + " (needs Hopper and cuBLAS >= 12.9)");
+                      std::string("lacache fp8 cuBLASLt GEMM: no block-scaled algorithm for ") +
+                          shape + " (needs Hopper and cuBLAS >= 12.9)");
   }
   plan->algo = result.algo;
   return ffi::Error::Success();
+}
+
+// The configuration's attributes, in `config`'s order (after the algo id).
+constexpr cublasLtMatmulAlgoConfigAttributes_t kConfigAttrs[kConfigLen - 1] = {
+    CUBLASLT_ALGO_CONFIG_TILE_ID,         CUBLASLT_ALGO_CONFIG_STAGES_ID,
+    CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,      CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION};
+
+// Each attribute's own width (cuBLASLt checks sizeInBytes).
+cublasStatus_t SetConfig(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr,
+                         int32_t value) {
+  switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: {
+      uint16_t v = static_cast<uint16_t>(value);
+      return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &v, sizeof(v));
+    }
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM:
+      return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &value, sizeof(value));
+    default: {
+      uint32_t v = static_cast<uint32_t>(value);
+      return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &v, sizeof(v));
+    }
+  }
+}
+
+int32_t GetConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  size_t written = 0;
+  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID) {
+    uint16_t v = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+    return v;
+  }
+  int32_t v = 0;  // int32_t and uint32_t attributes alike (all values are small)
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written);
+  return v;
+}
+
+// `config` as an algorithm for plan's problem, if cuBLASLt accepts it within the workspace.
+bool Configured(const DeviceState& state, const int32_t* config, cudaDataType_t out_type,
+                Plan* plan) {
+  cublasLtMatmulAlgo_t algo = {};
+  if (cublasLtMatmulAlgoInit(state.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
+                             CUDA_R_8F_E4M3, out_type, out_type, config[0],
+                             &algo) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  for (int i = 0; i < kConfigLen - 1; ++i) {
+    if (SetConfig(&algo, kConfigAttrs[i], config[i + 1]) != CUBLAS_STATUS_SUCCESS) return false;
+  }
+  cublasLtMatmulHeuristicResult_t result = {};
+  if (cublasLtMatmulAlgoCheck(state.handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                              &algo, &result) != CUBLAS_STATUS_SUCCESS ||
+      result.workspaceSize > kWorkspaceBytes) {
+    return false;
+  }
+  plan->algo = algo;
+  return true;
+}
+
+ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
+                    cudaDataType_t out_type, uint32_t alignment, int32_t swap,
+                    const std::vector<int32_t>& config, const void* a_scale,
+                    const void* b_scale, Plan* plan) {
+  if (ffi::Error err = MakeDescriptors(M, N, K, out_type, swap, a_scale, b_scale, plan);
+      !err.success()) {
+    return err;
+  }
+  // A configuration cuBLASLt refuses (another version, other alignment) costs speed, not
+  // correctness: the heuristic's algorithm then.
+  if (config[0] >= 0 && Configured(state, config.data(), out_type, plan)) {
+    return ffi::Error::Success();
+  }
+  const std::string shape = "M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                            " K=" + std::to_string(K);
+  return Heuristic(state, alignment, plan, shape.c_str());
 }
 
 // Largest power of two (<= 256, cuBLASLt's default requirement) dividing every address.
@@ -195,7 +285,8 @@ uint32_t Alignment(std::initializer_list<const void*> pointers) {
 
 ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                    ffi::Buffer<ffi::F32> x_scale, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> w_scale,
-                   ffi::Result<ffi::AnyBuffer> out, int32_t swap) {
+                   ffi::Result<ffi::AnyBuffer> out, int32_t swap,
+                   ffi::Span<const int32_t> config_attr) {
   // (The FFI header has no typed buffers of FP8 in every jax version: checked here.)
   if (x.element_type() != ffi::DataType::F8E4M3FN ||
       w.element_type() != ffi::DataType::F8E4M3FN) {
@@ -234,13 +325,18 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   const void* b_scale = swap ? w_scale.typed_data() : x_scale.typed_data();
   void* o_ptr = out->untyped_data();
   const uint32_t alignment = Alignment({a_ptr, b_ptr, o_ptr});
-  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap};
+  if (config_attr.size() != kConfigLen) {
+    return ffi::Error::InvalidArgument("lacache fp8 cuBLASLt GEMM: config must be " +
+                                       std::to_string(kConfigLen) + " int32");
+  }
+  std::vector<int32_t> config(config_attr.begin(), config_attr.end());
+  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap, config};
   std::lock_guard<std::mutex> lock(state->mu);
   auto& plan = state->plans[key];
   if (!plan) {
     auto made = std::make_unique<Plan>();
-    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, a_scale,
-                                  b_scale, made.get());
+    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, config,
+                                  a_scale, b_scale, made.get());
         !err.success()) {
       state->plans.erase(key);
       return err;
@@ -257,6 +353,168 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
   return ffi::Error::Success();
 }
 
+
+// Buffers, handle, stream and events of one search, freed on every exit.
+struct Search {
+  cublasLtHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<void*> buffers;
+
+  ~Search() {
+    for (void* b : buffers) cudaFree(b);
+    if (stop) cudaEventDestroy(stop);
+    if (start) cudaEventDestroy(start);
+    if (stream) cudaStreamDestroy(stream);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  ffi::Error Alloc(size_t bytes, void** out) {
+    CUDA_CHECK(cudaMalloc(out, bytes));
+    buffers.push_back(*out);
+    return ffi::Error::Success();
+  }
+
+  // Random FP8 values (exponent field <= 7: |v| < 2, never NaN) or fp32 scales in [0.5, 1).
+  ffi::Error Fill(void* device, size_t bytes, bool scales, uint32_t seed) {
+    std::vector<uint8_t> host(bytes);
+    uint32_t r = seed;
+    for (size_t i = 0; i < bytes; i += scales ? 4 : 1) {
+      r = r * 1664525u + 1013904223u;
+      if (scales) {
+        float v = 0.5f + 0.5f * static_cast<float>(r >> 8) / 16777216.0f;
+        std::memcpy(&host[i], &v, 4);
+      } else {
+        host[i] = static_cast<uint8_t>(((r >> 24) & 0x3F) | ((r >> 16) & 0x80));
+      }
+    }
+    CUDA_CHECK(cudaMemcpy(device, host.data(), bytes, cudaMemcpyHostToDevice));
+    return ffi::Error::Success();
+  }
+};
+
+// ms per call of `algo` over `reps` calls after one warm-up; < 0 where it does not run.
+float TimeAlgo(Search& s, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const void* a,
+               const void* b, void* d, void* workspace, int32_t reps) {
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&] {
+    return cublasLtMatmul(s.handle, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d,
+                          d, plan.d, &algo, workspace, kWorkspaceBytes, s.stream);
+  };
+  if (run() != CUBLAS_STATUS_SUCCESS) return -1.0f;
+  cudaEventRecord(s.start, s.stream);
+  for (int32_t i = 0; i < reps; ++i) run();
+  cudaEventRecord(s.stop, s.stream);
+  float ms = -1.0f;
+  if (cudaEventSynchronize(s.stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, s.start, s.stop) != cudaSuccess) {
+    return -1.0f;
+  }
+  return ms / reps;
+}
+
+// Capability `cap` of `algo` as a list of uint32 ids ({0}, "undefined", where it lists none).
+std::vector<uint32_t> CapIds(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t cap) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, cap, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS ||
+      bytes == 0) {
+    return {0};
+  }
+  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
+  cublasLtMatmulAlgoCapGetAttribute(&algo, cap, ids.data(), bytes, &bytes);
+  return ids;
+}
+
+ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t swap,
+                     int32_t reps, int32_t max_configs, int32_t* configs, float* ms,
+                     int32_t* count) {
+  *count = 0;
+  const int64_t G = K / kGroup, G4 = (G + 3) / 4 * 4;
+  const cudaDataType_t out_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
+  Search s;
+  LT_CHECK(cublasLtCreate(&s.handle));
+  CUDA_CHECK(cudaStreamCreate(&s.stream));
+  CUDA_CHECK(cudaEventCreate(&s.start));
+  CUDA_CHECK(cudaEventCreate(&s.stop));
+  void *x, *xs, *w, *ws, *d, *workspace;
+  for (auto [ptr, bytes] : {std::pair{&x, size_t(M * K)}, {&xs, size_t(G * M * 4)},
+                            {&w, size_t(N * K)}, {&ws, size_t(N / kGroup * G4 * 4)},
+                            {&d, size_t(M * N * (f32_out ? 4 : 2))},
+                            {&workspace, kWorkspaceBytes}}) {
+    if (ffi::Error err = s.Alloc(bytes, ptr); !err.success()) return err;
+  }
+  uint32_t seed = 1;
+  for (auto [ptr, bytes, scales] : {std::tuple{x, size_t(M * K), false},
+                                    {xs, size_t(G * M * 4), true}, {w, size_t(N * K), false},
+                                    {ws, size_t(N / kGroup * G4 * 4), true}}) {
+    if (ffi::Error err = s.Fill(ptr, bytes, scales, seed++); !err.success()) return err;
+  }
+  const void* a = swap ? x : w;
+  const void* b = swap ? w : x;
+  Plan plan;
+  if (ffi::Error err = MakeDescriptors(M, N, K, out_type, swap, swap ? xs : ws, swap ? ws : xs,
+                                       &plan);
+      !err.success()) {
+    return err;
+  }
+  DeviceState state;  // only its handle is read by Heuristic and Configured
+  state.handle = s.handle;
+  struct Release {  // the handle is s's: not the state's to keep
+    DeviceState& state;
+    ~Release() { state.handle = nullptr; }
+  } release{state};
+  auto record = [&](const cublasLtMatmulAlgo_t& algo) {
+    if (*count >= max_configs) return;
+    const float t = TimeAlgo(s, plan, algo, a, b, d, workspace, reps);
+    if (t < 0) return;
+    int32_t* row = configs + *count * kConfigLen;
+    row[0] = GetConfig(algo, CUBLASLT_ALGO_CONFIG_ID);
+    for (int i = 0; i < kConfigLen - 1; ++i) row[i + 1] = GetConfig(algo, kConfigAttrs[i]);
+    ms[(*count)++] = t;
+  };
+  if (ffi::Error err = Heuristic(state, 256, &plan, "the search"); !err.success()) return err;
+  record(plan.algo);
+
+  int ids[128];
+  int n_ids = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetIds(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
+                                    CUDA_R_8F_E4M3, out_type, out_type, 128, ids, &n_ids));
+  for (int i = 0; i < n_ids; ++i) {
+    cublasLtMatmulAlgo_t algo = {};
+    if (cublasLtMatmulAlgoInit(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
+                               CUDA_R_8F_E4M3, out_type, out_type, ids[i],
+                               &algo) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    uint32_t swizzle = 0;
+    int32_t custom_max = 0;
+    size_t written = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle,
+                                      sizeof(swizzle), &written);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
+                                      sizeof(custom_max), &written);
+    for (uint32_t tile : CapIds(algo, CUBLASLT_ALGO_CAP_TILE_IDS)) {
+      for (uint32_t stages : CapIds(algo, CUBLASLT_ALGO_CAP_STAGES_IDS)) {
+        for (int32_t cluster = 0; cluster < CUBLASLT_CLUSTER_SHAPE_END; ++cluster) {
+          if (cluster == 1) continue;  // not a shape
+          for (int32_t sw = 0; sw <= (swizzle ? 1 : 0); ++sw) {
+            for (int32_t custom = 0; custom <= custom_max; ++custom) {
+              // Split-K 1 only: a split changes the order of K's sum, so the output's bits.
+              const int32_t config[kConfigLen] = {
+                  ids[i], static_cast<int32_t>(tile), static_cast<int32_t>(stages), cluster,
+                  sw, 1, CUBLASLT_REDUCTION_SCHEME_NONE, custom};
+              if (Configured(state, config, out_type, &plan)) {
+                record(plan.algo);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
@@ -268,7 +526,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
                                   .Arg<ffi::AnyBuffer>()         // w [N, K] fp8
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_scale [N/128, K4]
                                   .Ret<ffi::AnyBuffer>()         // out [M, N] / [N, M]
-                                  .Attr<int32_t>("swap"));
+                                  .Attr<int32_t>("swap")
+                                  .Attr<ffi::Span<const int32_t>>("config"));
 
 // cuBLASLt's run-time version (e.g. 130100 for 13.1.0): block scaling needs >= 120900.
 extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
+
+// Times every configuration cuBLASLt accepts for one problem (`RunSearch`: split-K 1 only) on
+// operands of its own, `reps` calls each after a warm-up, on the current device outside any
+// XLA stream; writes up to `max_configs` rows of kConfigLen int32 to `configs` and their ms
+// per call to `ms`, the heuristic's first choice as row 0. Returns the row count, or -1 with
+// the reason in `error` (a NUL-terminated string of at most `error_len` bytes).
+extern "C" int32_t lacache_cublaslt_search(int64_t M, int64_t N, int64_t K, int32_t f32_out,
+                                           int32_t swap, int32_t reps, int32_t max_configs,
+                                           int32_t* configs, float* ms, char* error,
+                                           int32_t error_len) {
+  int32_t count = 0;
+  ffi::Error err = RunSearch(M, N, K, f32_out, swap, reps, max_configs, configs, ms, &count);
+  if (err.success()) return count;
+  std::snprintf(error, error_len, "%s", err.message().c_str());
+  return -1;
+}
+
+extern "C" int32_t lacache_cublaslt_config_len() { return kConfigLen; }
