@@ -7,6 +7,8 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
     python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
     python -m benchmarks.fp8_gemm --cublaslt-search gate_up:1024,down:1024 [--top 6]
         [--rounds 5]
+    python -m benchmarks.fp8_gemm --cublaslt-harness gate_up:1024,down:1024 [--reps 5,500]
+        [--rounds 5]
 
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
 per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
@@ -20,7 +22,11 @@ kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches 
 without split-K, timed by the handler itself (`fp8_cublaslt.search`), then the `--top` fastest
 and the heuristic's choice timed again inside jit beside XLA's per-tensor FP8 dot, `--rounds`
 rounds round by round (median per kernel), each output compared bit for bit with the
-heuristic's. The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
+heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
+cuBLASLt's per-tensor FP8 GEMM (precise and fast accumulation) in the handler's own timing
+harness, no XLA around them, in bursts of each `--reps` calls, the three alternating over
+`--rounds` rounds (a short burst runs at the clocks a cool GPU allows, a long one at its power
+limit's). The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
 (N cut to 1024 to keep the fp32 reference small), relative L2 and max-abs error, so an
 unwritten or stale tile shows even where the norm would hide it.
 """
@@ -218,6 +224,29 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list) -> None:
             print(row, flush=True)
 
 
+def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list) -> None:
+    """`--cublaslt-harness`: rows `kind` "harness" (scaling, reps, median and round ms)."""
+    for item in spec.split(","):
+        shape, M = item.split(":")
+        M, (K, N) = int(M), SHAPES[shape]
+        flops = 2.0 * M * K * N
+        for n in map(int, reps.split(",")):
+            times = {scaling: [] for scaling in lt.SCALINGS}
+            for _ in range(rounds):
+                for scaling in lt.SCALINGS:
+                    (_, ms), = lt.search(M, N, K, jnp.bfloat16, swap=False, reps=n,
+                                         max_configs=1, scaling=scaling)
+                    times[scaling].append(ms)
+            for scaling, ts in times.items():
+                ms = float(np.median(ts))
+                rows.append(dict(shape=shape, M=M, K=K, N=N, kind="harness", scaling=scaling,
+                                 reps=n, ms=ms, tflops=flops / ms / 1e9, round_ms=ts))
+            print(f"{shape} M {M} bursts of {n}: " + ", ".join(
+                f"{r['scaling']} {r['tflops']:.0f}" for r in rows[-3:]) + " TFLOP/s; "
+                f"per-group / per-tensor precise {rows[-3]['tflops'] / rows[-2]['tflops']:.3f}, "
+                f"/ fast {rows[-3]['tflops'] / rows[-1]['tflops']:.3f}", flush=True)
+
+
 def table(rows: list) -> None:
     names = ["xla_fp8_fast", "xla_fp8_precise", "cublaslt", "cublaslt_swap", "mgpu", "mgpu_ws",
              "triton", "dispatch", "xla_bf16"]
@@ -246,14 +275,20 @@ def main():
                     help="only time fp8_matmul_mgpu_ws's knobs at one shape, e.g. gate_up:4096")
     ap.add_argument("--cublaslt-search", default=None, metavar="SHAPE:M,...",
                     help="search cuBLASLt's configurations, e.g. gate_up:1024,down:1024")
+    ap.add_argument("--cublaslt-harness", default=None, metavar="SHAPE:M,...",
+                    help="per-group against per-tensor FP8 in cuBLASLt's own timing")
+    ap.add_argument("--reps", default="5,500")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     exit_on_sigterm()
-    if args.cublaslt_search:
+    if args.cublaslt_search or args.cublaslt_harness:
         rows = []
         try:
-            cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows)
+            if args.cublaslt_harness:
+                cublaslt_harness(args.cublaslt_harness, args.reps, args.rounds, rows)
+            if args.cublaslt_search:
+                cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows)
         finally:
             print("->", write_result("fp8_gemm_search", {"rows": rows}))
         return

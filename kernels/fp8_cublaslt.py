@@ -124,12 +124,19 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, config: tuple[int
     return out.T if swap else out
 
 
+SCALINGS = ("block", "tensor", "tensor_fast")  # the handler's `Scaling`, in its order
+
+
 def search(M: int, N: int, K: int, out_dtype=jnp.bfloat16, *, swap=None, reps: int = 5,
-           max_configs: int = 4096) -> list[tuple[tuple[int, ...], float]]:
-    """Every configuration cuBLASLt accepts for this problem without split-K, timed by the
-    handler on operands of its own (random FP8 values and scales, the current device, outside
-    XLA), `reps` calls each after a warm-up: [(config, ms per call)], the heuristic's choice
-    first, then cuBLASLt's order. Needs `available()`."""
+           max_configs: int = 4096, scaling: str = "block") -> list[tuple[tuple[int, ...], float]]:
+    """Every configuration cuBLASLt accepts for this problem without split-K (the first
+    `max_configs`), timed by the handler on operands of its own (random FP8 values and scales,
+    the current device, outside XLA), `reps` calls each after a warm-up: [(config, ms per
+    call)], the heuristic's choice first, then cuBLASLt's order. `scaling` "tensor" or
+    "tensor_fast" times cuBLASLt's per-tensor FP8 GEMM instead (unit scales; precise or fast
+    accumulation): the speed reference in the same harness. Needs `available()`."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
     if not available():
         raise Unavailable("the cuBLASLt handler is not available")
     n = len(CONFIG_FIELDS)
@@ -140,7 +147,8 @@ def search(M: int, N: int, K: int, out_dtype=jnp.bfloat16, *, swap=None, reps: i
     swap = SWAP if swap is None else swap
     count = _LIB.lacache_cublaslt_search(
         ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), ctypes.c_int32(f32),
-        ctypes.c_int32(swap), ctypes.c_int32(reps), ctypes.c_int32(max_configs),
+        ctypes.c_int32(swap), ctypes.c_int32(SCALINGS.index(scaling)), ctypes.c_int32(reps),
+        ctypes.c_int32(max_configs),
         configs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
         ms.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), error, ctypes.c_int32(len(error)))
     if count < 0:

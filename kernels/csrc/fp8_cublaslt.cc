@@ -22,8 +22,10 @@
 //
 // The algorithm: the attribute `config` (kConfigLen int32: algo id, tile, stages, cluster
 // shape, CTA swizzling, split-K, reduction scheme, custom option; cuBLASLt's enum values) where
-// its algo id is >= 0 and cublasLtMatmulAlgoCheck accepts it; else the heuristic's first. `lacache_cublaslt_search` (ctypes, outside XLA) times every
-// configuration cuBLASLt accepts for a shape, so a benchmark can find the ones worth passing.
+// its algo id is >= 0 and cublasLtMatmulAlgoCheck accepts it; else the heuristic's first.
+// `lacache_cublaslt_search` (ctypes, outside XLA) times every configuration cuBLASLt accepts
+// for a shape, so a benchmark can find the ones worth passing, and cuBLASLt's per-tensor FP8
+// GEMM (the speed reference) in the same harness.
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -140,10 +142,15 @@ cublasStatus_t SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t
   return cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value));
 }
 
+// How the operands are scaled: our per-group product, or (for timing only) cuBLASLt's
+// per-tensor FP8 GEMM with unit scales, with its default precise accumulation or fast.
+enum Scaling : int32_t { kBlock = 0, kTensor = 1, kTensorFast = 2 };
+
 // The descriptors of one problem. The scale pointers are set before the heuristic runs
 // (cuBLASLt checks them there too); each call sets its own again.
 ffi::Error MakeDescriptors(int64_t M, int64_t N, int64_t K, cudaDataType_t out_type,
-                           int32_t swap, const void* a_scale, const void* b_scale, Plan* plan) {
+                           int32_t swap, const void* a_scale, const void* b_scale, Plan* plan,
+                           Scaling scaling = kBlock) {
   const int64_t a_cols = swap ? M : N, b_cols = swap ? N : M;
   const int32_t a_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -152,12 +159,18 @@ ffi::Error MakeDescriptors(int64_t M, int64_t N, int64_t K, cudaDataType_t out_t
   LT_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
   LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+  if (scaling == kBlock) {
+    LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode));
+    LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode));
+    LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
+    LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+  }
   // Fast accumulation (which skips the fp32 promotion of each group) stays at its default,
-  // off: block-scaled modes promote every 128 of K.
+  // off, but for the per-tensor reference that asks for it: block-scaled modes promote
+  // every 128 of K.
+  if (scaling == kTensorFast) {
+    LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1}));
+  }
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, K, a_cols, K));
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, K, b_cols, K));
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, a_cols, b_cols, a_cols));
@@ -426,8 +439,8 @@ std::vector<uint32_t> CapIds(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlg
 }
 
 ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t swap,
-                     int32_t reps, int32_t max_configs, int32_t* configs, float* ms,
-                     int32_t* count) {
+                     Scaling scaling, int32_t reps, int32_t max_configs, int32_t* configs,
+                     float* ms, int32_t* count) {
   *count = 0;
   const int64_t G = K / kGroup, G4 = (G + 3) / 4 * 4;
   const cudaDataType_t out_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
@@ -453,7 +466,7 @@ ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t s
   const void* b = swap ? w : x;
   Plan plan;
   if (ffi::Error err = MakeDescriptors(M, N, K, out_type, swap, swap ? xs : ws, swap ? ws : xs,
-                                       &plan);
+                                       &plan, scaling);
       !err.success()) {
     return err;
   }
@@ -476,6 +489,7 @@ ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t s
   record(plan.algo);
 
   int ids[128];
+  if (*count >= max_configs) return ffi::Error::Success();
   int n_ids = 0;
   LT_CHECK(cublasLtMatmulAlgoGetIds(s.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_8F_E4M3,
                                     CUDA_R_8F_E4M3, out_type, out_type, 128, ids, &n_ids));
@@ -505,6 +519,7 @@ ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t s
                   sw, 1, CUBLASLT_REDUCTION_SCHEME_NONE, custom};
               if (Configured(state, config, out_type, &plan)) {
                 record(plan.algo);
+                if (*count >= max_configs) return ffi::Error::Success();
               }
             }
           }
@@ -535,14 +550,20 @@ extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
 // Times every configuration cuBLASLt accepts for one problem (`RunSearch`: split-K 1 only) on
 // operands of its own, `reps` calls each after a warm-up, on the current device outside any
 // XLA stream; writes up to `max_configs` rows of kConfigLen int32 to `configs` and their ms
-// per call to `ms`, the heuristic's first choice as row 0. Returns the row count, or -1 with
-// the reason in `error` (a NUL-terminated string of at most `error_len` bytes).
+// per call to `ms`, the heuristic's first choice as row 0. `scaling` (a `Scaling`) 1 or 2
+// times cuBLASLt's per-tensor FP8 GEMM instead (precise or fast accumulation). Returns the
+// row count, or -1 with the reason in `error` (NUL-terminated, at most `error_len` bytes).
 extern "C" int32_t lacache_cublaslt_search(int64_t M, int64_t N, int64_t K, int32_t f32_out,
-                                           int32_t swap, int32_t reps, int32_t max_configs,
-                                           int32_t* configs, float* ms, char* error,
-                                           int32_t error_len) {
+                                           int32_t swap, int32_t scaling, int32_t reps,
+                                           int32_t max_configs, int32_t* configs, float* ms,
+                                           char* error, int32_t error_len) {
   int32_t count = 0;
-  ffi::Error err = RunSearch(M, N, K, f32_out, swap, reps, max_configs, configs, ms, &count);
+  if (scaling < kBlock || scaling > kTensorFast) {
+    std::snprintf(error, error_len, "scaling must be 0, 1 or 2, got %d", scaling);
+    return -1;
+  }
+  ffi::Error err = RunSearch(M, N, K, f32_out, swap, static_cast<Scaling>(scaling), reps,
+                             max_configs, configs, ms, &count);
   if (err.success()) return count;
   std::snprintf(error, error_len, "%s", err.message().c_str());
   return -1;
