@@ -26,7 +26,8 @@ heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic
 cuBLASLt's per-tensor FP8 GEMM (precise and fast accumulation) in the handler's own timing
 harness, no XLA around them, in bursts of each `--reps` calls, the three alternating over
 `--rounds` rounds (a short burst runs at the clocks a cool GPU allows, a long one at its power
-limit's). The check: cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
+limit's); then both in jit on the quantised operands and on the harness's kind. The check:
+cuBLASLt (f32 and bf16 out) against `fp8_matmul_ref` on two fresh random draws
 (N cut to 1024 to keep the fp32 reference small), relative L2 and max-abs error, so an
 unwritten or stale tile shows even where the norm would hide it.
 """
@@ -224,12 +225,26 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list) -> None:
             print(row, flush=True)
 
 
+def narrow_operands(M: int, K: int, N: int, seed: int):
+    """The handler harness's kind of operands: random FP8 bytes with exponent field <= 7 (|v|
+    < 2; the quantised ones span the whole e4m3 range), scales in [0.5, 1)."""
+    keys = jax.random.split(jax.random.key(seed), 4)
+    fp8 = lambda k, shape: jax.lax.bitcast_convert_type(  # noqa: E731
+        jax.random.bits(k, shape, jnp.uint8) & 0xBF, jnp.float8_e4m3fn)
+    scales = lambda k, shape: jax.random.uniform(k, shape, jnp.float32, 0.5, 1.0)  # noqa: E731
+    return (fp8(keys[0], (M, K)), scales(keys[1], (M, K // 128)), fp8(keys[2], (N, K)),
+            scales(keys[3], (N // 128, K // 128)))
+
+
 def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list) -> None:
-    """`--cublaslt-harness`: rows `kind` "harness" (scaling, reps, median and round ms)."""
+    """`--cublaslt-harness`: rows `kind` "harness" (scaling, reps, median and round ms); then
+    the same two GEMMs timed in jit (`time_chained`) on the benchmark's quantised operands
+    and on the harness's kind (`narrow_operands`), rows `kind` "jit", `operands`."""
     for item in spec.split(","):
         shape, M = item.split(":")
         M, (K, N) = int(M), SHAPES[shape]
         flops = 2.0 * M * K * N
+        base = dict(shape=shape, M=M, K=K, N=N)
         for n in map(int, reps.split(",")):
             times = {scaling: [] for scaling in lt.SCALINGS}
             for _ in range(rounds):
@@ -239,12 +254,31 @@ def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list) -> None:
                     times[scaling].append(ms)
             for scaling, ts in times.items():
                 ms = float(np.median(ts))
-                rows.append(dict(shape=shape, M=M, K=K, N=N, kind="harness", scaling=scaling,
-                                 reps=n, ms=ms, tflops=flops / ms / 1e9, round_ms=ts))
+                rows.append({**base, "kind": "harness", "scaling": scaling, "reps": n,
+                             "ms": ms, "tflops": flops / ms / 1e9, "round_ms": ts})
             print(f"{shape} M {M} bursts of {n}: " + ", ".join(
                 f"{r['scaling']} {r['tflops']:.0f}" for r in rows[-3:]) + " TFLOP/s; "
                 f"per-group / per-tensor precise {rows[-3]['tflops'] / rows[-2]['tflops']:.3f}, "
                 f"/ fast {rows[-3]['tflops'] / rows[-1]['tflops']:.3f}", flush=True)
+        dot = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.bfloat16, precision="highest")
+        times = {}
+        for kind, make in (("quantised", operands), ("narrow", narrow_operands)):
+            xq, xs, wq, ws = make(M, K, N, M)
+            times[kind, "xla_fp8_precise"] = (lambda a, s, w=wq: dot(a, w), xq, xs, [])
+            times[kind, "cublaslt"] = (functools.partial(
+                lambda a, s, w, ws: lt.fp8_matmul_cublaslt(a, s, w, ws, swap=False,
+                                                           config=lt.HEURISTIC),
+                w=wq, ws=ws), xq, xs, [])
+        for _ in range(rounds):
+            for fn, xq, xs, ts in times.values():
+                ts.append(time_chained(fn, xq, xs, n=20)["median_ms"])
+        for (kind, kernel), (_, _, _, ts) in times.items():
+            ms = float(np.median(ts))
+            rows.append({**base, "kind": "jit", "operands": kind, "kernel": kernel, "ms": ms,
+                         "tflops": flops / ms / 1e9, "round_ms": ts})
+        print(f"{shape} M {M} in jit: " + ", ".join(
+            f"{r['operands']} {r['kernel']} {r['tflops']:.0f}" for r in rows[-4:]), flush=True)
 
 
 def table(rows: list) -> None:
