@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import exit_on_sigterm, time_chained, write_result
+from benchmarks.common import (_chained, exit_on_sigterm, profile, time_chained,
+                               write_result)
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
@@ -236,10 +237,12 @@ def narrow_operands(M: int, K: int, N: int, seed: int):
             scales(keys[3], (N // 128, K // 128)))
 
 
-def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list) -> None:
+def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list, trace: bool = False) -> None:
     """`--cublaslt-harness`: rows `kind` "harness" (scaling, reps, median and round ms); then
     the same two GEMMs timed in jit (`time_chained`) on the benchmark's quantised operands
-    and on the harness's kind (`narrow_operands`), rows `kind` "jit", `operands`."""
+    and on the harness's kind (`narrow_operands`), rows `kind` "jit", `operands`; with
+    `trace`, each jit chain once more under the profiler (its kernels' device time per call,
+    the device's idle time: what the chain adds around the GEMM), printed."""
     for item in spec.split(","):
         shape, M = item.split(":")
         M, (K, N) = int(M), SHAPES[shape]
@@ -273,10 +276,15 @@ def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list) -> None:
         for _ in range(rounds):
             for fn, xq, xs, ts in times.values():
                 ts.append(time_chained(fn, xq, xs, n=20)["median_ms"])
-        for (kind, kernel), (_, _, _, ts) in times.items():
+        for (kind, kernel), (fn, xq, xs, ts) in times.items():
             ms = float(np.median(ts))
             rows.append({**base, "kind": "jit", "operands": kind, "kernel": kernel, "ms": ms,
                          "tflops": flops / ms / 1e9, "round_ms": ts})
+            if trace:
+                chain = _chained(fn, 20)
+                summary = profile(lambda: chain(xq, xs).block_until_ready(), steps=20, top=4)
+                rows[-1]["trace"] = summary
+                print(f"{shape} M {M} {kind} {kernel}, per call:\n{summary}", flush=True)
         print(f"{shape} M {M} in jit: " + ", ".join(
             f"{r['operands']} {r['kernel']} {r['tflops']:.0f}" for r in rows[-4:]), flush=True)
 
@@ -312,6 +320,8 @@ def main():
     ap.add_argument("--cublaslt-harness", default=None, metavar="SHAPE:M,...",
                     help="per-group against per-tensor FP8 in cuBLASLt's own timing")
     ap.add_argument("--reps", default="5,500")
+    ap.add_argument("--trace", action="store_true",
+                    help="with --cublaslt-harness: profile each jit chain once")
     ap.add_argument("--top", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -320,7 +330,8 @@ def main():
         rows = []
         try:
             if args.cublaslt_harness:
-                cublaslt_harness(args.cublaslt_harness, args.reps, args.rounds, rows)
+                cublaslt_harness(args.cublaslt_harness, args.reps, args.rounds, rows,
+                                 args.trace)
             if args.cublaslt_search:
                 cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows)
         finally:
