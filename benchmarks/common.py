@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import functools
 import glob
@@ -117,6 +118,38 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
 
 
+@dataclasses.dataclass
+class Trace:
+    """What the profiler saw while `run()` ran: wall seconds, summed ns per kernel name on
+    the device's stream lines, (start, end) ns of those kernels, summed ns per host event."""
+    wall: float
+    device: collections.Counter
+    spans: list
+    host: collections.Counter
+
+
+def trace(run) -> Trace:
+    """Trace `run()` (which must wait for its work) under jax's profiler."""
+    d = tempfile.mkdtemp()
+    with jax.profiler.trace(d):
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    data = jax.profiler.ProfileData.from_file(path)
+    out = Trace(wall, collections.Counter(), [], collections.Counter())
+    for plane in data.planes:
+        for line in plane.lines:
+            if plane.name.startswith("/device:") and line.name.startswith("Stream"):
+                for e in line.events:
+                    out.device[e.name] += e.duration_ns
+                    out.spans.append((e.start_ns, e.end_ns))
+            elif plane.name.startswith("/host:"):
+                for e in line.events:
+                    out.host[f"{line.name}: {e.name}"] += e.duration_ns
+    return out
+
+
 def profile(run, steps: int, top: int = 6) -> str:
     """Trace `run()` (which runs `steps` steps, or blocks, and waits for them) and summarise
     the trace per step: wall time; summed kernel time on the device's stream lines (below the
@@ -125,30 +158,14 @@ def profile(run, steps: int, top: int = 6) -> str:
     idle gaps over 50 us; and the `top` longest events of the host's threads, named
     `thread: event` (nested events each count; which threads a trace holds depends on the
     platform and on the python tracer, which some processes' traces lack)."""
-    d = tempfile.mkdtemp()
-    with jax.profiler.trace(d):
-        t0 = time.perf_counter()
-        run()
-        wall = time.perf_counter() - t0
-    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    data = jax.profiler.ProfileData.from_file(path)
-    device, host, spans = collections.Counter(), collections.Counter(), []
-    for plane in data.planes:
-        for line in plane.lines:
-            if plane.name.startswith("/device:") and line.name.startswith("Stream"):
-                for e in line.events:
-                    device[e.name] += e.duration_ns
-                    spans.append((e.start_ns, e.end_ns))
-            elif plane.name.startswith("/host:"):
-                for e in line.events:
-                    host[f"{line.name}: {e.name}"] += e.duration_ns
-    idle, gaps = idle_gaps(spans, min_ns=50_000)
-    per = lambda ns: f"{ns / steps / 1e6:.2f}"
-    lines = [f"  trace: wall {wall / steps * 1e3:.2f} ms/step, device kernels "
-             f"{per(sum(device.values()))} ms/step, device idle {per(idle)} ms/step "
+    t = trace(run)
+    idle, gaps = idle_gaps(t.spans, min_ns=50_000)
+    per = lambda ns: f"{ns / steps / 1e6:.3f}"
+    lines = [f"  trace: wall {t.wall / steps * 1e3:.3f} ms/step, device kernels "
+             f"{per(sum(t.device.values()))} ms/step, device idle {per(idle)} ms/step "
              f"({gaps / steps:.1f} gaps over 50 us per step)"]
-    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in device.most_common(top)]
-    lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in host.most_common(top)]
+    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in t.device.most_common(top)]
+    lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in t.host.most_common(top)]
     return "\n".join(lines)
 
 

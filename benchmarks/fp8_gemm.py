@@ -42,8 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import (_chained, exit_on_sigterm, profile, time_chained,
-                               write_result)
+from benchmarks.common import _chained, exit_on_sigterm, idle_gaps, time_chained, write_result
+from benchmarks.common import trace as trace_run
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
@@ -241,8 +241,9 @@ def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list, trace: bool 
     """`--cublaslt-harness`: rows `kind` "harness" (scaling, reps, median and round ms); then
     the same two GEMMs timed in jit (`time_chained`) on the benchmark's quantised operands
     and on the harness's kind (`narrow_operands`), rows `kind` "jit", `operands`; with
-    `trace`, each jit chain once more under the profiler (its kernels' device time per call,
-    the device's idle time: what the chain adds around the GEMM), printed."""
+    `trace`, each jit chain once more under the profiler: the GEMM kernel's own device time
+    per call (`kernel_ms`, `kernel_tflops`: what a profiler-based benchmark such as DeepGEMM's
+    reports), all kernels' and the idle device time per call, the wall time."""
     for item in spec.split(","):
         shape, M = item.split(":")
         M, (K, N) = int(M), SHAPES[shape]
@@ -282,9 +283,16 @@ def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list, trace: bool 
                          "tflops": flops / ms / 1e9, "round_ms": ts})
             if trace:
                 chain = _chained(fn, 20)
-                summary = profile(lambda: chain(xq, xs).block_until_ready(), steps=20, top=4)
-                rows[-1]["trace"] = summary
-                print(f"{shape} M {M} {kind} {kernel}, per call:\n{summary}", flush=True)
+                t = trace_run(lambda: chain(xq, xs).block_until_ready())
+                (name, ns), = t.device.most_common(1)  # the GEMM's kernel
+                idle, _ = idle_gaps(t.spans)
+                rows[-1].update(kernel_name=name, kernel_ms=ns / 20 / 1e6,
+                                kernel_tflops=flops / (ns / 20 / 1e6) / 1e9,
+                                device_ms=sum(t.device.values()) / 20 / 1e6,
+                                idle_ms=idle / 20 / 1e6, wall_ms=t.wall / 20 * 1e3)
+                print({k: rows[-1][k] for k in ("operands", "kernel", "ms", "kernel_name",
+                                                "kernel_ms", "kernel_tflops", "device_ms",
+                                                "idle_ms", "wall_ms")}, flush=True)
         print(f"{shape} M {M} in jit: " + ", ".join(
             f"{r['operands']} {r['kernel']} {r['tflops']:.0f}" for r in rows[-4:]), flush=True)
 
