@@ -3,7 +3,7 @@
     python -m benchmarks.generate [--batch 1,8] [--modes none,exact,prefix,dual]
                                   [--decoding fixed,threshold] [--prompt 512,1024]
                                   [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
-                                  [--dual-update xla,fused] [--tiny]
+                                  [--dual-update xla,fused] [--trace] [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -31,8 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               measure_ceilings, time_run, write_result)
+from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, idle_gaps,
+                               llada_8b_setup, measure_ceilings, time_run, trace, write_result)
 from lacache_jax.cache import block_rows, dual_update
 
 
@@ -60,8 +60,11 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     return float(np.mean(per_block)), weight_bytes + kv_bytes
 
 
-def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
-    """(timings dict, generated tokens) of one configuration."""
+def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None,
+            traced: bool = False):
+    """(timings dict, generated tokens) of one configuration; with `traced`, one more run
+    under the profiler: per step, the device's kernel time, its idle time between kernels and
+    the wall time, and the 6 largest kernels (where a step's time goes)."""
     prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
     t0 = time.perf_counter()
     run = lj.compile_generate(params, cfg, prompts, gen, mesh=mesh)
@@ -72,7 +75,16 @@ def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None):
     floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes, REFERENCE_CEILINGS)
     ms_step = latency / nfe * 1e3
     mem = run.compiled.memory_analysis()  # per-block programs (lax.switch) share temp space?
-    return dict(temp_gib=None if mem is None else mem.temp_size_in_bytes / 2**30,
+    extra = {}
+    if traced:
+        t = trace(lambda: jax.block_until_ready(run()))
+        idle, gaps = idle_gaps(t.spans, min_ns=50_000)
+        per = lambda ns: ns / nfe / 1e6  # noqa: E731
+        extra = dict(trace_device_ms_per_step=per(sum(t.device.values())),
+                     trace_idle_ms_per_step=per(idle), trace_gaps_over_50us=gaps,
+                     trace_wall_ms_per_step=t.wall / nfe * 1e3,
+                     trace_top=[(name, per(ns)) for name, ns in t.device.most_common(6)])
+    return dict(**extra, temp_gib=None if mem is None else mem.temp_size_in_bytes / 2**30,
                 latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
                 rows_per_block=[list(r) for r in block_rows(gen, P)],
                 tokens_per_step=float(np.mean(np.asarray(out.tokens_per_step))),
@@ -100,6 +112,8 @@ def main():
     ap.add_argument("--dpad-keep", type=int, default=32, help="uniform: positions kept")
     ap.add_argument("--dual-update", default="xla",
                     help="comma-separated among xla,fused: how dual's later steps write K/V")
+    ap.add_argument("--trace", action="store_true",
+                    help="one more run of each configuration under the profiler")
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
@@ -149,7 +163,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         if len(updates) > 1:  # the choice is read while tracing: no traced program reused
             jax.clear_caches()
         with dual_update(update):
-            r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters)
+            r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace)
         if mode == "none" and not fp8 and dp is None:
             baseline[B, P, decoding] = tokens
         if update == "xla":
@@ -174,6 +188,10 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  generated tokens as none's "
               f"{r['same_generated_as_none']}  compile {r['compile_s']:.0f} s"
               f"{vs_xla}\n"
+              + (f"    trace per step: device {r['trace_device_ms_per_step']:.3f} ms, idle "
+                 f"{r['trace_idle_ms_per_step']:.3f} ms, wall {r['trace_wall_ms_per_step']:.3f}"
+                 f" ms; top {[(n[:60], round(ms, 3)) for n, ms in r['trace_top']]}\n"
+                 if "trace_top" in r else "") +
               f"    rows per block (first forward / later query rows): {rows_txt}", flush=True)
 
 
