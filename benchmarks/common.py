@@ -164,7 +164,8 @@ def profile(run, steps: int, top: int = 6) -> str:
     lines = [f"  trace: wall {t.wall / steps * 1e3:.3f} ms/step, device kernels "
              f"{per(sum(t.device.values()))} ms/step, device idle {per(idle)} ms/step "
              f"({gaps / steps:.1f} gaps over 50 us per step)"]
-    lines += [f"    device {per(ns):>8s} ms  {name[:110]}" for name, ns in t.device.most_common(top)]
+    lines += [f"    device {per(ns):>8s} ms  {name[:110]}"
+              for name, ns in t.device.most_common(top)]
     lines += [f"    host   {per(ns):>8s} ms  {name[:110]}" for name, ns in t.host.most_common(top)]
     return "\n".join(lines)
 

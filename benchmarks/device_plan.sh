@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twentieth session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-first session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# twentieth session: 21 (the heads' work over 132 programs: slower) and 22 (every GPU test
+# twenty-first session: 23 without split-K (no configuration beats the heuristic's); in the
+# twentieth: 21 (the heads' work over 132 programs: slower) and 22 (every GPU test
 # passed); in the nineteenth: 21 at its earlier form (the fused update in Mosaic GPU); in the
 # eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
-# through it) and stage 14's GPU test. Left, in priority order: 3, 5 (6, 20, 21 and 22
+# through it) and stage 14's GPU test. Left, in priority order: 23 with SEARCH=down:768,
+# down:1280 MAX_SPLIT=4 (the full-canvas down GEMM's split K), 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
 #  23  issue 23: cuBLASLt's block-scaled configurations searched at the FFN shapes (SEARCH:
-#      SHAPE:M,...), the fastest timed again in jit beside XLA's per-tensor FP8; GPU tests
+#      SHAPE:M,...; K split up to MAX_SPLIT ways), the fastest timed again in jit beside
+#      XLA's per-tensor FP8; GPU tests
 #  22  the GPU test suite in two calls (PART=1, PART=2)
 #  21  issue 17: the fused update's GPU tests, its tiles (TILES: the heads' work over 132
 #      programs, 64-row tiles) round by round beside the unfused ops and the GEMM
@@ -225,7 +228,7 @@ case "${1:-1}" in
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cublaslt_gpu.log" | grep -v -i warn | tail -12
   timeout -k 5 ${SEARCH_S:-400} python3 -m benchmarks.fp8_gemm --cublaslt-search \
     ${SEARCH:-gate_up:1024,down:1024,gate_up:4096,down:4096} --top ${TOP:-6} \
-    --rounds ${ROUNDS:-5} 2>&1 | tee "$OUT/fp8_gemm_search.log" | quiet \
+    --rounds ${ROUNDS:-5} --max-split-k ${MAX_SPLIT:-1} 2>&1 | tee "$OUT/fp8_gemm_search.log" | quiet \
     | grep -v "^{" | tail -12 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1

@@ -6,7 +6,7 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
         [--check-only] [--kernels cublaslt,xla_fp8_precise,mgpu_ws]
     python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
     python -m benchmarks.fp8_gemm --cublaslt-search gate_up:1024,down:1024 [--top 6]
-        [--rounds 5]
+        [--rounds 5] [--max-split-k 1]
     python -m benchmarks.fp8_gemm --cublaslt-harness gate_up:1024,down:1024 [--reps 5,500]
         [--rounds 5]
 
@@ -19,7 +19,7 @@ its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe 
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 `--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
-without split-K, timed by the handler itself (`fp8_cublaslt.search`), then the `--top` fastest
+(K split at most `--max-split-k` ways, fp32 partials), timed by the handler itself (`fp8_cublaslt.search`), then the `--top` fastest
 and the heuristic's choice timed again inside jit beside XLA's per-tensor FP8 dot, `--rounds`
 rounds round by round (median per kernel), each output compared bit for bit with the
 heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
@@ -183,7 +183,7 @@ def ws_sweep(spec: str, rows: list) -> None:
         print(row, flush=True)
 
 
-def cublaslt_search(spec: str, top: int, rounds: int, rows: list) -> None:
+def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: int = 1) -> None:
     """`--cublaslt-search`: for each SHAPE:M, every configuration `lt.search` finds (rows
     `kind` "search"), then the `top` fastest, the heuristic's and XLA's per-tensor FP8 dots
     timed in jit over `rounds` rounds (rows `kind` "jit", median and all round times), with
@@ -193,7 +193,7 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list) -> None:
         M, (K, N) = int(M), SHAPES[shape]
         flops = 2.0 * M * K * N
         base = dict(shape=shape, M=M, K=K, N=N)
-        found = lt.search(M, N, K, jnp.bfloat16, swap=False)
+        found = lt.search(M, N, K, jnp.bfloat16, swap=False, max_split_k=max_split_k)
         for config, ms in found:
             rows.append({**base, "kind": "search", "config": config, "ms": ms,
                          "tflops": flops / ms / 1e9})
@@ -331,6 +331,8 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="with --cublaslt-harness: profile each jit chain once")
     ap.add_argument("--top", type=int, default=6)
+    ap.add_argument("--max-split-k", type=int, default=1,
+                    help="with --cublaslt-search: also K split up to this many ways")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     exit_on_sigterm()
@@ -341,7 +343,8 @@ def main():
                 cublaslt_harness(args.cublaslt_harness, args.reps, args.rounds, rows,
                                  args.trace)
             if args.cublaslt_search:
-                cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows)
+                cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows,
+                                args.max_split_k)
         finally:
             print("->", write_result("fp8_gemm_search", {"rows": rows}))
         return

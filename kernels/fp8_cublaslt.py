@@ -21,11 +21,15 @@ arrangement still serves the other (both run at the same speed on the H200: RESU
 The algorithm: asked for up to 16, cuBLASLt's heuristic offers exactly one block-scaled FP8
 algorithm for every shape tried (M 8 to 4096, both FFN shapes, bf16 and f32 out; commit d9e8500,
 2026-12-01), but that algorithm's configuration (tile, pipeline stages, cluster shape, CTA
-swizzling, custom option) is open: `search` times every configuration cuBLASLt accepts for a
-problem (`benchmarks/fp8_gemm.py --cublaslt-search`), and `TUNED` holds the measured winners
-that the handler then runs (`config_for`), the heuristic's choice everywhere else or where
-cuBLASLt refuses a configuration. Only configurations without split-K are searched or
-tabled: a split changes the order of K's sum, so the output's bits.
+swizzling, split-K, custom option) is open: `search` times every configuration cuBLASLt
+accepts for a problem (`benchmarks/fp8_gemm.py --cublaslt-search`), and `TUNED` holds the
+measured winners that the handler then runs (`config_for`), the heuristic's choice everywhere
+else or where cuBLASLt refuses a configuration. `TUNED` is empty: on the H200 (2026-12-04,
+RESULTS.md twenty-first session) 577 configurations without split-K at M 768-4096 on both FFN
+shapes held none faster than the heuristic's beyond the runs' noise. A configuration may
+change the output's bits (one of the ten timed at the down shape, M 768, did), so the
+benchmark compares each with the heuristic's; split K only with fp32 partials summed in a
+fixed order (`search`'s `max_split_k`).
 """
 
 from __future__ import annotations
@@ -128,15 +132,20 @@ SCALINGS = ("block", "tensor", "tensor_fast")  # the handler's `Scaling`, in its
 
 
 def search(M: int, N: int, K: int, out_dtype=jnp.bfloat16, *, swap=None, reps: int = 5,
-           max_configs: int = 4096, scaling: str = "block") -> list[tuple[tuple[int, ...], float]]:
-    """Every configuration cuBLASLt accepts for this problem without split-K (the first
-    `max_configs`), timed by the handler on operands of its own (random FP8 values and scales,
-    the current device, outside XLA), `reps` calls each after a warm-up: [(config, ms per
-    call)], the heuristic's choice first, then cuBLASLt's order. `scaling` "tensor" or
-    "tensor_fast" times cuBLASLt's per-tensor FP8 GEMM instead (unit scales; precise or fast
-    accumulation): the speed reference in the same harness. Needs `available()`."""
+           max_configs: int = 4096, scaling: str = "block",
+           max_split_k: int = 1) -> list[tuple[tuple[int, ...], float]]:
+    """Every configuration cuBLASLt accepts for this problem (the first `max_configs`) with K
+    split into at most `max_split_k` parts (fp32 partials summed in a separate pass, in a
+    fixed order; 1: no split), timed by the handler on operands of its own (random FP8 values
+    and scales, the current device, outside XLA), `reps` calls each after a warm-up:
+    [(config, ms per call)], the heuristic's choice first, then cuBLASLt's order. `scaling`
+    "tensor" or "tensor_fast" times cuBLASLt's per-tensor FP8 GEMM instead (unit scales;
+    precise or fast accumulation): the speed reference in the same harness. Needs
+    `available()`."""
     if scaling not in SCALINGS:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
+    if max_split_k < 1:
+        raise ValueError(f"max_split_k must be >= 1, got {max_split_k}")
     if not available():
         raise Unavailable("the cuBLASLt handler is not available")
     n = len(CONFIG_FIELDS)
@@ -147,8 +156,8 @@ def search(M: int, N: int, K: int, out_dtype=jnp.bfloat16, *, swap=None, reps: i
     swap = SWAP if swap is None else swap
     count = _LIB.lacache_cublaslt_search(
         ctypes.c_int64(M), ctypes.c_int64(N), ctypes.c_int64(K), ctypes.c_int32(f32),
-        ctypes.c_int32(swap), ctypes.c_int32(SCALINGS.index(scaling)), ctypes.c_int32(reps),
-        ctypes.c_int32(max_configs),
+        ctypes.c_int32(swap), ctypes.c_int32(SCALINGS.index(scaling)),
+        ctypes.c_int32(max_split_k), ctypes.c_int32(reps), ctypes.c_int32(max_configs),
         configs.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
         ms.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), error, ctypes.c_int32(len(error)))
     if count < 0:

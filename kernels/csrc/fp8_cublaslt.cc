@@ -427,7 +427,8 @@ float TimeAlgo(Search& s, const Plan& plan, const cublasLtMatmulAlgo_t& algo, co
 }
 
 // Capability `cap` of `algo` as a list of uint32 ids ({0}, "undefined", where it lists none).
-std::vector<uint32_t> CapIds(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t cap) {
+std::vector<uint32_t> CapIds(const cublasLtMatmulAlgo_t& algo,
+                             cublasLtMatmulAlgoCapAttributes_t cap) {
   size_t bytes = 0;
   if (cublasLtMatmulAlgoCapGetAttribute(&algo, cap, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS ||
       bytes == 0) {
@@ -439,8 +440,8 @@ std::vector<uint32_t> CapIds(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlg
 }
 
 ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t swap,
-                     Scaling scaling, int32_t reps, int32_t max_configs, int32_t* configs,
-                     float* ms, int32_t* count) {
+                     Scaling scaling, int32_t max_split_k, int32_t reps, int32_t max_configs,
+                     int32_t* configs, float* ms, int32_t* count) {
   *count = 0;
   const int64_t G = K / kGroup, G4 = (G + 3) / 4 * 4;
   const cudaDataType_t out_type = f32_out ? CUDA_R_32F : CUDA_R_16BF;
@@ -500,26 +501,37 @@ ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t s
                                &algo) != CUBLAS_STATUS_SUCCESS) {
       continue;
     }
-    uint32_t swizzle = 0;
+    uint32_t swizzle = 0, split_support = 0, reductions = 0;
     int32_t custom_max = 0;
     size_t written = 0;
     cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swizzle,
                                       sizeof(swizzle), &written);
     cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
                                       sizeof(custom_max), &written);
-    for (uint32_t tile : CapIds(algo, CUBLASLT_ALGO_CAP_TILE_IDS)) {
-      for (uint32_t stages : CapIds(algo, CUBLASLT_ALGO_CAP_STAGES_IDS)) {
-        for (int32_t cluster = 0; cluster < CUBLASLT_CLUSTER_SHAPE_END; ++cluster) {
-          if (cluster == 1) continue;  // not a shape
-          for (int32_t sw = 0; sw <= (swizzle ? 1 : 0); ++sw) {
-            for (int32_t custom = 0; custom <= custom_max; ++custom) {
-              // Split-K 1 only: a split changes the order of K's sum, so the output's bits.
-              const int32_t config[kConfigLen] = {
-                  ids[i], static_cast<int32_t>(tile), static_cast<int32_t>(stages), cluster,
-                  sw, 1, CUBLASLT_REDUCTION_SCHEME_NONE, custom};
-              if (Configured(state, config, out_type, &plan)) {
-                record(plan.algo);
-                if (*count >= max_configs) return ffi::Error::Success();
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &split_support,
+                                      sizeof(split_support), &written);
+    cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                      &reductions, sizeof(reductions), &written);
+    // Splits of K only with fp32 partials summed in a separate, fixed-order pass (COMPUTE_TYPE):
+    // the in-place scheme adds with atomics, in no fixed order.
+    const bool can_split = split_support && (reductions & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+    for (int32_t split = 1; split <= (can_split ? max_split_k : 1); ++split) {
+      for (uint32_t tile : CapIds(algo, CUBLASLT_ALGO_CAP_TILE_IDS)) {
+        for (uint32_t stages : CapIds(algo, CUBLASLT_ALGO_CAP_STAGES_IDS)) {
+          for (int32_t cluster = 0; cluster < CUBLASLT_CLUSTER_SHAPE_END; ++cluster) {
+            if (cluster == 1) continue;  // not a shape
+            for (int32_t sw = 0; sw <= (swizzle ? 1 : 0); ++sw) {
+              for (int32_t custom = 0; custom <= custom_max; ++custom) {
+                const int32_t config[kConfigLen] = {
+                    ids[i], static_cast<int32_t>(tile), static_cast<int32_t>(stages), cluster,
+                    sw, split,
+                    split > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                              : CUBLASLT_REDUCTION_SCHEME_NONE,
+                    custom};
+                if (Configured(state, config, out_type, &plan)) {
+                  record(plan.algo);
+                  if (*count >= max_configs) return ffi::Error::Success();
+                }
               }
             }
           }
@@ -547,23 +559,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
 // cuBLASLt's run-time version (e.g. 130100 for 13.1.0): block scaling needs >= 120900.
 extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
 
-// Times every configuration cuBLASLt accepts for one problem (`RunSearch`: split-K 1 only) on
-// operands of its own, `reps` calls each after a warm-up, on the current device outside any
-// XLA stream; writes up to `max_configs` rows of kConfigLen int32 to `configs` and their ms
-// per call to `ms`, the heuristic's first choice as row 0. `scaling` (a `Scaling`) 1 or 2
-// times cuBLASLt's per-tensor FP8 GEMM instead (precise or fast accumulation). Returns the
-// row count, or -1 with the reason in `error` (NUL-terminated, at most `error_len` bytes).
+// Times every configuration cuBLASLt accepts for one problem (`RunSearch`: K split into at
+// most `max_split_k` parts, with fp32 partials) on operands of its own, `reps` calls each
+// after a warm-up, on the current device outside any XLA stream; writes up to `max_configs`
+// rows of kConfigLen int32 to `configs` and their ms per call to `ms`, the heuristic's first
+// choice as row 0. `scaling` (a `Scaling`) 1 or 2 times cuBLASLt's per-tensor FP8 GEMM
+// instead (precise or fast accumulation). Returns the row count, or -1 with the reason in
+// `error` (NUL-terminated, at most `error_len` bytes).
 extern "C" int32_t lacache_cublaslt_search(int64_t M, int64_t N, int64_t K, int32_t f32_out,
-                                           int32_t swap, int32_t scaling, int32_t reps,
-                                           int32_t max_configs, int32_t* configs, float* ms,
-                                           char* error, int32_t error_len) {
+                                           int32_t swap, int32_t scaling, int32_t max_split_k,
+                                           int32_t reps, int32_t max_configs, int32_t* configs,
+                                           float* ms, char* error, int32_t error_len) {
   int32_t count = 0;
   if (scaling < kBlock || scaling > kTensorFast) {
     std::snprintf(error, error_len, "scaling must be 0, 1 or 2, got %d", scaling);
     return -1;
   }
-  ffi::Error err = RunSearch(M, N, K, f32_out, swap, static_cast<Scaling>(scaling), reps,
-                             max_configs, configs, ms, &count);
+  ffi::Error err = RunSearch(M, N, K, f32_out, swap, static_cast<Scaling>(scaling),
+                             max_split_k, reps, max_configs, configs, ms, &count);
   if (err.success()) return count;
   std::snprintf(error, error_len, "%s", err.message().c_str());
   return -1;
