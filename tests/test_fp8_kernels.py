@@ -339,10 +339,24 @@ def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads(monkeypatch):
     assert lt.config_for(40, 256, 384, jnp.float32, False) == lt.HEURISTIC  # tabled for bf16
     with pytest.raises(ValueError, match="config must be 8 ints"):
         lt.fp8_matmul_cublaslt(xq, xs, wq, ws, config=(1, 2))
+    # The last entry whose M bound is met; none met: the heuristic's.
+    monkeypatch.setitem(lt.TUNED, (256, 384), [(32, (7,) + lt.HEURISTIC[1:]),
+                                               (64, (8,) + lt.HEURISTIC[1:])])
+    assert [lt.config_for(M, 256, 384, jnp.bfloat16, False)[0] for M in (8, 32, 63, 64, 4096)] \
+        == [-1, 7, 7, 8, 8]
+    assert lt.config_for(64, 256, 384, jnp.bfloat16, True) == lt.HEURISTIC  # other arrangement
     assert lt.supports(40, 256, 384, jnp.bfloat16) and not lt.supports(33, 256, 384, jnp.float32)
     assert not lt.supports(40, 256, 384, jnp.float16)
     with pytest.raises(ValueError, match="M a multiple of 8"):
         lt.fp8_matmul_cublaslt(xq[:33], xs[:33], wq, ws)
+
+
+def test_cublaslt_search_refuses_bad_arguments_before_the_device():
+    from kernels import fp8_cublaslt as lt
+    with pytest.raises(ValueError, match="scaling must be one of"):
+        lt.search(256, 1024, 4096, scaling="row")
+    with pytest.raises(ValueError, match="max_split_k must be >= 1"):
+        lt.search(256, 1024, 4096, max_split_k=0)
 
 
 def test_cublaslt_missing_cuda_falls_back_with_one_warning(monkeypatch, tmp_path):
