@@ -471,12 +471,8 @@ ffi::Error RunSearch(int64_t M, int64_t N, int64_t K, int32_t f32_out, int32_t s
       !err.success()) {
     return err;
   }
-  DeviceState state;  // only its handle is read by Heuristic and Configured
+  DeviceState state;  // only its handle is read by Heuristic and Configured; s frees it
   state.handle = s.handle;
-  struct Release {  // the handle is s's: not the state's to keep
-    DeviceState& state;
-    ~Release() { state.handle = nullptr; }
-  } release{state};
   auto record = [&](const cublasLtMatmulAlgo_t& algo) {
     if (*count >= max_configs) return;
     const float t = TimeAlgo(s, plan, algo, a, b, d, workspace, reps);
