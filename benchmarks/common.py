@@ -56,6 +56,23 @@ def time_chained(fn, *args, n: int = 20, iters: int = 10) -> dict:
     return {"median_ms": t["median_ms"] / n, "min_ms": t["min_ms"] / n, "iters": iters, "n": n}
 
 
+def device_chained(fn, *args, n: int = 20) -> dict:
+    """The device's own time per call of `fn(*args)` in `time_chained`'s program, from one
+    run under the profiler: `span_ms` from the first kernel's start to the last one's end
+    (idle gaps between kernels included: a loop pays them too), `kernels_ms` the kernels'
+    summed time; NaN where the trace holds no device kernels (a CPU run). Leaves out what
+    `time_chained` also pays: the program's dispatch and completion, amortised over `n`
+    calls there, which FFI custom calls make larger than XLA's own ops (RESULTS.md,
+    twenty-first session)."""
+    chained = _chained(fn, n)
+    jax.block_until_ready(chained(*args))
+    t = trace(lambda: jax.block_until_ready(chained(*args)))
+    if not t.spans:
+        return {"span_ms": float("nan"), "kernels_ms": float("nan"), "n": n}
+    span = max(e for _, e in t.spans) - min(b for b, _ in t.spans)
+    return {"span_ms": span / n / 1e6, "kernels_ms": sum(t.device.values()) / n / 1e6, "n": n}
+
+
 @functools.lru_cache(maxsize=256)  # a tile sweep's settings of one shape fit (84 at most)
 def _chained(fn, n: int):
     def chained(x, *rest):

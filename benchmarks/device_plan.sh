@@ -6,9 +6,11 @@
 # twentieth: 21 (the heads' work over 132 programs: slower) and 22 (every GPU test
 # passed); in the nineteenth: 21 at its earlier form (the fused update in Mosaic GPU); in the
 # eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
-# through it) and stage 14's GPU test. Left, in priority order: 23 with SEARCH=down:768,
+# through it) and stage 14's GPU test. Left, in priority order: 24, 23 with SEARCH=down:768,
 # down:1280 MAX_SPLIT=4 (the full-canvas down GEMM's split K), 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
+#  24  issue 23: the FFN bf16 against FP8 by the device's own time per call (fp8_ffn
+#      --trace) beside the chained wall time, at the full canvas's rows and the goal's
 #  23  issue 23: cuBLASLt's block-scaled configurations searched at the FFN shapes (SEARCH:
 #      SHAPE:M,...; K split up to MAX_SPLIT ways), the fastest timed again in jit beside
 #      XLA's per-tensor FP8; GPU tests
@@ -223,6 +225,9 @@ case "${1:-1}" in
   [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
   timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
+24)
+  timeout -k 5 400 python3 -m benchmarks.fp8_ffn --ms ${MS:-768,1024,1280,4096} \
+    --ablation-layers 0 --trace 2>&1 | tee "$OUT/fp8_ffn_device.log" | quiet | tail -12 ;;
 23)
   timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k cublaslt -s \
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cublaslt_gpu.log" | grep -v -i warn | tail -12

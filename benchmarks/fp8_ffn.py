@@ -4,12 +4,14 @@ SwiGLU quantisation against their bandwidth floors, both GEMMs), the M = 32 FFN 
 FP8 weight-read floor, and the accuracy ablation (group / token / tensor activation scales).
 
     python -m benchmarks.fp8_ffn [--ms 32,256,1024,4096,16384] [--ablation-layers 32]
-        [--quant-tiles 16x1,1x32x1,4x32x4] [--quant-ms 768,1024,4096]
+        [--quant-tiles 16x1,1x32x1,4x32x4] [--quant-ms 768,1024,4096] [--trace]
 
 --quant-tiles: the two quantisation kernels at each rows x groups[x warps] tile (32 groups =
 LLaDA's whole 4096-wide rows: the RMSNorm kernel then computes its statistics itself; a tile
 a kernel refuses is recorded as such), and XLA's fusion of each reference, at --quant-ms rows.
-Times are per call with dependent calls chained in one jitted program (`time_chained`).
+Times are per call with dependent calls chained in one jitted program (`time_chained`);
+`--trace` adds the FFNs' device time per call from one profiled run of that program
+(`device_chained`: without the program's dispatch, which the FFI GEMM calls enlarge).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
+from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings, time_chained,
+                               write_result)
 from kernels.fp8_matmul import fp8_matmul
 from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas,
                                  rmsnorm_quant_ref, swiglu_quant, swiglu_quant_pallas,
@@ -38,7 +41,7 @@ def ffn_layer(cfg, key):
     return dataclasses.replace(layer, ffn8=None), layer
 
 
-def layer_times(cfg, ceil, ms, rows):
+def layer_times(cfg, ceil, ms, rows, traced: bool = False):
     bf16_layer, fp8_layer = ffn_layer(cfg, jax.random.key(0))
     w = fp8_layer.ffn8
     D, F = cfg.d_model, cfg.d_ff
@@ -72,6 +75,11 @@ def layer_times(cfg, ceil, ms, rows):
         row["ffn_fp8_x_floor"] = t8 / row["ffn_fp8_floor_ms"]
         row["ffn_fp8_tb_per_s"] = fp8_bytes / t8 / 1e9
         row["parts_ms"], row["quant_x_floor"] = parts, quant_x_floor
+        if traced:  # the device's own time: without the chained program's dispatch
+            d16 = device_chained(lambda x: mlp(x, bf16_layer, cfg), x, n=n)["span_ms"]
+            d8 = device_chained(lambda x: mlp(x, fp8_layer, cfg), x, n=n)["span_ms"]
+            row.update(ffn_bf16_device_ms=d16, ffn_fp8_device_ms=d8,
+                       fp8_speedup_device=d16 / d8)
         rows.append(row)
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()},
               flush=True)
@@ -160,6 +168,8 @@ def main():
     ap.add_argument("--quant-tiles", default="", help="rows x groups [x warps], e.g. "
                     "16x1,1x32x1,4x32x4")
     ap.add_argument("--quant-ms", default="1024,4096")
+    ap.add_argument("--trace", action="store_true",
+                    help="also the FFNs' device time per call (one profiled run each)")
     args = ap.parse_args()
     cfg = lj.llada_8b()
     ceil = measure_ceilings()
@@ -168,7 +178,7 @@ def main():
     try:  # the ablation first: it is cheap, and a time-boxed run keeps what finished
         if args.ablation_layers:
             abl.update(ablation(cfg, args.ablation_layers))
-        layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows)
+        layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, args.trace)
         if args.quant_tiles:
             tiles = [QuantTiles(*map(int, t.split("x"))) for t in args.quant_tiles.split(",")]
             quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows)

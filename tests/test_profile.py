@@ -40,3 +40,34 @@ def test_profile_reads_a_trace_back():
     assert head.startswith("  trace: wall ") and "ms/step, device kernels" in head
     # The CPU client runs the program on its own thread: the host lines always include it.
     assert any(line.startswith("    host ") for line in rest), r.stdout
+
+
+def test_device_chained_reads_the_programs_kernels():
+    """`device_chained` on a real trace in a fresh process: on this CPU machine the trace
+    holds no device stream, so the span and kernel times are NaN (not 0, which would read as
+    infinitely fast); the call count is kept."""
+    code = (
+        "import jax.numpy as jnp, math\n"
+        "from benchmarks.common import device_chained\n"
+        "t = device_chained(lambda x: jnp.sin(x) @ x, jnp.ones((64, 64)), n=3)\n"
+        "assert math.isnan(t['span_ms']) and math.isnan(t['kernels_ms']) and t['n'] == 3, t\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                                         "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_device_chained_arithmetic(monkeypatch):
+    """Per call: the span from the first kernel's start to the last one's end (the gap
+    between kernels counts), and the kernels' summed time, each over the n chained calls."""
+    import collections
+
+    from benchmarks import common
+    fake = common.Trace(wall=1.0, device=collections.Counter({"gemm": 3_000_000, "q": 1_000_000}),
+                        spans=[(5_000_000, 7_000_000), (1_000_000, 3_000_000)],
+                        host=collections.Counter())
+    monkeypatch.setattr(common, "trace", lambda run: fake)
+    monkeypatch.setattr(common, "_chained", lambda fn, n: lambda *a: 0)
+    t = common.device_chained(None, n=2)
+    assert t == {"span_ms": 3.0, "kernels_ms": 2.0, "n": 2}  # (7 - 1) ms / 2, 4 ms / 2
