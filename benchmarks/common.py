@@ -60,17 +60,23 @@ def device_chained(fn, *args, n: int = 20) -> dict:
     """The device's own time per call of `fn(*args)` in `time_chained`'s program, from one
     run under the profiler: `span_ms` from the first kernel's start to the last one's end
     (idle gaps between kernels included: a loop pays them too), `kernels_ms` the kernels'
-    summed time; NaN where the trace holds no device kernels (a CPU run). Leaves out what
-    `time_chained` also pays: the program's dispatch and completion, amortised over `n`
-    calls there, which FFI custom calls make larger than XLA's own ops (RESULTS.md,
-    twenty-first session)."""
+    summed time, `idle_ms` the gaps', `largest` the longest-running kernel (name, ms) and
+    `wall_ms` the profiled run's wall time; NaN (largest None) where the trace holds no
+    device kernels (a CPU run). `span_ms` leaves out what `time_chained` also pays: the
+    program's dispatch and completion, amortised over `n` calls there, which FFI custom calls
+    make larger than XLA's own ops (RESULTS.md, twenty-first session)."""
     chained = _chained(fn, n)
     jax.block_until_ready(chained(*args))
     t = trace(lambda: jax.block_until_ready(chained(*args)))
+    per = lambda ns: ns / n / 1e6  # noqa: E731
+    out = {"n": n, "wall_ms": t.wall / n * 1e3}
     if not t.spans:
-        return {"span_ms": float("nan"), "kernels_ms": float("nan"), "n": n}
-    span = max(e for _, e in t.spans) - min(b for b, _ in t.spans)
-    return {"span_ms": span / n / 1e6, "kernels_ms": sum(t.device.values()) / n / 1e6, "n": n}
+        return {**out, "span_ms": float("nan"), "kernels_ms": float("nan"),
+                "idle_ms": float("nan"), "largest": None}
+    (name, ns), = t.device.most_common(1)
+    return {**out, "span_ms": per(max(e for _, e in t.spans) - min(b for b, _ in t.spans)),
+            "kernels_ms": per(sum(t.device.values())), "idle_ms": per(idle_gaps(t.spans)[0]),
+            "largest": (name, per(ns))}
 
 
 @functools.lru_cache(maxsize=256)  # a tile sweep's settings of one shape fit (84 at most)

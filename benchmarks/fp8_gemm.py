@@ -42,8 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import _chained, exit_on_sigterm, idle_gaps, time_chained, write_result
-from benchmarks.common import trace as trace_run
+from benchmarks.common import device_chained, exit_on_sigterm, time_chained, write_result
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
@@ -282,14 +281,12 @@ def cublaslt_harness(spec: str, reps: str, rounds: int, rows: list, trace: bool 
             rows.append({**base, "kind": "jit", "operands": kind, "kernel": kernel, "ms": ms,
                          "tflops": flops / ms / 1e9, "round_ms": ts})
             if trace:
-                chain = _chained(fn, 20)
-                t = trace_run(lambda: chain(xq, xs).block_until_ready())
-                (name, ns), = t.device.most_common(1)  # the GEMM's kernel
-                idle, _ = idle_gaps(t.spans)
-                rows[-1].update(kernel_name=name, kernel_ms=ns / 20 / 1e6,
-                                kernel_tflops=flops / (ns / 20 / 1e6) / 1e9,
-                                device_ms=sum(t.device.values()) / 20 / 1e6,
-                                idle_ms=idle / 20 / 1e6, wall_ms=t.wall / 20 * 1e3)
+                d = device_chained(fn, xq, xs, n=20)
+                name, kernel_ms = d["largest"]  # the GEMM's kernel
+                rows[-1].update(kernel_name=name, kernel_ms=kernel_ms,
+                                kernel_tflops=flops / kernel_ms / 1e9,
+                                device_ms=d["kernels_ms"], idle_ms=d["idle_ms"],
+                                wall_ms=d["wall_ms"])
                 print({k: rows[-1][k] for k in ("operands", "kernel", "ms", "kernel_name",
                                                 "kernel_ms", "kernel_tflops", "device_ms",
                                                 "idle_ms", "wall_ms")}, flush=True)

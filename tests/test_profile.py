@@ -51,6 +51,7 @@ def test_device_chained_reads_the_programs_kernels():
         "from benchmarks.common import device_chained\n"
         "t = device_chained(lambda x: jnp.sin(x) @ x, jnp.ones((64, 64)), n=3)\n"
         "assert math.isnan(t['span_ms']) and math.isnan(t['kernels_ms']) and t['n'] == 3, t\n"
+        "assert t['largest'] is None and t['wall_ms'] > 0, t\n"
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
@@ -70,4 +71,6 @@ def test_device_chained_arithmetic(monkeypatch):
     monkeypatch.setattr(common, "trace", lambda run: fake)
     monkeypatch.setattr(common, "_chained", lambda fn, n: lambda *a: 0)
     t = common.device_chained(None, n=2)
-    assert t == {"span_ms": 3.0, "kernels_ms": 2.0, "n": 2}  # (7 - 1) ms / 2, 4 ms / 2
+    # (7 - 1) ms / 2; 4 ms / 2; the 2 ms gap / 2; the GEMM's 3 ms / 2; 1 s / 2
+    assert t == {"n": 2, "wall_ms": 500.0, "span_ms": 3.0, "kernels_ms": 2.0, "idle_ms": 1.0,
+                 "largest": ("gemm", 1.5)}
