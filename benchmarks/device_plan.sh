@@ -233,8 +233,8 @@ case "${1:-1}" in
     -p no:cacheprovider 2>&1 | tee "$OUT/pytest_cublaslt_gpu.log" | grep -v -i warn | tail -12
   timeout -k 5 ${SEARCH_S:-400} python3 -m benchmarks.fp8_gemm --cublaslt-search \
     ${SEARCH:-gate_up:1024,down:1024,gate_up:4096,down:4096} --top ${TOP:-6} \
-    --rounds ${ROUNDS:-5} --max-split-k ${MAX_SPLIT:-1} 2>&1 | tee "$OUT/fp8_gemm_search.log" | quiet \
-    | grep -v "^{" | tail -12 ;;
+    --rounds ${ROUNDS:-5} --max-split-k ${MAX_SPLIT:-1} 2>&1 \
+    | tee "$OUT/fp8_gemm_search.log" | quiet | grep -v "^{" | tail -12 ;;
 15)
   python3 -m convert "${CHAIN_HF:-chain_model}" /tmp/chain_ck --force --quiet || exit 1
   # XLA may reduce with atomics (the importance sums) and autotunes GEMMs by timing: each

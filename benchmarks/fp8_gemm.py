@@ -19,10 +19,10 @@ its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe 
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 `--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
-(K split at most `--max-split-k` ways, fp32 partials), timed by the handler itself (`fp8_cublaslt.search`), then the `--top` fastest
-and the heuristic's choice timed again inside jit beside XLA's per-tensor FP8 dot, `--rounds`
-rounds round by round (median per kernel), each output compared bit for bit with the
-heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
+(K split at most `--max-split-k` ways, fp32 partials), timed by the handler itself
+(`fp8_cublaslt.search`), then the `--top` fastest and the heuristic's choice timed again
+inside jit beside XLA's per-tensor FP8 dot, `--rounds` rounds round by round (median per
+kernel), each output compared bit for bit with the heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
 cuBLASLt's per-tensor FP8 GEMM (precise and fast accumulation) in the handler's own timing
 harness, no XLA around them, in bursts of each `--reps` calls, the three alternating over
 `--rounds` rounds (a short burst runs at the clocks a cool GPU allows, a long one at its power
