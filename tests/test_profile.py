@@ -24,6 +24,14 @@ def test_idle_gaps(spans, min_ns, want):
     assert idle_gaps(spans, min_ns) == want
 
 
+def run_fresh(code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh CPU-only python (a trace's threads depend on the process's past)."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT),
+                                                       "PATH": "/usr/bin:/bin",
+                                                       "JAX_PLATFORMS": "cpu"})
+
+
 def test_profile_reads_a_trace_back():
     code = (
         "import jax, jax.numpy as jnp, numpy as np\n"
@@ -32,9 +40,7 @@ def test_profile_reads_a_trace_back():
         "x = np.ones((128, 128), np.float32)\n"
         "f(x).block_until_ready()\n"
         "print(profile(lambda: [jax.device_get(f(x)) for _ in range(4)], 4))\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
-                                         "JAX_PLATFORMS": "cpu"})
+    r = run_fresh(code)
     assert r.returncode == 0, r.stderr[-2000:]
     head, *rest = r.stdout.rstrip().splitlines()
     assert head.startswith("  trace: wall ") and "ms/step, device kernels" in head
@@ -53,9 +59,7 @@ def test_device_chained_reads_the_programs_kernels():
         "assert math.isnan(t['span_ms']) and math.isnan(t['kernels_ms']) and t['n'] == 3, t\n"
         "assert t['largest'] is None and t['wall_ms'] > 0, t\n"
         "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
-                                         "JAX_PLATFORMS": "cpu"})
+    r = run_fresh(code)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
