@@ -144,11 +144,13 @@ def exit_on_sigterm() -> None:
 @dataclasses.dataclass
 class Trace:
     """What the profiler saw while `run()` ran: wall seconds, summed ns per kernel name on
-    the device's stream lines, (start, end) ns of those kernels, summed ns per host event."""
+    the device's stream lines, (start, end) ns of those kernels, summed ns per host event,
+    launches per kernel name."""
     wall: float
     device: collections.Counter
     spans: list
     host: collections.Counter
+    count: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 def trace(run) -> Trace:
@@ -166,6 +168,7 @@ def trace(run) -> Trace:
             if plane.name.startswith("/device:") and line.name.startswith("Stream"):
                 for e in line.events:
                     out.device[e.name] += e.duration_ns
+                    out.count[e.name] += 1
                     out.spans.append((e.start_ns, e.end_ns))
             elif plane.name.startswith("/host:"):
                 for e in line.events:

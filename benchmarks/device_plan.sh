@@ -9,6 +9,8 @@
 # through it) and stage 14's GPU test. Left, in priority order: 24, 23 with SEARCH=down:768,
 # down:1280 MAX_SPLIT=4 (the full-canvas down GEMM's split K), 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
+#  25  issue 23: where a full-canvas step's time goes, kernel by kernel, none and exact,
+#      bf16 and FP8 FFN (generate --trace --trace-top 40)
 #  24  issue 23: the FFN bf16 against FP8 by the device's own time per call (fp8_ffn
 #      --trace) beside the chained wall time, at the full canvas's rows and the goal's
 #  23  issue 23: cuBLASLt's block-scaled configurations searched at the FFN shapes (SEARCH:
@@ -225,6 +227,11 @@ case "${1:-1}" in
   [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
   timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
+25)
+  # the full-canvas step's kernels, every one over 1% of it (ms and launches per step)
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch ${BATCH:-1} --prompt \
+    ${PROMPT:-512} --modes none,exact --decoding fixed --fp8-ffn both --iters 2 --trace \
+    --trace-top 40 2>&1 | tee "$OUT/generate_trace.log" | quiet | grep "^B=\|trace" ;;
 24)
   timeout -k 5 400 python3 -m benchmarks.fp8_ffn --ms ${MS:-768,1024,1280,4096} \
     --ablation-layers 0 --trace 2>&1 | tee "$OUT/fp8_ffn_device.log" | quiet | tail -12 ;;

@@ -186,7 +186,8 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
     """`--cublaslt-search`: for each SHAPE:M, every configuration `lt.search` finds (rows
     `kind` "search"), then the `top` fastest, the heuristic's and XLA's per-tensor FP8 dots
     timed in jit over `rounds` rounds (rows `kind` "jit", median and all round times), with
-    whether each output has the heuristic's bits."""
+    whether each output has the heuristic's bits and its relative L2 error against the exact
+    product (bf16 out: the heuristic's is one bf16 rounding, ~2^-9)."""
     for item in spec.split(","):
         shape, M = item.split(":")
         M, (K, N) = int(M), SHAPES[shape]
@@ -210,7 +211,12 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
             fns[c] = functools.partial(lambda a, s, c: lt.fp8_matmul_cublaslt(
                 a, s, wq, ws, swap=False, config=c), c=c)
         heuristic = np.asarray(fns[lt.HEURISTIC](xq, xs))
-        same = {c: bool(np.array_equal(np.asarray(fns[c](xq, xs)), heuristic)) for c in configs}
+        outs = {c: np.asarray(fns[c](xq, xs)) for c in configs}
+        same = {c: bool(np.array_equal(outs[c], heuristic)) for c in configs}
+        with jax.default_matmul_precision("highest"):  # split K sums in another order
+            ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+        err = {c: float(np.linalg.norm(outs[c].astype(np.float64) - ref) / np.linalg.norm(ref))
+               for c in configs}
         times = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
@@ -220,7 +226,8 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
             row = {**base, "kind": "jit", "kernel": name if isinstance(name, str) else "cublaslt",
                    "ms": ms, "tflops": flops / ms / 1e9, "round_ms": ts}
             if not isinstance(name, str):
-                row.update(config=name, same_bits_as_heuristic=same[name])
+                row.update(config=name, same_bits_as_heuristic=same[name],
+                           rel_l2_vs_ref=err[name])
             rows.append(row)
             print(row, flush=True)
 

@@ -61,10 +61,11 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
 
 
 def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None,
-            traced: bool = False):
+            traced: bool = False, top: int = 6):
     """(timings dict, generated tokens) of one configuration; with `traced`, one more run
     under the profiler: per step, the device's kernel time, its idle time between kernels and
-    the wall time, and the 6 largest kernels (where a step's time goes)."""
+    the wall time, and the `top` largest kernels with their launches per step (where a
+    step's time goes)."""
     prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
     t0 = time.perf_counter()
     run = lj.compile_generate(params, cfg, prompts, gen, mesh=mesh)
@@ -83,7 +84,8 @@ def run_one(params, cfg, ceil, gen, B: int, P: int, iters: int, mesh=None,
         extra = dict(trace_device_ms_per_step=per(sum(t.device.values())),
                      trace_idle_ms_per_step=per(idle), trace_gaps_over_50us=gaps,
                      trace_wall_ms_per_step=t.wall / nfe * 1e3,
-                     trace_top=[(name, per(ns)) for name, ns in t.device.most_common(6)])
+                     trace_top=[(name, per(ns), t.count[name] / nfe)
+                                for name, ns in t.device.most_common(top)])
     return dict(**extra, temp_gib=None if mem is None else mem.temp_size_in_bytes / 2**30,
                 latency_s=latency, tokens_per_s=B * gen.gen_length / latency, nfe=nfe,
                 rows_per_block=[list(r) for r in block_rows(gen, P)],
@@ -114,6 +116,8 @@ def main():
                     help="comma-separated among xla,fused: how dual's later steps write K/V")
     ap.add_argument("--trace", action="store_true",
                     help="one more run of each configuration under the profiler")
+    ap.add_argument("--trace-top", type=int, default=6,
+                    help="with --trace: how many of the largest kernels the JSON keeps")
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
@@ -163,7 +167,8 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         if len(updates) > 1:  # the choice is read while tracing: no traced program reused
             jax.clear_caches()
         with dual_update(update):
-            r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace)
+            r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace,
+                                top=args.trace_top)
         if mode == "none" and not fp8 and dp is None:
             baseline[B, P, decoding] = tokens
         if update == "xla":
@@ -190,7 +195,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
               f"{vs_xla}\n"
               + (f"    trace per step: device {r['trace_device_ms_per_step']:.3f} ms, idle "
                  f"{r['trace_idle_ms_per_step']:.3f} ms, wall {r['trace_wall_ms_per_step']:.3f}"
-                 f" ms; top {[(n[:60], round(ms, 3)) for n, ms in r['trace_top']]}\n"
+                 f" ms; top {[(n[:60], round(ms, 3)) for n, ms, _ in r['trace_top'][:6]]}\n"
                  if "trace_top" in r else "") +
               f"    rows per block (first forward / later query rows): {rows_txt}", flush=True)
 
