@@ -9,6 +9,7 @@
 # through it) and stage 14's GPU test. Left, in priority order: 24, 23 with SEARCH=down:768,
 # down:1280 MAX_SPLIT=4 (the full-canvas down GEMM's split K), 3, 5 (6, 20, 21 and 22
 # repeat earlier runs when their code changes):
+#  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
 #  25  issue 23: where a full-canvas step's time goes, kernel by kernel, none and exact,
 #      bf16 and FP8 FFN (generate --trace --trace-top 40)
 #  24  issue 23: the FFN bf16 against FP8 by the device's own time per call (fp8_ffn
@@ -227,6 +228,15 @@ case "${1:-1}" in
   [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
   timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
+26)
+  # the FP8 kernels' GPU tests (group-major scales among them), then the quantisation tiles
+  # by the device's own time at the full canvas's rows (768, 1280) and batch 8's (6144)
+  timeout -k 5 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k "fp8" -p no:cacheprovider \
+    2>&1 | tee "$OUT/pytest_fp8_gpu.log" | grep -v -i warn | tail -4
+  timeout -k 5 ${QUANT_S:-330} python3 -m benchmarks.fp8_ffn --ms ${MS:-768} \
+    --ablation-layers 0 --trace --quant-ms ${QUANT_MS:-768,1280,6144} --quant-tiles \
+    ${QUANT_TILES:-16x1x4,16x2x4,16x4x4,32x1x4,32x2x8,8x2x4,16x8x8,64x1x8,4x4x4} 2>&1 \
+    | tee "$OUT/fp8_ffn_quant_device.log" | quiet | tail -40 ;;
 25)
   # the full-canvas step's kernels, every one over 1% of it (ms and launches per step)
   timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch ${BATCH:-1} --prompt \

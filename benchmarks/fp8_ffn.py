@@ -10,8 +10,9 @@ FP8 weight-read floor, and the accuracy ablation (group / token / tensor activat
 LLaDA's whole 4096-wide rows: the RMSNorm kernel then computes its statistics itself; a tile
 a kernel refuses is recorded as such), and XLA's fusion of each reference, at --quant-ms rows.
 Times are per call with dependent calls chained in one jitted program (`time_chained`);
-`--trace` adds the FFNs' device time per call from one profiled run of that program
-(`device_chained`: without the program's dispatch, which the FFI GEMM calls enlarge).
+`--trace` adds the FFNs' and the quantisation tiles' device time per call from one profiled
+run of that program (`device_chained`: without the program's dispatch, which the FFI GEMM
+and Pallas calls enlarge).
 """
 
 from __future__ import annotations
@@ -110,9 +111,12 @@ def ffn_parts(cfg, fp8_layer, x, ceil, n: int) -> tuple[dict, dict]:
     return parts, {k: parts[k] / (b / ceil["copy_tb_per_s"] / 1e9) for k, b in floors.items()}
 
 
-def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list) -> None:
+def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list,
+                traced: bool = False) -> None:
     """Both fused quantisation kernels per tile at each M, and XLA's fusion of their
-    references (`tiles` None), against their bandwidth floor."""
+    references (`tiles` None), against their bandwidth floor; with `traced` also the device's
+    time per call (`device_chained`: `_device_ms` all kernels, the chain's one-element update
+    included; `_kernel_ms` the longest kernel alone, the quantisation itself)."""
     D, F = cfg.d_model, cfg.d_ff
     norm = jnp.ones((D,), jnp.bfloat16)
     # (name, reference, kernel at a tiling, bytes at M); XLA's references behind a barrier:
@@ -138,7 +142,13 @@ def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list) -
                     row[f"{name}_refused"] = str(e)
                     continue
                 row[f"{name}_ms"] = ms_
-                row[f"{name}_x_floor"] = ms_ / (nbytes(M) / ceil["copy_tb_per_s"] / 1e9)
+                floor = nbytes(M) / ceil["copy_tb_per_s"] / 1e9
+                row[f"{name}_x_floor"] = ms_ / floor
+                if traced:
+                    d = device_chained(fn, arg)
+                    row[f"{name}_device_ms"] = d["kernels_ms"]
+                    row[f"{name}_kernel_ms"] = d["largest"] and d["largest"][1]
+                    row[f"{name}_kernel_x_floor"] = d["largest"] and d["largest"][1] / floor
             rows.append(row)
             print("quant tiles", {k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items() if not k.endswith("_refused")},
@@ -181,7 +191,8 @@ def main():
         layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, args.trace)
         if args.quant_tiles:
             tiles = [QuantTiles(*map(int, t.split("x"))) for t in args.quant_tiles.split(",")]
-            quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows)
+            quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows,
+                        args.trace)
     finally:
         path = write_result("fp8_ffn", {"ceilings": ceil, "D": cfg.d_model, "F": cfg.d_ff,
                                         "rows": rows, "ablation": abl, "quant_tiles": qrows})

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kernels.fp8_matmul import scales_group_major
+
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
 GROUP = 128
@@ -123,42 +125,55 @@ def _quantize_tile(a):
     return jnp.clip(a / scale, -FP8_MAX, FP8_MAX).astype(FP8), scale
 
 
-def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref, *, interpret: bool):
-    _norm_quantize(x_ref, rstd_ref[...], w_ref, q_ref, s_ref, interpret)
+def _put_scale(s_ref, g: int, scale_R1, group_major: bool):
+    """Store group g's scales [rows, 1] into the tile's scale block: [rows, groups], or
+    [groups, rows] where the scales are written group-major (`scales_group_major`)."""
+    if group_major:
+        s_ref[pl.ds(g, 1), :] = scale_R1.reshape(1, -1)
+    else:
+        s_ref[:, pl.ds(g, 1)] = scale_R1
 
 
-def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool):
+def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref, *, interpret: bool,
+                          group_major: bool):
+    _norm_quantize(x_ref, rstd_ref[...], w_ref, q_ref, s_ref, interpret, group_major)
+
+
+def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool, group_major: bool):
     """Normalise (times `rstd` [rows, 1]), round, weight and quantise the tile group by group."""
     # Triton rounds at every half-precision cast and product; XLA, which runs the kernel in
     # interpret mode, may not (`rounded`), and the Triton lowering has no reduce_precision.
     round_ = rounded if interpret else (lambda a: a)
-    for g in range(s_ref.shape[1]):  # the tile's 128-column groups, one scale each
+    for g in range(q_ref.shape[1] // GROUP):  # the tile's 128-column groups, one scale each
         cols = pl.ds(g * GROUP, GROUP)
         x = x_ref[:, cols]
         h = round_(round_((x.astype(jnp.float32) * rstd).astype(x.dtype))
                    * w_ref[cols][None, :])
-        q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(h.astype(jnp.float32))
+        q_ref[:, cols], scale = _quantize_tile(h.astype(jnp.float32))
+        _put_scale(s_ref, g, scale, group_major)
 
 
-def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interpret: bool):
+def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interpret: bool,
+                               group_major: bool):
     """Whole rows: the statistics (`rms_rstd`'s fp32 mean of squares, summed group by group),
     then the tiled kernel's per-group arithmetic; the second read of each group comes from
     cache, not HBM."""
-    G = s_ref.shape[1]
+    G = q_ref.shape[1] // GROUP
     ss = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
     for g in range(G):
         x = x_ref[:, pl.ds(g * GROUP, GROUP)].astype(jnp.float32)
         ss += jnp.sum(x * x, axis=1, keepdims=True)
     _norm_quantize(x_ref, jax.lax.rsqrt(ss / (G * GROUP) + eps), w_ref, q_ref, s_ref,
-                   interpret)
+                   interpret, group_major)
 
 
-def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref):
-    for g in range(s_ref.shape[1]):
+def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref, *, group_major: bool):
+    for g in range(q_ref.shape[1] // GROUP):
         cols = pl.ds(g * GROUP, GROUP)
         gate = gate_ref[:, cols].astype(jnp.float32)
         a = gate * jax.nn.sigmoid(gate) * up_ref[:, cols].astype(jnp.float32)
-        q_ref[:, cols], s_ref[:, pl.ds(g, 1)] = _quantize_tile(a)
+        q_ref[:, cols], scale = _quantize_tile(a)
+        _put_scale(s_ref, g, scale, group_major)
 
 
 def _pad_rows(x, rows):
@@ -167,27 +182,30 @@ def _pad_rows(x, rows):
     return (x if Mp == M else jnp.pad(x, [(0, Mp - M), (0, 0)])), M, Mp
 
 
-def _quantising_call(kernel, inputs, in_specs, Mp: int, G: int, tiles: QuantTiles, name: str,
-                     interpret: bool, poison: bool):
-    """One program per `tiles` tile: fp8 [Mp, G * 128] and scales [Mp, G]. With `poison`
-    (tests) the outputs are NaN-filled inputs aliased to them, never read."""
+def _quantising_call(kernel, inputs, in_specs, M: int, Mp: int, G: int, tiles: QuantTiles,
+                     name: str, interpret: bool, poison: bool, group_major: bool):
+    """One program per `tiles` tile: fp8 [M, G * 128] and scales [M, G] (the transpose of
+    the [G, Mp] the kernel writes where `group_major`). With `poison` (tests) the outputs are
+    NaN-filled inputs aliased to them, never read."""
     R, C = tiles.rows, tiles.groups
     out_shape = [jax.ShapeDtypeStruct((Mp, G * GROUP), FP8),
-                 jax.ShapeDtypeStruct((Mp, G), jnp.float32)]
+                 jax.ShapeDtypeStruct((G, Mp) if group_major else (Mp, G), jnp.float32)]
     out_specs = [pl.BlockSpec((R, C * GROUP), lambda i, g: (i, g)),
+                 pl.BlockSpec((C, R), lambda i, g: (g, i)) if group_major else
                  pl.BlockSpec((R, C), lambda i, g: (i, g))]
     poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
     n_in = len(inputs)
 
     def body(*refs):
-        kernel(*refs[:n_in], *refs[n_in + len(poisoned):])
+        kernel(*refs[:n_in], *refs[n_in + len(poisoned):], group_major=group_major)
 
-    return pl.pallas_call(
+    q, s = pl.pallas_call(
         body, grid=(Mp // R, G // C), in_specs=in_specs + out_specs[:len(poisoned)],
         out_specs=out_specs, out_shape=out_shape, interpret=interpret, name=name,
         compiler_params=_triton(tiles.warps),
         input_output_aliases={n_in + j: j for j in range(len(poisoned))},
     )(*inputs, *poisoned)
+    return q[:M], (s[:, :M].T if group_major else s[:M])
 
 
 def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
@@ -200,13 +218,16 @@ def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
     return t
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "tiles", "interpret", "poison"))
+@functools.partial(jax.jit, static_argnames=("eps", "tiles", "interpret", "poison",
+                                             "group_major"))
 def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = None,
-                         interpret: bool = False, poison: bool = False):
+                         interpret: bool = False, poison: bool = False,
+                         group_major: bool = False):
     """RMSNorm fused with 1 x 128 quantisation: the normed activation is never written.
     The row statistics come first from the bf16 path's own expression (`rms_rstd`, one read
     of x by XLA); the kernel then normalises, rounds, weights and quantises one `tiles` tile
-    per program. `poison` (tests) pre-fills outputs."""
+    per program. `poison` (tests) pre-fills outputs; `group_major`: the kernel writes the
+    scales [D / 128, M] (the [M, D / 128] returned is their transpose)."""
     M, D = x_MD.shape
     if D % GROUP:
         raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
@@ -218,21 +239,21 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = No
     w_spec = pl.BlockSpec((cols,), lambda i, g: (g,))
     if t.groups == G:  # whole rows: the statistics inside the kernel
         kernel = functools.partial(_rmsnorm_quant_rows_kernel, eps=eps, interpret=interpret)
-        q, s = _quantising_call(kernel, (x, w_D), [x_spec, w_spec], Mp, G, t,
-                                "rmsnorm_quant_rows", interpret, poison)
-        return q[:M], s[:M]
+        return _quantising_call(kernel, (x, w_D), [x_spec, w_spec], M, Mp, G, t,
+                                "rmsnorm_quant_rows", interpret, poison, group_major)
     rstd, _, _ = _pad_rows(rms_rstd(x_MD, eps), t.rows)
     in_specs = [x_spec, pl.BlockSpec((t.rows, 1), lambda i, g: (i, 0)), w_spec]
     kernel = functools.partial(_rmsnorm_quant_kernel, interpret=interpret)
-    q, s = _quantising_call(kernel, (x, rstd, w_D), in_specs, Mp, G,
-                            t, "rmsnorm_quant", interpret, poison)
-    return q[:M], s[:M]
+    return _quantising_call(kernel, (x, rstd, w_D), in_specs, M, Mp, G, t, "rmsnorm_quant",
+                            interpret, poison, group_major)
 
 
-@functools.partial(jax.jit, static_argnames=("tiles", "interpret", "poison"))
+@functools.partial(jax.jit, static_argnames=("tiles", "interpret", "poison", "group_major"))
 def swiglu_quant_pallas(gate_up_M2F, *, tiles: QuantTiles | None = None,
-                        interpret: bool = False, poison: bool = False):
-    """Fused silu(gate) * up + 1 x 128 quantisation of [M, 2F] = [gate | up]."""
+                        interpret: bool = False, poison: bool = False,
+                        group_major: bool = False):
+    """Fused silu(gate) * up + 1 x 128 quantisation of [M, 2F] = [gate | up] (`group_major`:
+    as `rmsnorm_quant_pallas`'s)."""
     M, F2 = gate_up_M2F.shape
     F = F2 // 2
     if F % GROUP or F2 % 2:
@@ -243,9 +264,8 @@ def swiglu_quant_pallas(gate_up_M2F, *, tiles: QuantTiles | None = None,
     cols, up = t.groups * GROUP, G // t.groups  # up's first block, in tiles
     in_specs = [pl.BlockSpec((t.rows, cols), lambda i, g: (i, g)),
                 pl.BlockSpec((t.rows, cols), lambda i, g: (i, g + up))]
-    q, s = _quantising_call(_swiglu_quant_kernel, (x, x), in_specs, Mp, G, t, "swiglu_quant",
-                            interpret, poison)
-    return q[:M], s[:M]
+    return _quantising_call(_swiglu_quant_kernel, (x, x), in_specs, M, Mp, G, t,
+                            "swiglu_quant", interpret, poison, group_major)
 
 
 def _triton(warps: int = 4):
@@ -255,13 +275,17 @@ def _triton(warps: int = 4):
 
 
 def rmsnorm_quant(x_MD, w_D, eps: float):
-    """Dispatch: the Pallas kernel on GPU, the reference elsewhere."""
+    """Dispatch: the Pallas kernel on GPU (scales in the layout the GEMM of these rows
+    reads), the reference elsewhere."""
     if jax.default_backend() == "gpu":
-        return rmsnorm_quant_pallas(x_MD, w_D, eps)
+        return rmsnorm_quant_pallas(x_MD, w_D, eps,
+                                    group_major=scales_group_major(x_MD.shape[0]))
     return rmsnorm_quant_ref(x_MD, w_D, eps)
 
 
 def swiglu_quant(gate_up_M2F):
     if jax.default_backend() == "gpu":
-        return swiglu_quant_pallas(gate_up_M2F)
+        return swiglu_quant_pallas(gate_up_M2F,
+                                   group_major=scales_group_major(gate_up_M2F.shape[0]))
     return swiglu_quant_ref(gate_up_M2F)
+

@@ -179,6 +179,28 @@ def test_quant_tiles_change_no_bit(monkeypatch):
         swiglu_quant_pallas(gu, tiles=QuantTiles(16, 3), interpret=True)
 
 
+@pytest.mark.parametrize("tiles", [(16, 1, 4), (32, 2, 4), (1, 4, 1)])
+def test_group_major_scales_change_no_bit(tiles, monkeypatch):
+    """Scales written group-major ([G, M], the layout cuBLASLt reads, handed out as its
+    [M, G] transpose) are the row-major ones bit for bit, at a ragged M (padded rows cut
+    off), for both kernels and the whole-row RMSNorm form; their Triton IR verifies."""
+    from kernels.fused_quant import QuantTiles
+    t = QuantTiles(*tiles)
+    x = (jax.random.normal(jax.random.key(8), (37, 512)) * 3).astype(jnp.bfloat16)
+    w = (1 + 0.1 * jax.random.normal(jax.random.key(9), (512,))).astype(jnp.bfloat16)
+    gu = jnp.concatenate([x, x[:, ::-1]], axis=1)
+    for fn, args in ((functools.partial(rmsnorm_quant_pallas, eps=1e-5), (x, w)),
+                     (swiglu_quant_pallas, (gu,))):
+        q0, s0 = fn(*args, tiles=t, interpret=True)
+        q, s = fn(*args, tiles=t, interpret=True, poison=True, group_major=True)
+        assert s.shape == s0.shape == (37, 4)
+        np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                      np.asarray(q0.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+        assert_valid_triton(lambda *a: fn(*a, tiles=t, group_major=True), *args,
+                            monkeypatch=monkeypatch)
+
+
 def test_kernels_lower_to_valid_triton_ir(monkeypatch):
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
     for bn, swap in ((128, False), (256, False), (128, True), (64, True), (32, True), (32, False),
@@ -298,6 +320,9 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline.
     assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
                              if kernel == "mgpu" else [])
+    # The quantisation kernels write the scales group-major exactly where cuBLASLt reads them
+    # unpadded; a wrong guess costs a transpose, not a wrong result.
+    assert fm.scales_group_major(M) == (kernel == "cublaslt" and M % 8 == 0)
     # The dispatch's thresholds are what these cases assume.
     assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133
 
@@ -428,6 +453,11 @@ def test_quant_tile_sweep_records_xla_tiles_and_refusals(monkeypatch):
     assert all(r["rmsnorm_quant_ms"] > 0 for r in rows)
     assert [("swiglu_quant_ms" in r, "swiglu_quant_refused" in r) for r in rows] == [
         (True, False), (True, False), (False, True)]
+    # Traced: the device's own time per call beside; a CPU trace has no device kernels.
+    rows = []
+    fp8_ffn.quant_tiles(cfg, ceil, [QuantTiles()], [8], rows, traced=True)
+    assert [np.isnan(r["swiglu_quant_device_ms"]) for r in rows] == [True, True]
+    assert [r["rmsnorm_quant_kernel_ms"] for r in rows] == [None, None]
 
 
 def test_tile_sweep_over_column_tiles_and_k_splits():

@@ -172,6 +172,34 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 1e-3  # as on CPU
 
 
+def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
+    """Hopper with the cuBLASLt handler: the FFN's quantisation kernels write the activation
+    scales group-major, cuBLASLt's layout, so the compiled FFN holds no transpose of them (two
+    launches a layer before); those scales are the row-major ones bit for bit, also at a row
+    count that is padded (77)."""
+    from kernels import fp8_matmul as fm
+    from kernels.fused_quant import rmsnorm_quant_pallas, swiglu_quant_pallas
+    from lacache_jax import quant
+    if fm.compute_capability()[0] != 9 or not fm.scales_group_major(768):
+        pytest.skip("not Hopper with the cuBLASLt handler: scales stay row-major")
+    k = jax.random.split(jax.random.key(4), 4)
+    D, F = 512, 1024
+    w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
+                                 jax.random.normal(k[1], (F, D)) * F ** -0.5)
+    x = jax.random.normal(k[2], (1, 768, D)).astype(jnp.bfloat16)
+    norm = jnp.ones((D,), jnp.bfloat16)
+    hlo = jax.jit(quant.ffn_fp8, static_argnums=2).lower(x, norm, 1e-5, w).compile().as_text()
+    assert [line for line in hlo.splitlines() if " transpose(" in line] == []
+    for M in (77, 768):
+        gu = jax.random.normal(k[3], (M, 2 * F)).astype(jnp.bfloat16)
+        for fn, args in ((lambda *a, **kw: rmsnorm_quant_pallas(*a, 1e-5, **kw), (gu, gu[0])),
+                         (swiglu_quant_pallas, (gu,))):
+            (q0, s0), (q, s) = fn(*args), fn(*args, group_major=True, poison=True)
+            np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+            np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                          np.asarray(q0.astype(jnp.float32)))
+
+
 def test_cublaslt_configurations_on_gpu():
     """The handler's configuration search (`lt.search`) and a given configuration in the FFI
     call: the search's first row is the heuristic's own choice (a real algo id); each of the
