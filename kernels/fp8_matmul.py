@@ -84,12 +84,18 @@ def _uses_cublaslt(M: int) -> bool:
 
 
 def scales_group_major(M: int) -> bool:
-    """Whether `fp8_matmul` reads the activation scales of M rows K-group-major ([K/128, M]:
-    cuBLASLt's layout, M a multiple of 8 so no padding comes between): the quantisation
-    kernels then write them so, handed out as the [M, K/128] transpose, and XLA cancels it
-    against the GEMM's own (each was a kernel launch a layer, 3.2 us of a 768-row FP8 layer's
-    ~260 us in the twenty-second session's trace)."""
-    return jax.default_backend() == "gpu" and M % 8 == 0 and _uses_cublaslt(M)
+    """Whether `fp8_matmul` reads the activation scales of M rows K-group-major ([K/128, M]):
+    cuBLASLt's layout (M a multiple of 8, so no padding comes between), and the Triton
+    kernel's transposed tiles (decode rows, M <= 32: `TritonTiles.get_default`'s swap). The
+    quantisation kernels then write them so, handed out as the [M, K/128] transpose, and XLA
+    cancels it against the GEMM's own (each was a kernel launch a layer: 3.2 us of a 768-row
+    FP8 layer's ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces).
+    Where the guess is wrong a transpose stays, as before; the result is the same."""
+    if jax.default_backend() != "gpu":
+        return False
+    if M <= 32:  # Triton's swapped tiles (`row_tile` <= 32), also on Ada
+        return True
+    return M % 8 == 0 and _uses_cublaslt(M)
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):

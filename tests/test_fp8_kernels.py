@@ -320,9 +320,11 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline.
     assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
                              if kernel == "mgpu" else [])
-    # The quantisation kernels write the scales group-major exactly where cuBLASLt reads them
-    # unpadded; a wrong guess costs a transpose, not a wrong result.
-    assert fm.scales_group_major(M) == (kernel == "cublaslt" and M % 8 == 0)
+    # The quantisation kernels write the scales group-major exactly where the GEMM reads them
+    # so: cuBLASLt unpadded, Triton's transposed (decode) tiles; a wrong guess costs a
+    # transpose, not a wrong result.
+    swapped = kernel == "pallas" and tr.TritonTiles.get_default(M, 128, 256).swap
+    assert fm.scales_group_major(M) == ((kernel == "cublaslt" and M % 8 == 0) or swapped)
     # The dispatch's thresholds are what these cases assume.
     assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133
 

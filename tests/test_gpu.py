@@ -174,9 +174,10 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
     """Hopper with the cuBLASLt handler: the FFN's quantisation kernels write the activation
-    scales group-major, cuBLASLt's layout, so the compiled FFN holds no transpose of them (two
-    launches a layer before); those scales are the row-major ones bit for bit, also at a row
-    count that is padded (77)."""
+    scales group-major, the layout cuBLASLt (768 rows) and Triton's transposed decode tiles
+    (32 rows) read, so the compiled FFN holds no transpose of them (two launches a layer
+    before); those scales are the row-major ones bit for bit, also at a row count that is
+    padded (77)."""
     from kernels import fp8_matmul as fm
     from kernels.fused_quant import rmsnorm_quant_pallas, swiglu_quant_pallas
     from lacache_jax import quant
@@ -186,10 +187,11 @@ def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
     D, F = 512, 1024
     w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
                                  jax.random.normal(k[1], (F, D)) * F ** -0.5)
-    x = jax.random.normal(k[2], (1, 768, D)).astype(jnp.bfloat16)
     norm = jnp.ones((D,), jnp.bfloat16)
-    hlo = jax.jit(quant.ffn_fp8, static_argnums=2).lower(x, norm, 1e-5, w).compile().as_text()
-    assert [line for line in hlo.splitlines() if " transpose(" in line] == []
+    for M in (32, 768):
+        x = jax.random.normal(k[2], (1, M, D)).astype(jnp.bfloat16)
+        hlo = jax.jit(quant.ffn_fp8, static_argnums=2).lower(x, norm, 1e-5, w).compile()
+        assert [line for line in hlo.as_text().splitlines() if " transpose(" in line] == [], M
     for M in (77, 768):
         gu = jax.random.normal(k[3], (M, 2 * F)).astype(jnp.bfloat16)
         for fn, args in ((lambda *a, **kw: rmsnorm_quant_pallas(*a, 1e-5, **kw), (gu, gu[0])),
