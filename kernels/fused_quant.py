@@ -8,7 +8,9 @@ that produces the activation (REFERENCE.md §7), so the bf16 activation is never
 `scale = amax / 448` per group (1 for an all-zero group), values clipped to +-448 and rounded
 to nearest even. Each has a pure-jnp reference (`*_ref`) and a dispatcher (Pallas with the Triton
 lowering on GPU, the reference elsewhere). Shapes: x [M, D], outputs q [M, D] fp8 and scales
-[M, D / 128] fp32; M is padded to the row tile inside the wrappers. A program quantises a
+[M, D / 128] fp32; M is padded to the row tile inside the wrappers. Where the GEMM reads the
+scales group-major (`fp8_matmul.scales_group_major`), the kernels write them [D / 128, M] and
+return the transpose, which XLA cancels against the GEMM's. A program quantises a
 `QuantTiles` tile (rows x groups of 128 columns), chosen by M (`QuantTiles.get_default`).
 
 Whole rows (`QuantTiles(rows, groups=D / 128)`, RMSNorm only): a program also computes its
