@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twenty-first session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-second session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# twenty-first session: 23 without split-K (no configuration beats the heuristic's); in the
-# twentieth: 21 (the heads' work over 132 programs: slower) and 22 (every GPU test
-# passed); in the nineteenth: 21 at its earlier form (the fused update in Mosaic GPU); in the
-# eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the demo's exact cache
-# through it) and stage 14's GPU test. Left, in priority order: 24, 23 with SEARCH=down:768,
-# down:1280 MAX_SPLIT=4 (the full-canvas down GEMM's split K), 3, 5 (6, 20, 21 and 22
-# repeat earlier runs when their code changes):
+# twenty-second session: 25, 26 at M 768 and 1280, 23 with split K (none among the fastest;
+# its jit timing did not finish); in the twenty-first: 23 without split-K (no configuration
+# beats the heuristic's); in the twentieth: 21 (the heads' work over 132 programs: slower)
+# and 22 (every GPU test passed); in the nineteenth: 21 at its earlier form (the fused update
+# in Mosaic GPU); in the eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the
+# demo's exact cache through it) and stage 14's GPU test. Left, in priority order: 26 with
+# QUANT_MS=32,6144 QUANT_TILES=16x1x4,1x32x1,2x32x2,8x2x4,16x4x4 (the decode rows' whole-row
+# RMSNorm and batch 8's tiles by device time), 24, 3, 5 (6, 20, 21 and 22 repeat earlier runs
+# when their code changes):
 #  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
 #  25  issue 23: where a full-canvas step's time goes, kernel by kernel, none and exact,
 #      bf16 and FP8 FFN (generate --trace --trace-top 40)
