@@ -18,11 +18,13 @@ rows' statistics, so x is read from HBM once and no XLA pass runs before the ker
 form reads x twice: `rms_rstd` in XLA, then the kernel). Its sum of squares runs in another
 order than XLA's mean, so 1 / RMS can differ in the last fp32 bit, and a normed value then
 rounds to the other bf16 (and rarely FP8) neighbour: the same bound the tests hold the tiled
-form to against the reference. Measured on the H200 (`benchmarks/fp8_ffn.py --quant-tiles`,
-2026-12-02, RESULTS.md ninth session): the whole-row form is slower than the per-group tiles
-at every tiling tried (8.3-12.8x its byte floor against 4.3-7.0x at M 768 and 1024), so the
-default stays per group; no form gets RMSNorm's quantisation near its floor (16-18 us against
-2.6 us of bytes at M 768).
+form to against the reference. The whole-row form's first version (a loop over the groups)
+was slower than the per-group tiles at every tiling tried on the H200 (chained wall time,
+RESULTS.md ninth session), so the default stays per group; by the device's own time the
+per-group kernel runs at 1.16-1.42x its byte floor at M 768 and 1280 (twenty-second session),
+but needs XLA's statistics pass before it (two launches at the dual step's 32 rows: 2.4 and 1.0
+us against the kernel's 1.7). The whole-row form now works on whole-tile vectors; it is not
+yet timed on a GPU (`benchmarks/device_plan.sh 26` with QUANT_MS=32,...).
 """
 
 from __future__ import annotations
@@ -157,16 +159,22 @@ def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool, group_majo
 
 def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interpret: bool,
                                group_major: bool):
-    """Whole rows: the statistics (`rms_rstd`'s fp32 mean of squares, summed group by group),
-    then the tiled kernel's per-group arithmetic; the second read of each group comes from
-    cache, not HBM."""
-    G = q_ref.shape[1] // GROUP
-    ss = jnp.zeros((x_ref.shape[0], 1), jnp.float32)
-    for g in range(G):
-        x = x_ref[:, pl.ds(g * GROUP, GROUP)].astype(jnp.float32)
-        ss += jnp.sum(x * x, axis=1, keepdims=True)
-    _norm_quantize(x_ref, jax.lax.rsqrt(ss / (G * GROUP) + eps), w_ref, q_ref, s_ref,
-                   interpret, group_major)
+    """Whole rows, as whole-tile vector ops (one load of the [rows, D] tile, one reduction
+    per statistic, the groups as a [rows, G, 128] view): the rows' fp32 mean of squares, then
+    the tiled kernel's per-element arithmetic and one amax per group. (A loop over the groups,
+    its first form, unrolled into 2 x 32 group steps at D 4096, ran 8-13x its byte floor by
+    chained wall time; this form is not yet timed on a GPU.)"""
+    R, D = x_ref.shape
+    round_ = rounded if interpret else (lambda a: a)
+    x = x_ref[...]
+    x32 = x.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=1, keepdims=True) / D + eps)
+    h = round_(round_((x32 * rstd).astype(x.dtype)) * w_ref[...][None, :])
+    h = h.astype(jnp.float32).reshape(R, D // GROUP, GROUP)
+    amax = jnp.max(jnp.abs(h), axis=2)
+    scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
+    q_ref[...] = jnp.clip(h / scale[:, :, None], -FP8_MAX, FP8_MAX).astype(FP8).reshape(R, D)
+    s_ref[...] = scale.T if group_major else scale
 
 
 def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref, *, group_major: bool):

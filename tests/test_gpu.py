@@ -163,7 +163,8 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     w = (1 + 0.1 * jax.random.normal(k[3], (4096,))).astype(jnp.bfloat16)
     qr, sr = rmsnorm_quant_ref(x, w, 1e-5)
     # the tiled form, then whole rows (statistics in the kernel) at a few row and warp counts
-    for tiles in (None, QuantTiles(1, 32, 1), QuantTiles(4, 32, 4), QuantTiles(16, 32, 8)):
+    # (whole rows: a program holds rows x 4096 fp32 values at once, so a few rows)
+    for tiles in (None, QuantTiles(1, 32, 1), QuantTiles(2, 32, 4), QuantTiles(4, 32, 8)):
         q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True, tiles=tiles)
         assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5  # as on CPU
     gu = jax.random.normal(k[2], (77, 2 * 12288)).astype(jnp.bfloat16)
