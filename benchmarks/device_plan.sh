@@ -7,10 +7,12 @@
 # beats the heuristic's); in the twentieth: 21 (the heads' work over 132 programs: slower)
 # and 22 (every GPU test passed); in the nineteenth: 21 at its earlier form (the fused update
 # in Mosaic GPU); in the eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the
-# demo's exact cache through it) and stage 14's GPU test. Left, in priority order: 26 with
+# demo's exact cache through it) and stage 14's GPU test. Left, in priority order: 27 (then
+# table a winner in fp8_cublaslt.SPLITS and time the step: device_plan 25), 26 with
 # QUANT_MS=32,6144 QUANT_TILES=16x1x4,1x32x1,2x32x2,8x2x4,16x4x4 (the decode rows' whole-row
 # RMSNorm and batch 8's tiles by device time), 24, 3, 5 (6, 20, 21 and 22 repeat earlier runs
 # when their code changes):
+#  27  issue 23: the down GEMM's columns split between two cuBLASLt calls (GPU test, timing)
 #  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
 #  25  issue 23: where a full-canvas step's time goes, kernel by kernel, none and exact,
 #      bf16 and FP8 FFN (generate --trace --trace-top 40)
@@ -230,6 +232,14 @@ case "${1:-1}" in
   [[ ${PART:-1} == 2 ]] && files="tests/test_gpu.py tests/test_window_attention.py"
   timeout -k 5 540 python3 -m pytest -q -m gpu $files -p no:cacheprovider 2>&1 \
     | tee "$OUT/gpu_tests_part${PART:-1}.log" | tail -3 ;;
+27)
+  # issue 23: the down GEMM's columns split between two cuBLASLt calls (one wave of 128 x 128
+  # tiles, then the rest with the tail's own configuration): its GPU test, then timed
+  timeout -k 5 120 python3 -m pytest -q -m gpu tests/test_gpu.py -k "column_split" -s \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest_split_gpu.log" | grep -v -i warn | tail -6
+  timeout -k 5 ${SPLIT_S:-300} python3 -m benchmarks.fp8_gemm --cublaslt-split \
+    ${SPLIT:-down:768:2816,down:1280:3328} --top ${TOP:-4} --rounds ${ROUNDS:-5} 2>&1 \
+    | tee "$OUT/fp8_gemm_split.log" | quiet | tail -14 ;;
 26)
   # the FP8 kernels' GPU tests (group-major scales among them), then the quantisation tiles
   # by the device's own time at the full canvas's rows (768, 1280) and batch 8's (6144)

@@ -9,6 +9,7 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
         [--rounds 5] [--max-split-k 1]
     python -m benchmarks.fp8_gemm --cublaslt-harness gate_up:1024,down:1024 [--reps 5,500]
         [--rounds 5]
+    python -m benchmarks.fp8_gemm --cublaslt-split down:768:2816 [--top 4] [--rounds 5]
 
 Kernels per (shape, M): XLA's FP8 dot (cuBLASLt, one scale per tensor: cannot compute the
 per-group product; the speed reference) with XLA's default fast accumulation (`xla_fp8_fast`)
@@ -18,7 +19,8 @@ its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe 
 `WsConfig.get_default`; `--mgpu-ws-sweep gate_up:4096` times only its knobs), the Triton
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
-`--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
+`--cublaslt-split SHAPE:M:N1,...`: columns from N1 by a second cuBLASLt call
+(`cublaslt_split`). `--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
 (K split at most `--max-split-k` ways, fp32 partials), timed by the handler itself
 (`fp8_cublaslt.search`), then the `--top` fastest and the heuristic's choice timed again
 inside jit beside XLA's per-tensor FP8 dot, `--rounds` rounds round by round (median per
@@ -232,6 +234,50 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
             print(row, flush=True)
 
 
+def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
+    """`--cublaslt-split SHAPE:M:N1,...`: the output's columns from N1 computed by a second
+    cuBLASLt call in the same handler call (`fp8_cublaslt.SPLITS`), its configuration each of
+    the `top` fastest that `lt.search` finds for the tail problem (M, N - N1, K) and the
+    heuristic's, against one call; per kernel the median over `rounds` rounds of the chained
+    wall time and, from one profiled run, the device's time per call (all kernels, the gaps
+    between them included: `span_ms`), whether the output has one call's bits, and its
+    relative L2 error against the exact product."""
+    for item in spec.split(","):
+        shape, M, n1 = item.split(":")
+        M, n1, (K, N) = int(M), int(n1), SHAPES[shape]
+        flops = 2.0 * M * K * N
+        base = dict(shape=shape, M=M, K=K, N=N, n_split=n1)
+        found = lt.search(M, N - n1, K, jnp.bfloat16, swap=False)
+        tails = [lt.HEURISTIC] + [c for c, _ in sorted(found[1:], key=lambda r: r[1])[:top]]
+        print(f"{shape} M {M} split at {n1}: tail searched over {len(found)} configurations; "
+              f"timing {tails}", flush=True)
+        xq, xs, wq, ws = operands(M, K, N, M)
+        fns = {"one": functools.partial(lambda a, s: lt.fp8_matmul_cublaslt(
+            a, s, wq, ws, swap=False, split=lt.NO_SPLIT))}
+        for c in tails:
+            fns[c] = functools.partial(lambda a, s, c: lt.fp8_matmul_cublaslt(
+                a, s, wq, ws, swap=False, split=(n1, c)), c=c)
+        outs = {name: np.asarray(fn(xq, xs)) for name, fn in fns.items()}
+        with jax.default_matmul_precision("highest"):
+            ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(time_chained(fn, xq, xs, n=20)["median_ms"])
+        for name, fn in fns.items():
+            ms = float(np.median(times[name]))
+            dev = device_chained(fn, xq, xs)
+            out = outs[name].astype(np.float64)
+            row = {**base, "kind": "split", "tail": None if name == "one" else name,
+                   "ms": ms, "tflops": flops / ms / 1e9, "round_ms": times[name],
+                   "device_span_ms": dev["span_ms"], "device_kernels_ms": dev["kernels_ms"],
+                   "device_tflops": flops / dev["span_ms"] / 1e9,
+                   "same_bits_as_one_call": bool(np.array_equal(outs[name], outs["one"])),
+                   "rel_l2_vs_ref": float(np.linalg.norm(out - ref) / np.linalg.norm(ref))}
+            rows.append(row)
+            print(row, flush=True)
+
+
 def narrow_operands(M: int, K: int, N: int, seed: int):
     """The handler harness's kind of operands: random FP8 bytes with exponent field <= 7 (|v|
     < 2; the quantised ones span the whole e4m3 range), scales in [0.5, 1)."""
@@ -331,6 +377,8 @@ def main():
                     help="search cuBLASLt's configurations, e.g. gate_up:1024,down:1024")
     ap.add_argument("--cublaslt-harness", default=None, metavar="SHAPE:M,...",
                     help="per-group against per-tensor FP8 in cuBLASLt's own timing")
+    ap.add_argument("--cublaslt-split", default=None, metavar="SHAPE:M:N1,...",
+                    help="columns from N1 by a second cuBLASLt call, e.g. down:768:2816")
     ap.add_argument("--reps", default="5,500")
     ap.add_argument("--trace", action="store_true",
                     help="with --cublaslt-harness: profile each jit chain once")
@@ -340,9 +388,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     exit_on_sigterm()
-    if args.cublaslt_search or args.cublaslt_harness:
+    if args.cublaslt_search or args.cublaslt_harness or args.cublaslt_split:
         rows = []
         try:
+            if args.cublaslt_split:
+                cublaslt_split(args.cublaslt_split, args.top, args.rounds, rows)
             if args.cublaslt_harness:
                 cublaslt_harness(args.cublaslt_harness, args.reps, args.rounds, rows,
                                  args.trace)

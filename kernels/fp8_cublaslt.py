@@ -29,7 +29,11 @@ RESULTS.md twenty-first session) 577 configurations without split-K at M 768-409
 shapes held none faster than the heuristic's beyond the runs' noise. A configuration may
 change the output's bits (one of the ten timed at the down shape, M 768, did), so the
 benchmark compares each with the heuristic's; split K only with fp32 partials summed in a
-fixed order (`search`'s `max_split_k`).
+fixed order (`search`'s `max_split_k`): none of those was faster at the full canvas's down
+GEMM either (twenty-second session). What may be: splitting the output's columns between two
+calls in one handler call (`SPLITS`, `split_for`), the first filling whole waves of SMs,
+the second with its own configuration (smaller tiles); each output element is still one
+call's sum over all of K. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ HEURISTIC = (-1, 0, 0, 0, 0, 1, 0, 0)
 # (N, K) -> [(from M rows, config)], bf16 out, the arrangement `SWAP` False: measured winners of
 # `benchmarks/fp8_gemm.py --cublaslt-search` (RESULTS.md); the last entry whose M bound is met.
 TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
+# (M, N, K) -> (n_split, tail configuration), bf16 out, `SWAP` False: the output's columns
+# [n_split, N) computed by a second cuBLASLt call in the same handler call, with its own
+# configuration, so that the first call's tiles fill whole waves of SMs (the down GEMM at a
+# full canvas's 768 rows has 192 tiles of 128 x 128 on 132 SMs, 1.45 waves: 22 of its 32
+# column tiles are one wave, the other 10 in 128 x 64 tiles a second of half the length).
+# Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split`; empty until measured.
+SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
+NO_SPLIT = (0, HEURISTIC)
 _LIB: ctypes.CDLL | None = None  # the loaded handler, for `search`
 
 
@@ -94,24 +106,41 @@ def config_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, ...]
     return config
 
 
+def split_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, tuple[int, ...]]:
+    """The `SPLITS` entry for this problem, else `NO_SPLIT`."""
+    if swap or jnp.dtype(out_dtype) != jnp.dtype(jnp.bfloat16):
+        return NO_SPLIT
+    return SPLITS.get((M, N, K), NO_SPLIT)
+
+
 def fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *, swap=None,
-                        config=None):
+                        config=None, split=None):
     """cuBLASLt's block-scaled FP8 GEMM; same contract as `fp8_matmul_ref` (xq [M, K] fp8,
     x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32 -> [M, N]).
     Needs `available()` (the FFI target registered) to run, CUDA only, `supports(...)`.
-    `swap` (default: the probed `SWAP`) and `config` (default: `config_for`) are for
-    benchmarks that compare arrangements and configurations."""
+    `swap` (default: the probed `SWAP`), `config` (default: `config_for`) and `split`
+    ((n_split, tail configuration): columns from n_split by a second call; default
+    `split_for`) are for benchmarks that compare arrangements and configurations."""
     swap = SWAP if swap is None else swap
+    M, N, K = xq.shape[0], wq.shape[0], xq.shape[1]
     if config is None:
-        config = config_for(xq.shape[0], wq.shape[0], xq.shape[1], out_dtype, swap)
-    if len(config) != len(CONFIG_FIELDS):
-        raise ValueError(f"config must be {len(CONFIG_FIELDS)} ints {CONFIG_FIELDS}, got {config}")
+        config = config_for(M, N, K, out_dtype, swap)
+    if split is None:
+        split = split_for(M, N, K, out_dtype, swap)
+    n_split, tail = split
+    for c in (config, tail):
+        if len(c) != len(CONFIG_FIELDS):
+            raise ValueError(f"config must be {len(CONFIG_FIELDS)} ints {CONFIG_FIELDS}, got {c}")
+    if n_split % GROUP or not 0 <= n_split < N:
+        raise ValueError(f"n_split must be 0 or a multiple of {GROUP} below N {N}, got {n_split}")
     return _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap=swap,
-                     config=tuple(map(int, config)))
+                     config=tuple(map(int, config)), n_split=int(n_split),
+                     tail=tuple(map(int, tail)))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "swap", "config"))
-def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, config: tuple[int, ...]):
+@functools.partial(jax.jit, static_argnames=("out_dtype", "swap", "config", "n_split", "tail"))
+def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, config: tuple[int, ...],
+              n_split: int = 0, tail: tuple[int, ...] = HEURISTIC):
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
@@ -124,7 +153,8 @@ def _cublaslt(xq, x_scale, wq, w_scale, out_dtype, swap: bool, config: tuple[int
     ws = jnp.pad(w_scale, [(0, 0), (0, pad)]) if pad else w_scale
     shape = (N, M) if swap else (M, N)
     out = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(shape, out_dtype))(
-        xq, x_scale.T, wq, ws, swap=np.int32(swap), config=np.asarray(config, np.int32))
+        xq, x_scale.T, wq, ws, swap=np.int32(swap), config=np.asarray(config, np.int32),
+        n_split=np.int32(n_split), tail_config=np.asarray(tail, np.int32))
     return out.T if swap else out
 
 

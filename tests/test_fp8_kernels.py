@@ -345,8 +345,8 @@ def test_mgpu_default_config():
 def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads(monkeypatch):
     """The FFI call as lowered for CUDA (it cannot run here): one custom call to our target
     with x [M, K], its scales M-major [K/128, M], w [N, K] and the weight scales' K blocks
-    padded to a multiple of 4 (here 3 -> 4), output [M, N], and the configuration `TUNED`
-    holds for the shape; shapes it cannot take refused."""
+    padded to a multiple of 4 (here 3 -> 4), output [M, N], the configuration `TUNED` holds
+    for the shape and the column split `SPLITS` holds; shapes it cannot take refused."""
     from kernels import fp8_cublaslt as lt
     _, _, (xq, xs), (wq, ws) = operands(40, 384, 256)
     text = jax.jit(lt.fp8_matmul_cublaslt, static_argnames="out_dtype").trace(
@@ -356,8 +356,22 @@ def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads(monkeypatch):
     assert ("(tensor<40x384xf8E4M3FN>, tensor<3x40xf32>, tensor<256x384xf8E4M3FN>, "
             "tensor<2x4xf32>) -> tensor<40x256xf32>") in call[0]
     # No tuned configuration at this shape: the heuristic's (algo id -1) goes to the handler;
-    # a tuned one goes as given.
+    # a tuned one goes as given. No column split either, unless `SPLITS` holds one.
     assert "config = dense<[-1, 0, 0, 0, 0, 1, 0, 0]> : tensor<8xi32>" in call[0]
+    assert "n_split = 0 : i32" in call[0]
+    monkeypatch.setitem(lt.SPLITS, (40, 256, 384), (128, (5, 18, 0, 0, 0, 1, 0, 0)))
+    # (a function of its own: jit's trace cache would hand the later trace this one's table)
+    text = jax.jit(lambda *a: lt.fp8_matmul_cublaslt(*a)).trace(xq, xs, wq, ws).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "n_split = 128 : i32" in text
+    assert "tail_config = dense<[5, 18, 0, 0, 0, 1, 0, 0]> : tensor<8xi32>" in text
+    assert lt.split_for(40, 256, 384, jnp.float32, False) == lt.NO_SPLIT  # tabled for bf16
+    assert lt.split_for(48, 256, 384, jnp.bfloat16, False) == lt.NO_SPLIT  # another M
+    for bad in ((64, lt.HEURISTIC), (256, lt.HEURISTIC), (-128, lt.HEURISTIC)):
+        with pytest.raises(ValueError, match="n_split must be 0 or a multiple of 128"):
+            lt.fp8_matmul_cublaslt(xq, xs, wq, ws, split=bad)
+    with pytest.raises(ValueError, match="config must be 8 ints"):
+        lt.fp8_matmul_cublaslt(xq, xs, wq, ws, split=(128, (1,)))
     monkeypatch.setitem(lt.TUNED, (256, 384), [(32, (7, 20, 14, 3, 1, 1, 0, 2))])
     text = jax.jit(lt.fp8_matmul_cublaslt).trace(xq, xs, wq, ws).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -376,6 +390,32 @@ def test_cublaslt_call_lowers_with_the_scale_layouts_cublas_reads(monkeypatch):
     assert not lt.supports(40, 256, 384, jnp.float16)
     with pytest.raises(ValueError, match="M a multiple of 8"):
         lt.fp8_matmul_cublaslt(xq[:33], xs[:33], wq, ws)
+
+
+def test_cublaslt_split_benchmark_rows(monkeypatch):
+    """`fp8_gemm --cublaslt-split` (cuBLASLt faked by the reference here): a row for the one
+    call and one per tail configuration (the heuristic's, then the search's fastest), each
+    with its timings, bits against the one call and error against the exact product."""
+    from benchmarks import fp8_gemm
+    from kernels import fp8_cublaslt as lt
+    monkeypatch.setitem(fp8_gemm.SHAPES, "tiny", (256, 384))
+    fast, slow = (5,) + lt.HEURISTIC[1:], (6,) + lt.HEURISTIC[1:]
+    searched = []
+    monkeypatch.setattr(lt, "search", lambda M, N, K, *a, **kw: searched.append((M, N, K)) or [
+        (lt.HEURISTIC, 1.0), (slow, 2.0), (fast, 0.5)])
+    splits = []
+
+    def fake(xq, xs, wq, ws, out_dtype=jnp.bfloat16, *, swap=None, config=None, split=None):
+        splits.append(split)
+        return fp8_matmul_ref(xq, xs, wq, ws, out_dtype)
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake)
+    rows = []
+    fp8_gemm.cublaslt_split("tiny:32:128", 1, 1, rows)
+    assert searched == [(32, 256, 256)]  # the tail problem: N - N1 columns
+    assert [r["tail"] for r in rows] == [None, lt.HEURISTIC, fast]
+    assert {lt.NO_SPLIT, (128, lt.HEURISTIC), (128, fast)} == set(splits)
+    assert all(r["same_bits_as_one_call"] and r["rel_l2_vs_ref"] < 2.0 ** -7 and r["ms"] > 0
+               for r in rows)
 
 
 def test_cublaslt_search_refuses_bad_arguments_before_the_device():

@@ -203,6 +203,36 @@ def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
                                           np.asarray(q0.astype(jnp.float32)))
 
 
+def test_cublaslt_column_split_on_gpu():
+    """The handler's column split (`split=(n_split, tail config)`: the output's columns from
+    n_split by a second cuBLASLt call, in place): every column written (two fresh draws) and
+    each as precise as one call, f32 and bf16 out, both arrangements, a split at the first and
+    the last 128-column block, and a tail configuration cuBLASLt refuses (the heuristic's
+    runs instead)."""
+    from kernels import fp8_cublaslt as lt
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from lacache_jax.quant import quantize_act, quantize_weight
+    assert lt.available()
+    M, K, N = 256, 4096, 1024
+    refused = (10 ** 6,) + lt.HEURISTIC[1:]
+    for draw, (n_split, tail, swap) in enumerate([(128, lt.HEURISTIC, False),
+                                                  (896, lt.HEURISTIC, False),
+                                                  (384, refused, False),
+                                                  (512, lt.HEURISTIC, True)]):
+        kx, kw = jax.random.split(jax.random.key(100 + draw))
+        xq, xs = quantize_act(jax.random.normal(kx, (M, K)))
+        wq, ws = quantize_weight(jax.random.normal(kw, (K, N)) * K ** -0.5)
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        for dtype, bound in ((jnp.float32, 2.0 ** -12), (jnp.bfloat16, 2.0 ** -8)):
+            out = lt.fp8_matmul_cublaslt(xq, xs, wq, ws, dtype, swap=swap,
+                                         split=(n_split, tail)).astype(jnp.float32)
+            print("split", n_split, tail[0], swap, dtype.__name__, rel_err(out, ref))
+            # as one call (test_cublaslt_fp8_gemm_on_gpu), on each side of the split
+            for cols in (slice(0, n_split), slice(n_split, N)):
+                assert rel_err(out[:, cols], ref[:, cols]) <= bound
+
+
 def test_cublaslt_configurations_on_gpu():
     """The handler's configuration search (`lt.search`) and a given configuration in the FFI
     call: the search's first row is the heuristic's own choice (a real algo id); each of the

@@ -23,6 +23,10 @@
 // The algorithm: the attribute `config` (kConfigLen int32: algo id, tile, stages, cluster
 // shape, CTA swizzling, split-K, reduction scheme, custom option; cuBLASLt's enum values) where
 // its algo id is >= 0 and cublasLtMatmulAlgoCheck accepts it; else the heuristic's first.
+// With the attribute n_split > 0 the output's columns [n_split, N) come from a second
+// cublasLtMatmul on the same buffers (w's rows and block scales from n_split, the output's
+// columns in place, D's leading dimension the whole output's), with the configuration
+// `tail_config`: the first call's tiles can then fill whole waves of SMs.
 // `lacache_cublaslt_search` (ctypes, outside XLA) times every configuration cuBLASLt accepts
 // for a shape, so a benchmark can find the ones worth passing, and cuBLASLt's per-tensor FP8
 // GEMM (the speed reference) in the same harness.
@@ -96,9 +100,10 @@ struct Plan {
   }
 };
 
-// (M, N, K, output type, alignment of all operands in bytes, swap, config)
-using PlanKey =
-    std::tuple<int64_t, int64_t, int64_t, int, uint32_t, int32_t, std::vector<int32_t>>;
+// (M, N, K, output's leading dimension, output type, alignment of all operands in bytes,
+// swap, config)
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int, uint32_t, int32_t,
+                           std::vector<int32_t>>;
 
 struct DeviceState {
   std::mutex mu;  // guards plans and the scale pointers written into a plan's descriptor
@@ -146,11 +151,12 @@ cublasStatus_t SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t
 // per-tensor FP8 GEMM with unit scales, with its default precise accumulation or fast.
 enum Scaling : int32_t { kBlock = 0, kTensor = 1, kTensorFast = 2 };
 
-// The descriptors of one problem. The scale pointers are set before the heuristic runs
-// (cuBLASLt checks them there too); each call sets its own again.
+// The descriptors of one problem, D's leading dimension `ldd` (0: D's own rows, a_cols; more
+// where the problem is a column block of a wider output). The scale pointers are set before
+// the heuristic runs (cuBLASLt checks them there too); each call sets its own again.
 ffi::Error MakeDescriptors(int64_t M, int64_t N, int64_t K, cudaDataType_t out_type,
                            int32_t swap, const void* a_scale, const void* b_scale, Plan* plan,
-                           Scaling scaling = kBlock) {
+                           Scaling scaling = kBlock, int64_t ldd = 0) {
   const int64_t a_cols = swap ? M : N, b_cols = swap ? N : M;
   const int32_t a_mode = swap ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -173,7 +179,8 @@ ffi::Error MakeDescriptors(int64_t M, int64_t N, int64_t K, cudaDataType_t out_t
   }
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_8F_E4M3, K, a_cols, K));
   LT_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_8F_E4M3, K, b_cols, K));
-  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, a_cols, b_cols, a_cols));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out_type, a_cols, b_cols,
+                                      ldd > 0 ? ldd : a_cols));
   return ffi::Error::Success();
 }
 
@@ -268,11 +275,12 @@ bool Configured(const DeviceState& state, const int32_t* config, cudaDataType_t 
   return true;
 }
 
-ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K,
+ffi::Error MakePlan(const DeviceState& state, int64_t M, int64_t N, int64_t K, int64_t ldd,
                     cudaDataType_t out_type, uint32_t alignment, int32_t swap,
                     const std::vector<int32_t>& config, const void* a_scale,
                     const void* b_scale, Plan* plan) {
-  if (ffi::Error err = MakeDescriptors(M, N, K, out_type, swap, a_scale, b_scale, plan);
+  if (ffi::Error err =
+          MakeDescriptors(M, N, K, out_type, swap, a_scale, b_scale, plan, kBlock, ldd);
       !err.success()) {
     return err;
   }
@@ -296,10 +304,45 @@ uint32_t Alignment(std::initializer_list<const void*> pointers) {
   return alignment;
 }
 
+// One cuBLASLt call: out = x . w^T for an M x N problem (x [M, K], w [N, K]; with swap the
+// roles trade places, see the top), the output's leading dimension `ldd` (0: its own). The
+// caller holds state->mu.
+ffi::Error Matmul(DeviceState* state, cudaStream_t stream, int64_t M, int64_t N, int64_t K,
+                  int64_t ldd, cudaDataType_t out_type, int32_t swap,
+                  const std::vector<int32_t>& config, const void* x, const float* x_scale,
+                  const void* w, const float* w_scale, void* out) {
+  const void* a_ptr = swap ? x : w;
+  const void* b_ptr = swap ? w : x;
+  const void* a_scale = swap ? static_cast<const void*>(x_scale) : w_scale;
+  const void* b_scale = swap ? static_cast<const void*>(w_scale) : x_scale;
+  const uint32_t alignment = Alignment({a_ptr, b_ptr, out});
+  const PlanKey key{M, N, K, ldd, static_cast<int>(out_type), alignment, swap, config};
+  auto& plan = state->plans[key];
+  if (!plan) {
+    auto made = std::make_unique<Plan>();
+    if (ffi::Error err = MakePlan(*state, M, N, K, ldd, out_type, alignment, swap, config,
+                                  a_scale, b_scale, made.get());
+        !err.success()) {
+      state->plans.erase(key);
+      return err;
+    }
+    plan = std::move(made);
+  }
+  // The scale addresses change per call; cublasLtMatmul reads them when it enqueues.
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
+  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
+  const float alpha = 1.0f, beta = 0.0f;
+  LT_CHECK(cublasLtMatmul(state->handle, plan->desc, &alpha, a_ptr, plan->a, b_ptr, plan->b,
+                          &beta, out, plan->d, out, plan->d, &plan->algo, state->workspace,
+                          kWorkspaceBytes, stream));
+  return ffi::Error::Success();
+}
+
 ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
                    ffi::Buffer<ffi::F32> x_scale, ffi::AnyBuffer w, ffi::Buffer<ffi::F32> w_scale,
                    ffi::Result<ffi::AnyBuffer> out, int32_t swap,
-                   ffi::Span<const int32_t> config_attr) {
+                   ffi::Span<const int32_t> config_attr, int32_t n_split,
+                   ffi::Span<const int32_t> tail_config_attr) {
   // (The FFI header has no typed buffers of FP8 in every jax version: checked here.)
   if (x.element_type() != ffi::DataType::F8E4M3FN ||
       w.element_type() != ffi::DataType::F8E4M3FN) {
@@ -329,43 +372,43 @@ ffi::Error Fp8Gemm(cudaStream_t stream, int32_t device, ffi::AnyBuffer x,
       return ffi::Error::InvalidArgument(
           "lacache fp8 cuBLASLt GEMM: out must be bfloat16 or float32");
   }
+  if (config_attr.size() != kConfigLen || tail_config_attr.size() != kConfigLen) {
+    return ffi::Error::InvalidArgument("lacache fp8 cuBLASLt GEMM: config and tail_config "
+                                       "must be " + std::to_string(kConfigLen) + " int32");
+  }
+  if (n_split < 0 || n_split % kGroup || n_split >= N) {
+    return ffi::Error::InvalidArgument(
+        "lacache fp8 cuBLASLt GEMM: n_split must be 0 or a multiple of 128 below N");
+  }
   DeviceState* state = nullptr;
   if (ffi::Error err = GetState(device, &state); !err.success()) return err;
-
-  const void* a_ptr = swap ? x.untyped_data() : w.untyped_data();
-  const void* b_ptr = swap ? w.untyped_data() : x.untyped_data();
-  const void* a_scale = swap ? x_scale.typed_data() : w_scale.typed_data();
-  const void* b_scale = swap ? w_scale.typed_data() : x_scale.typed_data();
-  void* o_ptr = out->untyped_data();
-  const uint32_t alignment = Alignment({a_ptr, b_ptr, o_ptr});
-  if (config_attr.size() != kConfigLen) {
-    return ffi::Error::InvalidArgument("lacache fp8 cuBLASLt GEMM: config must be " +
-                                       std::to_string(kConfigLen) + " int32");
-  }
-  std::vector<int32_t> config(config_attr.begin(), config_attr.end());
-  const PlanKey key{M, N, K, static_cast<int>(out_type), alignment, swap, config};
   std::lock_guard<std::mutex> lock(state->mu);
-  auto& plan = state->plans[key];
-  if (!plan) {
-    auto made = std::make_unique<Plan>();
-    if (ffi::Error err = MakePlan(*state, M, N, K, out_type, alignment, swap, config,
-                                  a_scale, b_scale, made.get());
-        !err.success()) {
-      state->plans.erase(key);
-      return err;
-    }
-    plan = std::move(made);
+  const std::vector<int32_t> config(config_attr.begin(), config_attr.end());
+  if (n_split == 0) {
+    return Matmul(state, stream, M, N, K, 0, out_type, swap, config, x.untyped_data(),
+                  x_scale.typed_data(), w.untyped_data(), w_scale.typed_data(),
+                  out->untyped_data());
   }
-  // The scale addresses change per call; cublasLtMatmul reads them when it enqueues.
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale));
-  LT_CHECK(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale));
-  const float alpha = 1.0f, beta = 0.0f;
-  LT_CHECK(cublasLtMatmul(state->handle, plan->desc, &alpha, a_ptr, plan->a, b_ptr, plan->b,
-                          &beta, o_ptr, plan->d, o_ptr, plan->d, &plan->algo, state->workspace,
-                          kWorkspaceBytes, stream));
-  return ffi::Error::Success();
+  // Two calls over column blocks of the output: N columns [0, n_split) with `config`, then
+  // [n_split, N) with `tail_config`, each reading its rows of w and of w's block scales and
+  // writing its columns in place (D's leading dimension stays the whole output's). Each
+  // output element is one call's sum over all of K, as without the split.
+  const std::vector<int32_t> tail(tail_config_attr.begin(), tail_config_attr.end());
+  const int64_t ldd = swap ? M : N;
+  const size_t out_bytes = out_type == CUDA_R_32F ? 4 : 2;
+  auto* w_tail = static_cast<const uint8_t*>(w.untyped_data()) + n_split * K;
+  const float* ws_tail = w_scale.typed_data() + n_split / kGroup * G4;
+  auto* out_tail = static_cast<uint8_t*>(out->untyped_data()) +
+                   (swap ? n_split * M : n_split) * out_bytes;
+  if (ffi::Error err = Matmul(state, stream, M, n_split, K, ldd, out_type, swap, config,
+                              x.untyped_data(), x_scale.typed_data(), w.untyped_data(),
+                              w_scale.typed_data(), out->untyped_data());
+      !err.success()) {
+    return err;
+  }
+  return Matmul(state, stream, M, N - n_split, K, ldd, out_type, swap, tail, x.untyped_data(),
+                x_scale.typed_data(), w_tail, ws_tail, out_tail);
 }
-
 
 // Buffers, handle, stream and events of one search, freed on every exit.
 struct Search {
@@ -550,7 +593,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LacacheFp8GemmCublasLt, Fp8Gemm,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w_scale [N/128, K4]
                                   .Ret<ffi::AnyBuffer>()         // out [M, N] / [N, M]
                                   .Attr<int32_t>("swap")
-                                  .Attr<ffi::Span<const int32_t>>("config"));
+                                  .Attr<ffi::Span<const int32_t>>("config")
+                                  .Attr<int32_t>("n_split")
+                                  .Attr<ffi::Span<const int32_t>>("tail_config"));
 
 // cuBLASLt's run-time version (e.g. 130100 for 13.1.0): block scaling needs >= 120900.
 extern "C" size_t lacache_cublaslt_version() { return cublasLtGetVersion(); }
