@@ -17,8 +17,8 @@
 // column-major, i.e. the output buffer is [N, M] row-major and the caller transposes it.
 //
 // State per device (made on first use, kept for the process): a cuBLASLt handle, a workspace
-// and, per (M, N, K, output type, alignment, config), the operation/layout descriptors and the
-// algorithm, so a shape's algorithm is chosen once.
+// and, per (M, N, K, output's leading dimension, output type, alignment, swap, config), the
+// operation/layout descriptors and the algorithm, so a shape's algorithm is chosen once.
 //
 // The algorithm: the attribute `config` (kConfigLen int32: algo id, tile, stages, cluster
 // shape, CTA swizzling, split-K, reduction scheme, custom option; cuBLASLt's enum values) where
