@@ -123,8 +123,8 @@ def swiglu_quant_ref(gate_up_M2F):
 # --- Pallas kernels ------------------------------------------------------------------------
 
 def _quantize_tile(a):
-    """fp32 [rows, 128] -> (fp8 tile, fp32 [rows, 1] scale); same arithmetic as `to_fp8`."""
-    amax = jnp.max(jnp.abs(a), axis=1, keepdims=True)
+    """fp32 [..., 128] -> (fp8 tile, fp32 [..., 1] scales); same arithmetic as `to_fp8`."""
+    amax = jnp.max(jnp.abs(a), axis=-1, keepdims=True)
     scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
     return jnp.clip(a / scale, -FP8_MAX, FP8_MAX).astype(FP8), scale
 
@@ -143,17 +143,22 @@ def _rmsnorm_quant_kernel(x_ref, rstd_ref, w_ref, q_ref, s_ref, *, interpret: bo
     _norm_quantize(x_ref, rstd_ref[...], w_ref, q_ref, s_ref, interpret, group_major)
 
 
-def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool, group_major: bool):
-    """Normalise (times `rstd` [rows, 1]), round, weight and quantise the tile group by group."""
+def _normed(x, rstd, w, interpret: bool):
+    """x times `rstd` [rows, 1], rounded to x's dtype, times the weight, rounded (LLaDA's
+    RMSNorm, `rms_normed`), as fp32."""
     # Triton rounds at every half-precision cast and product; XLA, which runs the kernel in
     # interpret mode, may not (`rounded`), and the Triton lowering has no reduce_precision.
     round_ = rounded if interpret else (lambda a: a)
+    return round_(round_((x.astype(jnp.float32) * rstd).astype(x.dtype)) * w[None, :]).astype(
+        jnp.float32)
+
+
+def _norm_quantize(x_ref, rstd, w_ref, q_ref, s_ref, interpret: bool, group_major: bool):
+    """Normalise (times `rstd` [rows, 1]), round, weight and quantise the tile group by group."""
     for g in range(q_ref.shape[1] // GROUP):  # the tile's 128-column groups, one scale each
         cols = pl.ds(g * GROUP, GROUP)
-        x = x_ref[:, cols]
-        h = round_(round_((x.astype(jnp.float32) * rstd).astype(x.dtype))
-                   * w_ref[cols][None, :])
-        q_ref[:, cols], scale = _quantize_tile(h.astype(jnp.float32))
+        q_ref[:, cols], scale = _quantize_tile(_normed(x_ref[:, cols], rstd, w_ref[cols],
+                                                       interpret))
         _put_scale(s_ref, g, scale, group_major)
 
 
@@ -165,15 +170,13 @@ def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interp
     its first form, unrolled into 2 x 32 group steps at D 4096, ran 8-13x its byte floor by
     chained wall time; this form is not yet timed on a GPU.)"""
     R, D = x_ref.shape
-    round_ = rounded if interpret else (lambda a: a)
     x = x_ref[...]
     x32 = x.astype(jnp.float32)
     rstd = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=1, keepdims=True) / D + eps)
-    h = round_(round_((x32 * rstd).astype(x.dtype)) * w_ref[...][None, :])
-    h = h.astype(jnp.float32).reshape(R, D // GROUP, GROUP)
-    amax = jnp.max(jnp.abs(h), axis=2)
-    scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
-    q_ref[...] = jnp.clip(h / scale[:, :, None], -FP8_MAX, FP8_MAX).astype(FP8).reshape(R, D)
+    h = _normed(x, rstd, w_ref[...], interpret).reshape(R, D // GROUP, GROUP)
+    q, scale = _quantize_tile(h)
+    q_ref[...] = q.reshape(R, D)
+    scale = scale.reshape(R, D // GROUP)
     s_ref[...] = scale.T if group_major else scale
 
 
