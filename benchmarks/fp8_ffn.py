@@ -146,9 +146,10 @@ def quant_tiles(cfg, ceil, tiles: list[QuantTiles], ms: list[int], rows: list,
                 row[f"{name}_x_floor"] = ms_ / floor
                 if traced:
                     d = device_chained(fn, arg)
+                    kernel_ms = d["largest"] and d["largest"][1]  # None: no device kernels
                     row[f"{name}_device_ms"] = d["kernels_ms"]
-                    row[f"{name}_kernel_ms"] = d["largest"] and d["largest"][1]
-                    row[f"{name}_kernel_x_floor"] = d["largest"] and d["largest"][1] / floor
+                    row[f"{name}_kernel_ms"] = kernel_ms
+                    row[f"{name}_kernel_x_floor"] = kernel_ms and kernel_ms / floor
             rows.append(row)
             print("quant tiles", {k: round(v, 4) if isinstance(v, float) else v
                                   for k, v in row.items() if not k.endswith("_refused")},

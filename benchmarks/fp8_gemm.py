@@ -20,11 +20,12 @@ its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe 
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 `--cublaslt-split SHAPE:M:N1,...`: columns from N1 by a second cuBLASLt call
-(`cublaslt_split`). `--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's block-scaled algorithm
-(K split at most `--max-split-k` ways, fp32 partials), timed by the handler itself
-(`fp8_cublaslt.search`), then the `--top` fastest and the heuristic's choice timed again
-inside jit beside XLA's per-tensor FP8 dot, `--rounds` rounds round by round (median per
-kernel), each output compared bit for bit with the heuristic's. `--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
+(`cublaslt_split`). `--cublaslt-search SHAPE:M,...`: every configuration of cuBLASLt's
+block-scaled algorithm (K split at most `--max-split-k` ways, fp32 partials), timed by the
+handler itself (`fp8_cublaslt.search`), then the `--top` fastest and the heuristic's choice
+timed again inside jit beside XLA's per-tensor FP8 dot, `--rounds` rounds round by round
+(median per kernel), each output compared bit for bit with the heuristic's.
+`--cublaslt-harness SHAPE:M,...`: the per-group GEMM (the heuristic's choice) and
 cuBLASLt's per-tensor FP8 GEMM (precise and fast accumulation) in the handler's own timing
 harness, no XLA around them, in bursts of each `--reps` calls, the three alternating over
 `--rounds` rounds (a short burst runs at the clocks a cool GPU allows, a long one at its power
@@ -63,6 +64,16 @@ def operands(M: int, K: int, N: int, seed: int):
     return xq, xs, wq, ws
 
 
+def exact_product(xq, xs, wq, ws) -> np.ndarray:
+    """The per-group product in fp32 at the highest matmul precision, as float64."""
+    with jax.default_matmul_precision("highest"):
+        return np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+
+
+def rel_l2(out, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+
+
 def check(rows: list) -> bool:
     """cuBLASLt against the reference; True when every case is within its bound: f32 out
     2^-12 relative L2 (Hopper's FP8 MMA keeps ~14 bits of each group's sum: the Mosaic
@@ -74,14 +85,13 @@ def check(rows: list) -> bool:
         seed = M
         for draw in range(draws):  # a second draw: a stale output of the first cannot pass
             xq, xs, wq, ws = operands(M, K, 1024, 100 * seed + draw)
-            with jax.default_matmul_precision("highest"):
-                ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+            ref = exact_product(xq, xs, wq, ws)
             for dtype, bound in ((jnp.float32, 2.0 ** -12), (jnp.bfloat16, 2.0 ** -8)):
                 if not lt.supports(M, 1024, K, dtype):
                     continue
                 out = np.asarray(lt.fp8_matmul_cublaslt(xq, xs, wq, ws, dtype), np.float64)
                 err = np.abs(out - ref)
-                rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+                rel = rel_l2(out, ref)
                 good = bool(np.isfinite(out).all() and rel <= bound
                             and err.max() <= 2.0 ** -5 * np.abs(ref).max())
                 ok &= good
@@ -215,10 +225,8 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
         heuristic = np.asarray(fns[lt.HEURISTIC](xq, xs))
         outs = {c: np.asarray(fns[c](xq, xs)) for c in configs}
         same = {c: bool(np.array_equal(outs[c], heuristic)) for c in configs}
-        with jax.default_matmul_precision("highest"):  # split K sums in another order
-            ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
-        err = {c: float(np.linalg.norm(outs[c].astype(np.float64) - ref) / np.linalg.norm(ref))
-               for c in configs}
+        ref = exact_product(xq, xs, wq, ws)  # split K sums in another order
+        err = {c: rel_l2(outs[c], ref) for c in configs}
         times = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
@@ -252,14 +260,13 @@ def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
         print(f"{shape} M {M} split at {n1}: tail searched over {len(found)} configurations; "
               f"timing {tails}", flush=True)
         xq, xs, wq, ws = operands(M, K, N, M)
-        fns = {"one": functools.partial(lambda a, s: lt.fp8_matmul_cublaslt(
-            a, s, wq, ws, swap=False, split=lt.NO_SPLIT))}
+        fns = {"one": lambda a, s: lt.fp8_matmul_cublaslt(a, s, wq, ws, swap=False,
+                                                          split=lt.NO_SPLIT)}
         for c in tails:
             fns[c] = functools.partial(lambda a, s, c: lt.fp8_matmul_cublaslt(
                 a, s, wq, ws, swap=False, split=(n1, c)), c=c)
         outs = {name: np.asarray(fn(xq, xs)) for name, fn in fns.items()}
-        with jax.default_matmul_precision("highest"):
-            ref = np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
+        ref = exact_product(xq, xs, wq, ws)
         times = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
@@ -267,13 +274,12 @@ def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
         for name, fn in fns.items():
             ms = float(np.median(times[name]))
             dev = device_chained(fn, xq, xs)
-            out = outs[name].astype(np.float64)
             row = {**base, "kind": "split", "tail": None if name == "one" else name,
                    "ms": ms, "tflops": flops / ms / 1e9, "round_ms": times[name],
                    "device_span_ms": dev["span_ms"], "device_kernels_ms": dev["kernels_ms"],
                    "device_tflops": flops / dev["span_ms"] / 1e9,
                    "same_bits_as_one_call": bool(np.array_equal(outs[name], outs["one"])),
-                   "rel_l2_vs_ref": float(np.linalg.norm(out - ref) / np.linalg.norm(ref))}
+                   "rel_l2_vs_ref": rel_l2(outs[name], ref)}
             rows.append(row)
             print(row, flush=True)
 

@@ -95,9 +95,14 @@ def supports(M: int, N: int, K: int, out_dtype) -> bool:
             and jnp.dtype(out_dtype) in map(jnp.dtype, dtypes))
 
 
+def _tabled(out_dtype, swap: bool) -> bool:
+    """Whether `TUNED` and `SPLITS` speak for this call: they hold bf16 out, `SWAP` False."""
+    return not swap and jnp.dtype(out_dtype) == jnp.dtype(jnp.bfloat16)
+
+
 def config_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, ...]:
     """The `TUNED` configuration for this problem, else `HEURISTIC`."""
-    if swap or jnp.dtype(out_dtype) != jnp.dtype(jnp.bfloat16):
+    if not _tabled(out_dtype, swap):
         return HEURISTIC
     config = HEURISTIC
     for from_m, tuned in TUNED.get((N, K), ()):
@@ -108,7 +113,7 @@ def config_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, ...]
 
 def split_for(M: int, N: int, K: int, out_dtype, swap: bool) -> tuple[int, tuple[int, ...]]:
     """The `SPLITS` entry for this problem, else `NO_SPLIT`."""
-    if swap or jnp.dtype(out_dtype) != jnp.dtype(jnp.bfloat16):
+    if not _tabled(out_dtype, swap):
         return NO_SPLIT
     return SPLITS.get((M, N, K), NO_SPLIT)
 

@@ -205,7 +205,7 @@ def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
 
 def test_cublaslt_column_split_on_gpu():
     """The handler's column split (`split=(n_split, tail config)`: the output's columns from
-    n_split by a second cuBLASLt call, in place): every column written (two fresh draws) and
+    n_split by a second cuBLASLt call, in place): every column written (a fresh draw a case) and
     each as precise as one call, f32 and bf16 out, both arrangements, a split at the first and
     the last 128-column block, and a tail configuration cuBLASLt refuses (the heuristic's
     runs instead)."""
