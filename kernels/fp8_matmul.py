@@ -75,27 +75,32 @@ MGPU_MIN_M = 128
 CUBLASLT_MIN_M = 33
 
 
-def _uses_cublaslt(M: int) -> bool:
+def _kernel_for(M: int) -> str:
+    """The dispatch's first choice for M rows on a GPU with FP8 tensor cores (see
+    `fp8_matmul`; cuBLASLt also needs its shape limits, `fp8_cublaslt.supports`)."""
     cc = compute_capability()
-    if cc[0] != 9 or M < CUBLASLT_MIN_M:
-        return False
-    from kernels import fp8_cublaslt as lt
-    return lt.available()
+    if cc[0] == 9 and M >= CUBLASLT_MIN_M:
+        from kernels import fp8_cublaslt as lt
+        if lt.available():
+            return "cublaslt"
+    return "mgpu" if cc[0] == 9 and M >= MGPU_MIN_M else "triton"
 
 
 def scales_group_major(M: int) -> bool:
     """Whether `fp8_matmul` reads the activation scales of M rows K-group-major ([K/128, M]):
     cuBLASLt's layout (M a multiple of 8, so no padding comes between), and the Triton
-    kernel's transposed tiles (decode rows, M <= 32: `TritonTiles.get_default`'s swap). The
-    quantisation kernels then write them so, handed out as the [M, K/128] transpose, and XLA
-    cancels it against the GEMM's own (each was a kernel launch a layer: 3.2 us of a 768-row
-    FP8 layer's ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces).
-    Where the guess is wrong a transpose stays, as before; the result is the same."""
+    kernel's transposed tiles (decode rows: `fp8_matmul_triton.swapped`). The quantisation
+    kernels then write them so, handed out as the [M, K/128] transpose, and XLA cancels it
+    against the GEMM's own (each was a kernel launch a layer: 3.2 us of a 768-row FP8 layer's
+    ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces). Where the guess
+    is wrong a transpose stays, as before; the result is the same."""
     if jax.default_backend() != "gpu":
         return False
-    if M <= 32:  # Triton's swapped tiles (`row_tile` <= 32), also on Ada
-        return True
-    return M % 8 == 0 and _uses_cublaslt(M)
+    kernel = _kernel_for(M)
+    if kernel == "cublaslt":
+        return M % 8 == 0
+    from kernels import fp8_matmul_triton as tr
+    return kernel == "triton" and tr.swapped(M)
 
 
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
@@ -121,8 +126,7 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     from kernels import fp8_matmul_triton as tr
     (M, K), N = xq.shape, wq.shape[0]
     M8 = -(-M // 8) * 8
-    if (cc[0] == 9 and M >= CUBLASLT_MIN_M and lt.available()
-            and lt.supports(M8, N, K, out_dtype)):
+    if _kernel_for(M) == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)
         pad = lambda a: jnp.pad(a, ((0, M8 - M), (0, 0)))  # zero rows, zero scales: 0 out

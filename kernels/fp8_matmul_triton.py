@@ -46,6 +46,12 @@ def row_tile(M: int) -> int:
     return min(64, max(16, 1 << (M - 1).bit_length()))
 
 
+def swapped(M: int) -> bool:
+    """Whether the default tiles compute each tile transposed (`TritonTiles.swap`): row tiles
+    of up to 32 rows, the decode shapes. The activation scales are then read K-group-major."""
+    return row_tile(M) <= 32
+
+
 @dataclasses.dataclass(frozen=True)
 class TritonTiles:
     """Tile settings of `fp8_matmul_pallas` (hashable: a static jit argument)."""
@@ -73,7 +79,7 @@ class TritonTiles:
         bm = row_tile(M)
         return cls(block_m=bm, block_n=GROUP,
                    splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
-                   swap=bm <= 32)
+                   swap=swapped(M))
 
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
