@@ -250,7 +250,7 @@ case "${1:-1}" in
     ${QUANT_TILES:-16x1x4,16x2x4,16x4x4,32x1x4,32x2x8,8x2x4,16x8x8,64x1x8,4x4x4} 2>&1 \
     | tee "$OUT/fp8_ffn_quant_device.log" | quiet | tail -40 ;;
 25)
-  # the full-canvas step's kernels, every one over 1% of it (ms and launches per step)
+  # the full-canvas step's 40 largest kernels (ms and launches per step)
   timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch ${BATCH:-1} --prompt \
     ${PROMPT:-512} --modes none,exact --decoding fixed --fp8-ffn both --iters 2 --trace \
     --trace-top 40 2>&1 | tee "$OUT/generate_trace.log" | quiet | grep "^B=\|trace" ;;
