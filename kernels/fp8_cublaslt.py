@@ -30,10 +30,12 @@ shapes held none faster than the heuristic's beyond the runs' noise. A configura
 change the output's bits (one of the ten timed at the down shape, M 768, did), so the
 benchmark compares each with the heuristic's; split K only with fp32 partials summed in a
 fixed order (`search`'s `max_split_k`): none of those was faster at the full canvas's down
-GEMM either (twenty-second session). What may be: splitting the output's columns between two
-calls in one handler call (`SPLITS`, `split_for`), the first filling whole waves of SMs,
-the second with its own configuration (smaller tiles); each output element is still one
-call's sum over all of K. Not yet run on a GPU.
+GEMM either (twenty-second session). What did win: splitting the output's columns between
+two calls in one handler call (`SPLITS`, `split_for`), the first filling whole waves of SMs,
+the second with its own configuration (128 x 64 tiles); each output element is still one
+call's sum over all of K, and the output has one call's bits. The down GEMM at the full
+canvas's 768 and 1280 rows takes 13% and 16% less device time so (H200, 2026-12-04,
+RESULTS.md twenty-third session).
 """
 
 from __future__ import annotations
@@ -77,8 +79,14 @@ TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
 # configuration, so that the first call's tiles fill whole waves of SMs (the down GEMM at a
 # full canvas's 768 rows has 192 tiles of 128 x 128 on 132 SMs, 1.45 waves: 22 of its 32
 # column tiles are one wave, the other 10 in 128 x 64 tiles a second of half the length).
-# Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split`; empty until measured.
-SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
+# Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split` (RESULTS.md twenty-third
+# session: device span 86.7 -> 75.3 us at 768 rows, 139.4 -> 116.5 us at 1280; the other tails
+# timed within 1 us of it). Batch 8's rows fill 9+ waves: no split there.
+_DOWN_TAIL = (66, 18, 36, 9, 0, 1, 0, 2)
+SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {
+    (768, 4096, 12288): (2816, _DOWN_TAIL),    # 22 of 32 column tiles: one wave of 132
+    (1280, 4096, 12288): (3328, _DOWN_TAIL),   # 26 of 32: two waves (260 of 264)
+}
 NO_SPLIT = (0, HEURISTIC)
 _LIB: ctypes.CDLL | None = None  # the loaded handler, for `search`
 
