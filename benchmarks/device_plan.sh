@@ -12,6 +12,7 @@
 # QUANT_MS=32,6144 QUANT_TILES=16x1x4,1x32x1,2x32x2,8x2x4,16x4x4 (the decode rows' whole-row
 # RMSNorm and batch 8's tiles by device time), 24, 3, 5 (6, 20, 21 and 22 repeat earlier runs
 # when their code changes):
+#  28  issue 20: the dual step's block attention by the split-keys kernel against cuDNN
 #  27  issue 23: the down GEMM's columns split between two cuBLASLt calls (GPU test, timing)
 #  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
 #  25  issue 23: where a full-canvas step's time goes, kernel by kernel, none and exact,
@@ -58,6 +59,18 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
+28)
+  # issue 20: the dual step's block attention (32 rows over the canvas) by the split-keys
+  # kernel against cuDNN: GPU tests, the kernels alone, then the dual step with each
+  timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "short_attention or facache_kernel" -p no:cacheprovider 2>&1 \
+    | tee "$OUT/pytest_short_gpu.log" | grep -v -i warn | tail -4
+  timeout -k 5 ${SHORT_S:-120} python3 -m benchmarks.short_attention 2>&1 \
+    | tee "$OUT/short_attention.log" | quiet | tail -20
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch ${BATCH:-1,8} --prompt \
+    ${PROMPT:-512} --modes dual --decoding threshold --fp8-ffn both --iters 2 \
+    --short-attention split,cudnn 2>&1 | tee "$OUT/generate_short.log" | quiet \
+    | grep "^B=\|ceilings" ;;
 1)
   VARIANTS=${VARIANTS:-chain-d2m} MINUTES=${MINUTES:-8.0} EVAL_N=${EVAL_N:-400} \
     bash benchmarks/device_chain.sh ;;

@@ -3,7 +3,8 @@
     python -m benchmarks.generate [--batch 1,8] [--modes none,exact,prefix,dual]
                                   [--decoding fixed,threshold] [--prompt 512,1024]
                                   [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
-                                  [--dual-update xla,fused] [--trace] [--tiny]
+                                  [--dual-update xla,fused] [--short-attention split,cudnn]
+                                  [--trace] [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -17,6 +18,8 @@ DPad suffix dropout (same weights, prompts and run), so one call measures what i
 `--dual-update xla,fused` runs every dual-cache configuration with its later steps' K/V
 projection, RoPE and cache write through XLA's ops (the default) and through Flash-dLLM's
 fused cache-update kernel (`lacache_jax.cache.dual_update`), side by side.
+`--short-attention split,cudnn` runs every configuration with a few query rows' attention
+(a dual-cache step's block) through the split-keys kernel (the default) and through cuDNN.
 `--tiny` runs a tiny random model (lj.tiny, fp32) instead: a CPU check of the harness.
 """
 
@@ -34,6 +37,7 @@ import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, idle_gaps,
                                llada_8b_setup, measure_ceilings, time_run, trace, write_result)
 from lacache_jax.cache import block_rows, dual_update
+from lacache_jax.model import short_attention_implementation
 
 
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
@@ -114,6 +118,8 @@ def main():
     ap.add_argument("--dpad-keep", type=int, default=32, help="uniform: positions kept")
     ap.add_argument("--dual-update", default="xla",
                     help="comma-separated among xla,fused: how dual's later steps write K/V")
+    ap.add_argument("--short-attention", default="split",
+                    help="comma-separated among split,cudnn: a few query rows' attention")
     ap.add_argument("--trace", action="store_true",
                     help="one more run of each configuration under the profiler")
     ap.add_argument("--trace-top", type=int, default=6,
@@ -155,18 +161,23 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         if u not in dual_update.choices:
             raise SystemExit(f"--dual-update: {u!r} is not one of {dual_update.choices}")
     updates.sort(key=lambda u: u != "xla")  # XLA's run first: the others compare to it
-    for B, P, decoding, mode, fp8, dp, update in itertools.product(
+    shorts = args.short_attention.split(",")
+    for a in shorts:
+        if a not in short_attention_implementation.choices:
+            raise SystemExit(f"--short-attention: {a!r} is not one of "
+                             f"{short_attention_implementation.choices}")
+    for B, P, decoding, mode, fp8, dp, update, short in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
-            args.decoding.split(","), args.modes.split(","), fp8s, dpads, updates):
+            args.decoding.split(","), args.modes.split(","), fp8s, dpads, updates, shorts):
         if update != "xla" and mode != "dual":
             continue  # only the dual cache's later steps have the choice
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
             threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
             fp8_ffn=fp8, dpad=dp)
-        if len(updates) > 1:  # the choice is read while tracing: no traced program reused
+        if len(updates) > 1 or len(shorts) > 1:  # choices read while tracing: no reuse
             jax.clear_caches()
-        with dual_update(update):
+        with dual_update(update), short_attention_implementation(short):
             r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace,
                                 top=args.trace_top)
         if mode == "none" and not fp8 and dp is None:
@@ -175,6 +186,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
             baseline[B, P, decoding, mode, fp8, dp] = tokens
         # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
         r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, dual_update=update,
+                 short_attention=short,
                  dpad=None if dp is None else dp.strategy, same_generated_as_none=(
                      float(np.mean(tokens == baseline[B, P, decoding]))
                      if (B, P, decoding) in baseline and dp is None else None))
@@ -186,7 +198,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         vs_xla = ("" if update == "xla" else
                   f"  generated tokens as the xla update's {r.get('same_generated_as_xla_update')}")
         print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} dpad {r['dpad'] or 'off'} "
-              f"update {update} "
+              f"update {update} short {short} "
               f"{r['latency_s']:6.2f} s  "
               f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "

@@ -120,7 +120,7 @@ def online_softmax_step(carry, qk, ok, v, precision):
     return acc, m_new, l
 
 
-def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale, block_k):
+def stream_keys(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale, block_k):
     """Online softmax of query tile `q` over key tiles [lo, hi), keeping the keys outside the
     block (`keys="u"`), inside it ("c") or all of them ("all"); carry = (acc, m, l)."""
     # fp32 inputs: full-precision dots (Triton would otherwise use TF32).
@@ -145,7 +145,7 @@ def _stream(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale,
     return carry
 
 
-def _empty(block_q, K):
+def empty_state(block_q, K):
     return (jnp.zeros((block_q, K), jnp.float32), jnp.full((block_q,), MASKED, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
 
@@ -162,9 +162,9 @@ def _kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, *refs,
     tile_in_u = (q_lo + block_q <= s) | (q_lo >= e)
     # Integer flags, not scalar selects: the Triton lowering types those selects as i1.
     use_cache = jnp.asarray(reuse & tile_in_u, jnp.int32)
-    stream = functools.partial(_stream, q, k_ref, v_ref, mask_ref, s, e, scale=scale,
+    stream = functools.partial(stream_keys, q, k_ref, v_ref, mask_ref, s, e, scale=scale,
                                block_k=block_k)
-    empty = _empty(block_q, q.shape[-1])
+    empty = empty_state(block_q, q.shape[-1])
     if reuse:
         cached = (acc_in[...], m_in[...], l_in[...])
         carry = tuple(jnp.where(use_cache != 0, c, z) for c, z in zip(cached, empty))
@@ -195,8 +195,9 @@ def _rows_kernel(se_ref, q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *
     q = q_ref[pl.ds(start + pl.program_id(0) * block_q, block_q), :]
     per = (n_k_tiles + n_splits - 1) // n_splits
     lo = pl.program_id(3) * per
-    acc, m, l = _stream(q, k_ref, v_ref, mask_ref, s, e, lo, jnp.minimum(lo + per, n_k_tiles),
-                        "all", _empty(block_q, q.shape[-1]), scale=scale, block_k=block_k)
+    acc, m, l = stream_keys(q, k_ref, v_ref, mask_ref, s, e, lo,
+                            jnp.minimum(lo + per, n_k_tiles), "all",
+                            empty_state(block_q, q.shape[-1]), scale=scale, block_k=block_k)
     acc_out[...], m_out[...], l_out[...] = acc, m, l
 
 
@@ -227,11 +228,17 @@ def _block_rows(se, q_p, k_p, v_p, mask_p, rep, block_len, splits, block_q, inte
         interpret=interpret, name="facache_block_rows",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(se3, q_p, k_p, v_p, mask_p)
-    m_all = m.max(0)
-    w = jnp.exp2(m - m_all)                                   # [S, B, H, R]
-    l_all = (l * w).sum(0)
-    acc_all = (acc * w.transpose(0, 1, 3, 2)[..., None]).sum(0)
-    return start, (acc_all / l_all.transpose(0, 2, 1)[..., None]).astype(q_p.dtype)
+    return start, merge_partials(acc, m, l).astype(q_p.dtype)
+
+
+def merge_partials(acc_SBRHK, m_SBHR, l_SBHR):
+    """Attention output [B, R, H, K] (fp32) from S partial online-softmax states over
+    disjoint key sets, merged in log2 space."""
+    m_all = m_SBHR.max(0)
+    w = jnp.exp2(m_SBHR - m_all)                                   # [S, B, H, R]
+    l_all = (l_SBHR * w).sum(0)
+    acc_all = (acc_SBRHK * w.transpose(0, 1, 3, 2)[..., None]).sum(0)
+    return acc_all / l_all.transpose(0, 2, 1)[..., None]
 
 
 @functools.partial(jax.jit, static_argnames=("mode", "block_q", "block_k", "block_len",

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kernels import short_attention
 from kernels.forced import Forced
 from kernels.fused_quant import rms_normed
 from lacache_jax import quant
@@ -159,6 +160,9 @@ def apply_rope(x_BLHK: jax.Array, cos_BLk: jax.Array, sin_BLk: jax.Array) -> jax
 # `with attention_implementation("xla"): ...` while tracing overrides the default below (the
 # training step picks whichever of the two runs its padded-key-mask backward faster).
 attention_implementation = Forced("attention", choices=("cudnn", "xla"))
+# Where cuDNN would run a few query rows over many keys (a dual-cache step's block): the
+# split-keys kernel (kernels/short_attention.py) by default, or cuDNN all the same.
+short_attention_implementation = Forced("short attention", choices=("split", "cudnn"))
 
 
 def _attention_impl(dtype) -> str:
@@ -172,6 +176,11 @@ def attention(q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
               key_mask_BS: jax.Array | None = None) -> jax.Array:
     """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight."""
     impl = _attention_impl(q_BLHK.dtype)
+    if (impl == "cudnn" and short_attention.takes(q_BLHK, k_BSGK)
+            and short_attention_implementation.choice("split") == "split"):
+        if key_mask_BS is None:
+            key_mask_BS = jnp.ones(k_BSGK.shape[:2], bool)
+        return short_attention.short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
     mask = None
     if key_mask_BS is not None:
         B, L, S = q_BLHK.shape[0], q_BLHK.shape[1], k_BSGK.shape[1]

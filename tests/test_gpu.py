@@ -73,6 +73,23 @@ def test_facache_kernel_on_gpu(dtype):
     assert rel_err(split.astype(jnp.float32), dense_attention(q, k, v, key_mask)) <= tol
 
 
+def test_short_attention_on_gpu():
+    """The split-keys kernel at a dual step's shape (32 rows over 768 keys, LLaDA's heads):
+    against the dense reference, and `model.attention` dispatching to it near cuDNN."""
+    from kernels.short_attention import short_attention_pallas, short_attention_ref
+    from lacache_jax import model
+    from tests.test_short_attention import inputs
+    q, k, v, mask = inputs(0, 2, 32, 768, 32, 32, 128, [0, 100], jnp.bfloat16)
+    out = short_attention_pallas(q, k, v, mask)
+    ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
+    # As tests/test_short_attention.py::test_bf16: probabilities and output rounded to bf16.
+    assert rel_err(out.astype(jnp.float32), ref) <= 1e-2
+    np.testing.assert_array_equal(np.asarray(model.attention(q, k, v, mask)), np.asarray(out))
+    with model.short_attention_implementation("cudnn"):
+        cudnn = model.attention(q, k, v, mask)
+    assert rel_err(cudnn.astype(jnp.float32), ref) <= 1e-2
+
+
 def test_facache_mosaic_kernel_on_gpu():
     """The Mosaic GPU kernel (full / fill) at LLaDA's head shape: fill vs dense attention and
     the reference's state; full gives fill's bits; an unbounded phase-B window; the Triton

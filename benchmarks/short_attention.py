@@ -1,0 +1,90 @@
+"""A few query rows' attention over a whole canvas (a dual-cache step's block) at LLaDA-8B's
+heads (H 32, K 128, bf16): cuDNN (as `model.attention` calls it, the key mask at its full
+[B, 1, L, S] shape), XLA's attention, and the split-keys kernel (kernels/short_attention.py)
+at its default shares and at each of --splits.
+
+    python -m benchmarks.short_attention [--shapes 1:32:768,8:32:768,1:32:1280]
+        [--splits 4,8,12]
+
+Per call: the chained wall time (`time_chained`) and the device's own time (`device_chained`:
+span and kernels), against the byte floor (q, k, v read, out written, at the copy bandwidth
+measured in the same run), and each one's relative error against the fp32 dense reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings,
+                               time_chained, write_result)
+from kernels.short_attention import short_attention_pallas, short_attention_ref
+
+H, K = 32, 128
+
+
+def cudnn_or_xla(q, k, v, mask, implementation):
+    B, L, S = q.shape[0], q.shape[1], k.shape[1]
+    m = mask[:, None, None, :]
+    if implementation == "cudnn":
+        m = jnp.broadcast_to(m, (B, 1, L, S))
+    return jax.nn.dot_product_attention(q, k, v, mask=m, scale=1.0 / math.sqrt(K),
+                                        implementation=implementation)
+
+
+def rel_err(a, b) -> float:
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1:32:768,8:32:768,1:32:1280",
+                    help="B:L:S,... (batch, query rows, keys)")
+    ap.add_argument("--splits", default="4,8,12", help="key shares per (batch, head) also timed")
+    args = ap.parse_args()
+    exit_on_sigterm()
+    ceil = measure_ceilings()
+    rows = []
+    try:
+        for shape in args.shapes.split(","):
+            B, L, S = map(int, shape.split(":"))
+            ks = jax.random.split(jax.random.key(S + B), 3)
+            q = jax.random.normal(ks[0], (B, L, H, K), jnp.bfloat16)
+            k = jax.random.normal(ks[1], (B, S, H, K), jnp.bfloat16)
+            v = jax.random.normal(ks[2], (B, S, H, K), jnp.bfloat16)
+            mask = jnp.arange(S)[None, :] < S - 7 * jnp.arange(1, B + 1)[:, None]
+            ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
+            floor_ms = 2 * (2 * B * L * H * K + 2 * B * S * H * K) / ceil["copy_tb_per_s"] / 1e9
+            fns = {"cudnn": functools.partial(cudnn_or_xla, implementation="cudnn"),
+                   "xla": functools.partial(cudnn_or_xla, implementation="xla"),
+                   "split": short_attention_pallas}
+            for n in map(int, args.splits.split(",")):
+                fns[f"split{n}"] = functools.partial(short_attention_pallas, splits=n)
+            for name, fn in fns.items():
+                fn_m = functools.partial(fn, mask=mask) if name in ("cudnn", "xla") else (
+                    lambda q, k, v, fn=fn: fn(q, k, v, mask))
+                try:
+                    out = fn_m(q, k, v)
+                    t = time_chained(fn_m, q, k, v)
+                    d = device_chained(fn_m, q, k, v)
+                except Exception as e:  # noqa: BLE001 - a refused kernel is a result too
+                    row = dict(B=B, L=L, S=S, kernel=name, error=str(e).splitlines()[0][:300])
+                else:
+                    row = dict(B=B, L=L, S=S, kernel=name, ms=t["median_ms"],
+                               device_span_ms=d["span_ms"], device_kernels_ms=d["kernels_ms"],
+                               floor_ms=floor_ms, x_floor=d["span_ms"] / floor_ms,
+                               rel_err=rel_err(out, ref))
+                rows.append(row)
+                print({k2: round(x, 5) if isinstance(x, float) else x for k2, x in row.items()},
+                      flush=True)
+    finally:
+        print("->", write_result("short_attention", {"ceilings": ceil, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Attention of a few query rows (a dual-cache step's block, 32 rows) over a whole canvas of
+keys, with the keys split over many programs (flash-decoding).
+
+cuDNN gives each (batch, head) one program per 64 query rows: at batch 1 a 32-row block over
+768 keys is 32 programs on 132 SMs, each streaming every key tile in turn (about 20 us a layer
+in the dual step against 3.5 us to read K and V: RESULTS.md, twenty-third session). Here
+programs (b, h, j) each take the j-th share of the key tiles (`stream_keys`, the online softmax
+of FACache's kernel) and write its partial state; `merge_partials` combines them in log2
+space. Base-2 online softmax in fp32, probabilities rounded to the inputs' type before P @ V,
+as in FACache's Triton kernel.
+
+Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
+(masked keys get no weight; a row needs one unmasked key). `short_attention_ref` is the dense
+reference of the same signature; `short_attention` dispatches; `takes` says where the kernel
+applies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from kernels.cached_attention import LOG2E, empty_state, merge_partials, stream_keys
+
+MAX_ROWS = 64   # query rows the kernel takes; more fill cuDNN's own grid
+BLOCK_K = 64    # key tile (FACache's Triton default)
+PROGRAMS = 264  # aimed-at programs: two per SM of the H200's 132
+
+
+def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
+    """Dense softmax attention in fp32, scale 1/sqrt(K), cast to q's type."""
+    rep = q_BLHK.shape[2] // k_BSGK.shape[2]
+    k, v = (jnp.repeat(x.astype(jnp.float32), rep, axis=2) for x in (k_BSGK, v_BSGK))
+    scores = jnp.einsum("blhk,bshk->bhls", q_BLHK.astype(jnp.float32), k,
+                        precision="highest") / math.sqrt(q_BLHK.shape[-1])
+    scores = jnp.where(key_mask_BS.astype(bool)[:, None, None, :], scores, -jnp.inf)
+    out = jnp.einsum("bhls,bshk->blhk", jax.nn.softmax(scores, -1), v, precision="highest")
+    return out.astype(q_BLHK.dtype)
+
+
+def takes(q_BLHK, k_BSGK) -> bool:
+    """Whether the kernel runs this call: at most `MAX_ROWS` query rows, fewer than the keys,
+    whole key tiles."""
+    L, S = q_BLHK.shape[1], k_BSGK.shape[1]
+    return L <= MAX_ROWS and L < S and S % BLOCK_K == 0
+
+
+def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
+            n_k_tiles):
+    lo = pl.program_id(2) * per
+    acc, m, l = stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
+                            jnp.minimum(lo + per, n_k_tiles), "all",
+                            empty_state(q_ref.shape[0], q_ref.shape[1]), scale=scale,
+                            block_k=block_k)
+    acc_out[...], m_out[...], l_out[...] = acc, m, l
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
+def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
+                           splits: int | None = None, interpret: bool = False):
+    """The split-keys kernel; `splits` (default: about `PROGRAMS` programs in all) shares of
+    the key tiles per (batch, head)."""
+    B, L, H, K = q_BLHK.shape
+    S, G = k_BSGK.shape[1], k_BSGK.shape[2]
+    if k_BSGK.shape != v_BSGK.shape or k_BSGK.shape[0] != B or k_BSGK.shape[3] != K:
+        raise ValueError(f"k/v must be [B, S, G, K] for q {q_BLHK.shape}, got "
+                         f"{k_BSGK.shape}, {v_BSGK.shape}")
+    if H % G:
+        raise ValueError(f"query heads {H} not divisible by kv heads {G}")
+    if key_mask_BS.shape != (B, S):
+        raise ValueError(f"key_mask must be [B, S] = {(B, S)}, got {key_mask_BS.shape}")
+    if S % block_k:
+        raise ValueError(f"keys {S} must be a multiple of block_k {block_k}")
+    n_k_tiles = S // block_k
+    per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H))))
+    n = pl.cdiv(n_k_tiles, per)  # no program without keys
+    # Triton's dots take power-of-two rows from 16: the padded rows are dropped afterwards.
+    R = max(16, 1 << (L - 1).bit_length())
+    q = jnp.pad(q_BLHK, ((0, 0), (0, R - L), (0, 0), (0, 0)))
+    rep = H // G
+    kv_spec = pl.BlockSpec((None, S, None, K), lambda b, h, j: (b, 0, h // rep, 0))
+    row_spec = pl.BlockSpec((None, None, None, R), lambda b, h, j: (j, b, h, 0))
+    from jax.experimental.pallas import triton as plgpu
+    acc, m, l = pl.pallas_call(
+        functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_k=block_k, per=per,
+                          n_k_tiles=n_k_tiles),
+        grid=(B, H, n),
+        in_specs=[pl.BlockSpec((None, R, None, K), lambda b, h, j: (b, 0, h, 0)), kv_spec,
+                  kv_spec, pl.BlockSpec((None, S), lambda b, h, j: (b, 0))],
+        out_specs=[pl.BlockSpec((None, None, R, None, K), lambda b, h, j: (j, b, 0, h, 0)),
+                   row_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct((n, B, R, H, K), jnp.float32),
+                   jax.ShapeDtypeStruct((n, B, H, R), jnp.float32),
+                   jax.ShapeDtypeStruct((n, B, H, R), jnp.float32)],
+        interpret=interpret, name="short_attention",
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+    )(q, k_BSGK, v_BSGK, key_mask_BS.astype(jnp.int32))
+    return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
+
+
+def short_attention(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
+    """The kernel on GPUs where it `takes` the call, else the reference."""
+    if jax.default_backend() == "gpu" and takes(q_BLHK, k_BSGK):
+        return short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
+    return short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)

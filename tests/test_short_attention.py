@@ -1,0 +1,71 @@
+"""The split-keys attention of a few query rows (kernels/short_attention.py) in Pallas's
+interpret mode against its dense reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels.short_attention import short_attention_pallas, short_attention_ref, takes
+from tests.conftest import rel_err
+
+CASES = [  # B, L, S, H, G, K, pads, splits
+    (1, 32, 256, 4, 4, 32, [0], None),       # the dual step's block: keys over 4 programs
+    (2, 8, 192, 4, 2, 16, [0, 70], 2),       # rows padded to 16; GQA; a padded prompt
+    (2, 20, 128, 2, 1, 16, [3, 0], 1),       # one program for all keys; MQA
+    (1, 64, 320, 2, 2, 32, [0], 3),          # shares of unequal length (5 tiles over 3)
+]
+
+
+def inputs(seed, B, L, S, H, G, K, pads, dtype):
+    ks = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(ks[0], (B, L, H, K), dtype)
+    k = jax.random.normal(ks[1], (B, S, G, K), dtype)
+    v = jax.random.normal(ks[2], (B, S, G, K), dtype)
+    # masked keys spread through the canvas (a dropped suffix, a padded prompt)
+    mask = (jnp.arange(S)[None, :] >= jnp.asarray(pads)[:, None]) & (jnp.arange(S) % 7 != 3)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-L{c[1]}-S{c[2]}-n{c[7]}")
+def test_fp32(case):
+    B, L, S, H, G, K, pads, splits = case
+    q, k, v, mask = inputs(0, B, L, S, H, G, K, pads, jnp.float32)
+    out = short_attention_pallas(q, k, v, mask, splits=splits, interpret=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    # fp32 throughout (HIGHEST-precision dots): only the order of summation differs, ~1e-6.
+    assert rel_err(out, short_attention_ref(q, k, v, mask)) <= 1e-5
+
+
+def test_bf16():
+    q, k, v, mask = inputs(1, 2, 32, 256, 4, 4, 32, [0, 40], jnp.bfloat16)
+    out = short_attention_pallas(q, k, v, mask, interpret=True)
+    ref = short_attention_ref(q, k, v, mask).astype(jnp.float32)
+    assert out.dtype == jnp.bfloat16
+    # bf16 inputs are exact in the fp32 reference; the kernel rounds the probabilities to
+    # bf16 before P @ V and the output to bf16 (2^-9 each): ~4e-3 relative, bound 1e-2.
+    assert rel_err(out.astype(jnp.float32), ref) <= 1e-2
+
+
+def test_masked_keys_get_no_weight():
+    """Changing masked keys' values (to huge ones) changes nothing."""
+    q, k, v, mask = inputs(2, 1, 16, 128, 2, 2, 16, [10], jnp.float32)
+    out = short_attention_pallas(q, k, v, mask, splits=2, interpret=True)
+    far = ~mask[:, :, None, None]
+    again = short_attention_pallas(q, jnp.where(far, 1e4, k), jnp.where(far, -1e4, v), mask,
+                                   splits=2, interpret=True)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(out))
+
+
+def test_takes_and_bad_arguments():
+    q, k, v, mask = inputs(0, 1, 32, 128, 2, 2, 16, [0], jnp.float32)
+    assert takes(q, k)
+    assert not takes(jnp.zeros((1, 65, 2, 16)), jnp.zeros((1, 128, 2, 16)))  # rows: cuDNN's
+    assert not takes(q, k[:, :100])                                        # not whole tiles
+    assert not takes(q, k[:, :32])                                         # no fewer keys
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        short_attention_pallas(q, k[:, :100], v[:, :100], mask[:, :100], interpret=True)
+    with pytest.raises(ValueError, match="not divisible by kv heads"):
+        short_attention_pallas(q[:, :, :1].repeat(3, 2), k, v, mask, interpret=True)
+    with pytest.raises(ValueError, match="key_mask must be"):
+        short_attention_pallas(q, k, v, mask[:, :64], interpret=True)
