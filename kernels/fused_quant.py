@@ -18,13 +18,12 @@ rows' statistics, so x is read from HBM once and no XLA pass runs before the ker
 form reads x twice: `rms_rstd` in XLA, then the kernel). Its sum of squares runs in another
 order than XLA's mean, so 1 / RMS can differ in the last fp32 bit, and a normed value then
 rounds to the other bf16 (and rarely FP8) neighbour: the same bound the tests hold the tiled
-form to against the reference. The whole-row form's first version (a loop over the groups)
-was slower than the per-group tiles at every tiling tried on the H200 (chained wall time,
-RESULTS.md ninth session), so the default stays per group; by the device's own time the
-per-group kernel runs at 1.16-1.42x its byte floor at M 768 and 1280 (twenty-second session),
-but needs XLA's statistics pass before it (two launches at the dual step's 32 rows: 2.4 and 1.0
-us against the kernel's 1.7). The whole-row form now works on whole-tile vectors; it is not
-yet timed on a GPU (`benchmarks/device_plan.sh 26` with QUANT_MS=32,...).
+form to against the reference. By the device's own time the per-group kernel runs at
+1.16-1.42x its byte floor at M 768 and 1280 (twenty-second session), but needs XLA's
+statistics pass before it (two launches at the dual step's 32 rows: 2.4 and 1.0 us against
+the kernel's 1.7). Whole rows, one per program over 8 warps, take 3.0 us there against 5.0
+(twenty-third session), so they are RMSNorm's default up to `WHOLE_ROWS_M` rows; with one
+warp (5.7 us) or as a loop over the groups (its first form, ninth session) they were slower.
 """
 
 from __future__ import annotations
@@ -52,12 +51,16 @@ class QuantTiles:
     warps: int = 4   # Triton warps per program
 
     @classmethod
-    def get_default(cls, M: int, G: int) -> QuantTiles:
+    def get_default(cls, M: int, G: int, *, whole_rows: bool = False) -> QuantTiles:
         """16 x 128 (so even M = 32 spreads over many SMs), or from `BIG_M` rows `BIG_TILES`
         (fewer, longer programs), their group count cut to divide G. `BIG_TILES` stays unset:
         the first sweep (H200, 2026-12-02, M 768 and 1024, one median per cell) had the
         default fastest at M 768 and 16 x 1 x 2 / 16 x 2 x 4 1.4-1.6x faster at M 1024; its
-        repeat (2026-12-03, RESULTS.md) had them within 5% of the default at M 1024."""
+        repeat (2026-12-03, RESULTS.md) had them within 5% of the default at M 1024.
+        `whole_rows` (RMSNorm, whose statistics a whole-row program computes itself): up to
+        `WHOLE_ROWS_M` rows, one row per program over 8 warps."""
+        if whole_rows and M <= WHOLE_ROWS_M:
+            return cls(1, G, 8)
         if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES
@@ -68,6 +71,11 @@ class QuantTiles:
 
 BIG_M = 1024
 BIG_TILES: tuple[int, int] | None = None  # (rows, groups) from BIG_M rows, once measured
+# RMSNorm + quantisation at a dual step's 32 rows by the device's kernel time (H200,
+# RESULTS.md twenty-third session): whole rows 1 x 32 x 8 3.0 us, 1 x 32 x 4 3.3, against
+# 5.0 for the 16 x 1 x 4 tiles with XLA's statistics pass (two more launches); 1 x 32 x 1
+# 5.7. Not measured above 32 rows.
+WHOLE_ROWS_M = 32
 
 
 def group_scale(amax: jax.Array) -> jax.Array:
@@ -245,7 +253,7 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = No
     if D % GROUP:
         raise ValueError(f"width must be a multiple of {GROUP}, got {D}")
     G = D // GROUP
-    t = _tiles(tiles, M, G)
+    t = _tiles(tiles or QuantTiles.get_default(M, G, whole_rows=True), M, G)
     x, M, Mp = _pad_rows(x_MD, t.rows)
     cols = t.groups * GROUP
     x_spec = pl.BlockSpec((t.rows, cols), lambda i, g: (i, g))

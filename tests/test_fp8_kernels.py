@@ -132,6 +132,25 @@ def test_rmsnorm_quant_whole_rows(rows, warps, monkeypatch):
         rmsnorm_quant_pallas(x, w, 1e-5, tiles=QuantTiles(1, D // 128, 3), interpret=True)
 
 
+def test_rmsnorm_quant_takes_whole_rows_at_few_rows():
+    """Up to `WHOLE_ROWS_M` rows RMSNorm's default is one whole row per program over 8
+    warps (its statistics in the kernel); above, the per-group tiles; SwiGLU keeps them."""
+    from kernels import fused_quant as fq
+    G = 512 // 128
+    assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M, G, whole_rows=True) == fq.QuantTiles(1, G, 8)
+    assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M + 1, G, whole_rows=True) == fq.QuantTiles()
+    assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M, G) == fq.QuantTiles()
+    w = jnp.ones((512,), jnp.bfloat16)
+    for M, tiles in ((fq.WHOLE_ROWS_M, fq.QuantTiles(1, G, 8)),
+                     (fq.WHOLE_ROWS_M + 1, fq.QuantTiles())):
+        x = jax.random.normal(jax.random.key(M), (M, 512)).astype(jnp.bfloat16)
+        q, s = rmsnorm_quant_pallas(x, w, 1e-5, interpret=True)
+        q1, s1 = rmsnorm_quant_pallas(x, w, 1e-5, tiles=tiles, interpret=True)
+        np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                      np.asarray(q1.astype(jnp.float32)))
+        np.testing.assert_array_equal(np.asarray(s), np.asarray(s1))
+
+
 @pytest.mark.parametrize("M,F", [(2, 128), (35, 384)])
 def test_swiglu_quant(M, F):
     gu = (jax.random.normal(jax.random.key(F), (M, 2 * F)) * 2).astype(jnp.bfloat16)

@@ -184,6 +184,10 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     for tiles in (None, QuantTiles(1, 32, 1), QuantTiles(2, 32, 4), QuantTiles(4, 32, 8)):
         q, s = rmsnorm_quant_pallas(x, w, 1e-5, poison=True, tiles=tiles)
         assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5  # as on CPU
+    # the default at a dual step's 32 rows: whole rows, one per program over 8 warps
+    q, s = rmsnorm_quant_pallas(x[:32], w, 1e-5, poison=True)
+    qr, sr = rmsnorm_quant_ref(x[:32], w, 1e-5)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
     gu = jax.random.normal(k[2], (77, 2 * 12288)).astype(jnp.bfloat16)
     q, s = swiglu_quant_pallas(gu, poison=True)
     qr, sr = swiglu_quant_ref(gu)
