@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twenty-second session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-third session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# twenty-second session: 25, 26 at M 768 and 1280, 23 with split K (none among the fastest;
-# its jit timing did not finish); in the twenty-first: 23 without split-K (no configuration
-# beats the heuristic's); in the twentieth: 21 (the heads' work over 132 programs: slower)
-# and 22 (every GPU test passed); in the nineteenth: 21 at its earlier form (the fused update
-# in Mosaic GPU); in the eighteenth: 20 (FACache's Mosaic GPU kernel: GPU tests, timing, the
-# demo's exact cache through it) and stage 14's GPU test. Left, in priority order: 27 (then
-# table a winner in fp8_cublaslt.SPLITS and time the step: device_plan 25), 26 with
-# QUANT_MS=32,6144 QUANT_TILES=16x1x4,1x32x1,2x32x2,8x2x4,16x4x4 (the decode rows' whole-row
-# RMSNorm and batch 8's tiles by device time), 24, 3, 5 (6, 20, 21 and 22 repeat earlier runs
-# when their code changes):
+# twenty-third session: 27 (the column split won: tabled), 25, 26 at M 32, 28 (the split-keys
+# block attention: default); in the twenty-second: 25, 26 at M 768 and 1280, 23 with split K;
+# in the twenty-first: 23 without split-K (no configuration beats the heuristic's); in the
+# twentieth: 21 and 22 (every GPU test passed); in the nineteenth: 21 at its earlier form; in
+# the eighteenth: 20 and stage 14's GPU test. Left, in priority order: 22 (the whole GPU suite
+# at the current commit: the whole-row RMSNorm default at 32 rows and the split-keys attention
+# went in after their GPU tests' last full run), then the dual step at batch 1 and 8 with
+# bf16 and FP8 (`python3 -m benchmarks.fp8_e2e --iters 1 --runs
+# "1:512:dual:threshold:both,8:512:dual:threshold:both"`: the whole-row RMSNorm is not yet
+# timed in the step), 26 at M 6144 (batch 8's tiles), 24, 3, 5:
 #  28  issue 20: the dual step's block attention by the split-keys kernel against cuDNN
 #  27  issue 23: the down GEMM's columns split between two cuBLASLt calls (GPU test, timing)
 #  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
