@@ -122,16 +122,24 @@ def online_softmax_step(carry, qk, ok, v, precision):
 
 def stream_keys(q, k_ref, v_ref, mask_ref, s, e, lo, hi, keys: str, carry, *, scale, block_k):
     """Online softmax of query tile `q` over key tiles [lo, hi), keeping the keys outside the
-    block (`keys="u"`), inside it ("c") or all of them ("all"); carry = (acc, m, l)."""
+    block (`keys="u"`), inside it ("c") or all of them ("all"); carry = (acc, m, l). Where
+    the keys are no whole number of tiles (the refs' length S, at least `block_k`), the last
+    tile is read from S - block_k, its keys of the tile before masked out."""
     # fp32 inputs: full-precision dots (Triton would otherwise use TF32).
     precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    n_keys = k_ref.shape[0]
+    ragged = n_keys % block_k != 0
 
     def body(t, carry):
-        k = k_ref[pl.ds(t * block_k, block_k), :]
-        v = v_ref[pl.ds(t * block_k, block_k), :]
-        kpos = t * block_k + jnp.arange(block_k)
+        first = t * block_k
+        start = jnp.minimum(first, n_keys - block_k) if ragged else first
+        k = k_ref[pl.ds(start, block_k), :]
+        v = v_ref[pl.ds(start, block_k), :]
+        kpos = start + jnp.arange(block_k)
         in_c = (kpos >= s) & (kpos < e)
-        ok = mask_ref[pl.ds(t * block_k, block_k)] != 0
+        ok = mask_ref[pl.ds(start, block_k)] != 0
+        if ragged:
+            ok = ok & (kpos >= first)
         if keys != "all":
             ok = ok & (in_c if keys == "c" else ~in_c)
         qk = jnp.dot(q, k.T, preferred_element_type=jnp.float32, precision=precision) * scale

@@ -10,7 +10,9 @@ space. Base-2 online softmax in fp32, probabilities rounded to the inputs' type 
 as in FACache's Triton kernel.
 
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
-(masked keys get no weight; a row needs one unmasked key). `short_attention_ref` is the dense
+(masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
+key tiles (a prompt of any length): the last tile is read ending at the last key, its keys of
+the tile before masked out. `short_attention_ref` is the dense
 reference of the same signature; `short_attention` dispatches; `takes` says where the kernel
 applies.
 """
@@ -44,9 +46,9 @@ def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
 
 def takes(q_BLHK, k_BSGK) -> bool:
     """Whether the kernel runs this call: at most `MAX_ROWS` query rows, fewer than the keys,
-    whole key tiles."""
+    at least one key tile."""
     L, S = q_BLHK.shape[1], k_BSGK.shape[1]
-    return L <= MAX_ROWS and L < S and S % BLOCK_K == 0
+    return L <= MAX_ROWS and L < S and S >= BLOCK_K
 
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
@@ -73,9 +75,9 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         raise ValueError(f"query heads {H} not divisible by kv heads {G}")
     if key_mask_BS.shape != (B, S):
         raise ValueError(f"key_mask must be [B, S] = {(B, S)}, got {key_mask_BS.shape}")
-    if S % block_k:
-        raise ValueError(f"keys {S} must be a multiple of block_k {block_k}")
-    n_k_tiles = S // block_k
+    if S < block_k:
+        raise ValueError(f"keys {S} must be at least block_k {block_k}")
+    n_k_tiles = pl.cdiv(S, block_k)  # a ragged last tile re-reads the one before, masked
     per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H))))
     n = pl.cdiv(n_k_tiles, per)  # no program without keys
     # Triton's dots take power-of-two rows from 16: the padded rows are dropped afterwards.

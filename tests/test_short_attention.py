@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 from kernels.short_attention import short_attention_pallas, short_attention_ref, takes
-from tests.conftest import rel_err
+from tests.conftest import assert_valid_triton, rel_err
 
 CASES = [  # B, L, S, H, G, K, pads, splits
     (1, 32, 256, 4, 4, 32, [0], None),       # the dual step's block: keys over 4 programs
     (2, 8, 192, 4, 2, 16, [0, 70], 2),       # rows padded to 16; GQA; a padded prompt
     (2, 20, 128, 2, 1, 16, [3, 0], 1),       # one program for all keys; MQA
     (1, 64, 320, 2, 2, 32, [0], 3),          # shares of unequal length (5 tiles over 3)
+    (2, 32, 200, 2, 2, 16, [0, 30], None),   # keys no whole number of tiles (200 = 3 x 64 + 8)
+    (1, 8, 70, 2, 2, 16, [2], 2),            # the ragged tile alone in the second share
 ]
 
 
@@ -61,11 +63,20 @@ def test_takes_and_bad_arguments():
     q, k, v, mask = inputs(0, 1, 32, 128, 2, 2, 16, [0], jnp.float32)
     assert takes(q, k)
     assert not takes(jnp.zeros((1, 65, 2, 16)), jnp.zeros((1, 128, 2, 16)))  # rows: cuDNN's
-    assert not takes(q, k[:, :100])                                        # not whole tiles
+    assert takes(q, k[:, :100])                                            # a ragged tile
+    assert not takes(jnp.zeros((1, 8, 2, 16)), k[:, :40])                  # under one tile
     assert not takes(q, k[:, :32])                                         # no fewer keys
-    with pytest.raises(ValueError, match="multiple of block_k"):
-        short_attention_pallas(q, k[:, :100], v[:, :100], mask[:, :100], interpret=True)
+    with pytest.raises(ValueError, match="at least block_k"):
+        short_attention_pallas(q, k[:, :40], v[:, :40], mask[:, :40], interpret=True)
     with pytest.raises(ValueError, match="not divisible by kv heads"):
         short_attention_pallas(q[:, :, :1].repeat(3, 2), k, v, mask, interpret=True)
     with pytest.raises(ValueError, match="key_mask must be"):
         short_attention_pallas(q, k, v, mask[:, :64], interpret=True)
+
+
+@pytest.mark.parametrize("S", [256, 200])
+def test_kernel_lowers_to_valid_triton_ir(S, monkeypatch):
+    """Whole key tiles and a ragged last tile, at LLaDA's head width, in bf16."""
+    q, k, v, mask = inputs(0, 1, 32, S, 2, 2, 128, [0], jnp.bfloat16)
+    assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m), q, k, v, mask,
+                        monkeypatch=monkeypatch)
