@@ -12,9 +12,8 @@ as in FACache's Triton kernel.
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
 (masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
 key tiles (a prompt of any length): the last tile is read ending at the last key, its keys of
-the tile before masked out. `short_attention_ref` is the dense
-reference of the same signature; `short_attention` dispatches; `takes` says where the kernel
-applies.
+the tile before masked out. `short_attention_ref` is the dense reference of the same
+signature; `short_attention` dispatches; `takes` says where the kernel applies.
 """
 
 from __future__ import annotations
