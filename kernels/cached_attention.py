@@ -239,13 +239,13 @@ def _block_rows(se, q_p, k_p, v_p, mask_p, rep, block_len, splits, block_q, inte
     return start, merge_partials(acc, m, l).astype(q_p.dtype)
 
 
-def merge_partials(acc_SBRHK, m_SBHR, l_SBHR):
-    """Attention output [B, R, H, K] (fp32) from S partial online-softmax states over
-    disjoint key sets, merged in log2 space."""
-    m_all = m_SBHR.max(0)
-    w = jnp.exp2(m_SBHR - m_all)                                   # [S, B, H, R]
-    l_all = (l_SBHR * w).sum(0)
-    acc_all = (acc_SBRHK * w.transpose(0, 1, 3, 2)[..., None]).sum(0)
+def merge_partials(acc_nBLHK, m_nBHL, l_nBHL):
+    """Attention output [B, L, H, K] (fp32) from the partial online-softmax states of n
+    disjoint shares of the keys, merged in log2 space."""
+    m_all = m_nBHL.max(0)
+    w_nBHL = jnp.exp2(m_nBHL - m_all)
+    l_all = (l_nBHL * w_nBHL).sum(0)
+    acc_all = (acc_nBLHK * w_nBHL.transpose(0, 1, 3, 2)[..., None]).sum(0)
     return acc_all / l_all.transpose(0, 2, 1)[..., None]
 
 
