@@ -58,8 +58,9 @@ class QuantTiles:
         default fastest at M 768 and 16 x 1 x 2 / 16 x 2 x 4 1.4-1.6x faster at M 1024; its
         repeat (2026-12-03, RESULTS.md) had them within 5% of the default at M 1024.
         `whole_rows` (RMSNorm, whose statistics a whole-row program computes itself): up to
-        `WHOLE_ROWS_M` rows, one row per program over 8 warps."""
-        if whole_rows and M <= WHOLE_ROWS_M:
+        `WHOLE_ROWS_M` rows, one row per program over 8 warps, where the row's group count is
+        a power of two."""
+        if whole_rows and M <= WHOLE_ROWS_M and G & (G - 1) == 0:  # Triton's block shapes
             return cls(1, G, 8)
         if BIG_TILES is None or M < BIG_M:
             return cls()

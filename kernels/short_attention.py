@@ -45,9 +45,9 @@ def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
 
 def takes(q_BLHK, k_BSGK) -> bool:
     """Whether the kernel runs this call: at most `MAX_ROWS` query rows, fewer than the keys,
-    at least one key tile."""
-    L, S = q_BLHK.shape[1], k_BSGK.shape[1]
-    return L <= MAX_ROWS and L < S and S >= BLOCK_K
+    at least one key tile, a head dim Triton's blocks take (a power of two from 16)."""
+    L, S, K = q_BLHK.shape[1], k_BSGK.shape[1], q_BLHK.shape[3]
+    return L <= MAX_ROWS and L < S and S >= BLOCK_K and K >= 16 and K & (K - 1) == 0
 
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
@@ -63,8 +63,9 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
 @functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
                            splits: int | None = None, interpret: bool = False):
-    """The split-keys kernel; `splits` (default: about `PROGRAMS` programs in all) shares of
-    the key tiles per (batch, head)."""
+    """The split-keys kernel; at most `splits` (default: about `PROGRAMS` programs in all)
+    shares of the key tiles per (batch, head), each of ceil(tiles / splits) tiles, so fewer
+    where that leaves a share empty."""
     B, L, H, K = q_BLHK.shape
     S, G = k_BSGK.shape[1], k_BSGK.shape[2]
     if k_BSGK.shape != v_BSGK.shape or k_BSGK.shape[0] != B or k_BSGK.shape[3] != K:
@@ -76,6 +77,8 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         raise ValueError(f"key_mask must be [B, S] = {(B, S)}, got {key_mask_BS.shape}")
     if S < block_k:
         raise ValueError(f"keys {S} must be at least block_k {block_k}")
+    if splits is not None and splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
     n_k_tiles = pl.cdiv(S, block_k)  # a ragged last tile re-reads the one before, masked
     per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H))))
     n = pl.cdiv(n_k_tiles, per)  # no program without keys
@@ -99,7 +102,7 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
                    jax.ShapeDtypeStruct((n, B, H, R), jnp.float32)],
         interpret=interpret, name="short_attention",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q, k_BSGK, v_BSGK, key_mask_BS.astype(jnp.int32))
+    )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))
     return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
 
 

@@ -16,12 +16,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as PS
 
 from kernels import short_attention
 from kernels.forced import Forced
 from kernels.fused_quant import rms_normed
 from lacache_jax import quant
 from lacache_jax.config import ModelConfig
+from lacache_jax.sharding import DATA, MODEL, shard_kernel
 
 
 @jax.tree_util.register_dataclass
@@ -174,13 +176,19 @@ def _attention_impl(dtype) -> str:
 
 def attention(q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
               key_mask_BS: jax.Array | None = None) -> jax.Array:
-    """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight."""
+    """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight. Each
+    row needs one unmasked key (every caller's rows hold at least their own or a pad token):
+    a row with none is cuDNN's and XLA's mean of V, the split-keys kernel's NaN."""
     impl = _attention_impl(q_BLHK.dtype)
     if (impl == "cudnn" and short_attention.takes(q_BLHK, k_BSGK)
             and short_attention_implementation.choice("split") == "split"):
         if key_mask_BS is None:
             key_mask_BS = jnp.ones(k_BSGK.shape[:2], bool)
-        return short_attention.short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
+        # A Pallas call is not partitioned by XLA: under a mesh each device runs its shard.
+        heads = PS(DATA, None, MODEL, None)
+        kernel = shard_kernel(short_attention.short_attention_pallas,
+                              (heads, heads, heads, PS(DATA, None)), heads)
+        return kernel(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
     mask = None
     if key_mask_BS is not None:
         B, L, S = q_BLHK.shape[0], q_BLHK.shape[1], k_BSGK.shape[1]

@@ -4,6 +4,7 @@ must be set before JAX starts). Prints one JSON line per case:
 - tokens: each setting on several meshes against the single-device run (`same`);
 - slot refill over the data axis: tokens, NFE and steps of the single-device run without
   slots; the compiled program's slots split by row, its collectives per-row sized;
+- the split-keys block attention (a Pallas call) run per device on its shard under a mesh;
 - the FP8 FFN under tensor parallelism: weights split per device, a model axis that would cut
   a 128 x 128 scale block refused;
 - HLO: the optimised batch-1 dual-cache generate program on a 2-way model axis, bf16 and FP8
@@ -287,6 +288,36 @@ def benchmark_case() -> None:
         expected_bytes_per_gpu=split + params.embed.nbytes // 2)
 
 
+def short_attention_case() -> None:
+    # The split-keys block attention is a Pallas call, which XLA does not partition: under a
+    # mesh `model.attention` runs it per device on its (rows, heads) shard. Forced here as on
+    # a GPU in bf16, the kernel interpreted; against the dense reference.
+    import functools
+
+    from kernels import short_attention
+    from lacache_jax import model
+    ks = jax.random.split(jax.random.key(7), 3)
+    q = jax.random.normal(ks[0], (4, 8, 8, 16))
+    k, v = (jax.random.normal(x, (4, 96, 4, 16)) for x in ks[1:])
+    mask = jnp.arange(96)[None, :] >= jnp.array([0, 5, 0, 40])[:, None]
+    shapes = []
+    real_impl, real_kernel = model._attention_impl, short_attention.short_attention_pallas
+
+    def spy_kernel(q, *rest):
+        shapes.append(list(q.shape))
+        return functools.partial(real_kernel, interpret=True)(q, *rest)
+    model._attention_impl = lambda dtype: "cudnn"
+    short_attention.short_attention_pallas = spy_kernel
+    try:
+        with jax.set_mesh(mesh_of(2, 2)):
+            out = jax.jit(model.attention)(q, k, v, mask)
+    finally:
+        model._attention_impl, short_attention.short_attention_pallas = real_impl, real_kernel
+    ref = short_attention.short_attention_ref(q, k, v, mask)
+    emit(case="short_attention_mesh", shard_shapes=shapes,
+         close=bool(np.allclose(np.asarray(out), np.asarray(ref), rtol=1e-5, atol=1e-5)))
+
+
 def dispatch_rows_case() -> None:
     # Kernels pick by the rows each device runs: batch 8 over 2 data shards is 4 per device.
     with jax.set_mesh(mesh_of(2, 2)):
@@ -297,6 +328,7 @@ def dispatch_rows_case() -> None:
 def main() -> None:
     assert len(jax.devices()) == 4, jax.devices()
     dispatch_rows_case()
+    short_attention_case()
     params = sharp(lj.init_params(CFG, jax.random.key(0), jnp.float32))
     fp8_params = lj.quantize_ffn(params)
     token_cases(params, fp8_params)

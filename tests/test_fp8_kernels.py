@@ -140,6 +140,12 @@ def test_rmsnorm_quant_takes_whole_rows_at_few_rows():
     assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M, G, whole_rows=True) == fq.QuantTiles(1, G, 8)
     assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M + 1, G, whole_rows=True) == fq.QuantTiles()
     assert fq.QuantTiles.get_default(fq.WHOLE_ROWS_M, G) == fq.QuantTiles()
+    # no Triton block holds a row of 3 groups: the tiles, and the kernel runs
+    assert fq.QuantTiles.get_default(8, 3, whole_rows=True) == fq.QuantTiles()
+    x3 = jax.random.normal(jax.random.key(3), (8, 384)).astype(jnp.bfloat16)
+    q, s = rmsnorm_quant_pallas(x3, jnp.ones((384,), jnp.bfloat16), 1e-5, interpret=True)
+    qr, sr = rmsnorm_quant_ref(x3, jnp.ones((384,), jnp.bfloat16), 1e-5)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
     w = jnp.ones((512,), jnp.bfloat16)
     for M, tiles in ((fq.WHOLE_ROWS_M, fq.QuantTiles(1, G, 8)),
                      (fq.WHOLE_ROWS_M + 1, fq.QuantTiles())):

@@ -1,7 +1,8 @@
 """Data and tensor parallelism on 4 fake CPU devices (tests/multi_device_cases.py, run once in
 a subprocess: XLA_FLAGS must be set before JAX starts): tokens identical to one device in every
 cache mode, with threshold decoding and with the FP8 FFN, whose copies are split over the model
-axis like the bf16 FFN; slot refill with its slots split over the data axis; the
+axis like the bf16 FFN; the split-keys attention run per device on its shard; slot refill
+with its slots split over the data axis; the
 tensor-parallel generate program moves no weight; and benchmarks/multi_gpu.py runs in its
 --tiny mode."""
 
@@ -42,6 +43,10 @@ def test_meshes_give_single_device_tokens(cases):
     assert cases["load_sharded"]["embed_replicated"]
     assert cases["bad_mesh"]["same"]
     assert cases["per_data_shard"]["rows"] == [8, 4]  # no mesh; data 2 x model 2
+    # the split-keys attention (a Pallas call) on a data 2 x model 2 mesh: each device runs
+    # its 2 rows x 4 of the 8 heads, and the result is the dense attention's (fp32, 1e-5)
+    r = cases["short_attention_mesh"]
+    assert r["shard_shapes"] == [[2, 8, 4, 16]] and r["close"], r
 
 
 def test_slot_refill_over_the_data_axis(cases):

@@ -50,9 +50,12 @@ def test_bf16():
 
 
 def test_masked_keys_get_no_weight():
-    """Changing masked keys' values (to huge ones) changes nothing."""
+    """Changing masked keys' values (to huge ones) changes nothing; a mask of another dtype
+    keeps what is nonzero (as `astype(bool)`: the reference's and cuDNN's reading)."""
     q, k, v, mask = inputs(2, 1, 16, 128, 2, 2, 16, [10], jnp.float32)
     out = short_attention_pallas(q, k, v, mask, splits=2, interpret=True)
+    halves = short_attention_pallas(q, k, v, mask * 0.5, splits=2, interpret=True)
+    np.testing.assert_array_equal(np.asarray(halves), np.asarray(out))
     far = ~mask[:, :, None, None]
     again = short_attention_pallas(q, jnp.where(far, 1e4, k), jnp.where(far, -1e4, v), mask,
                                    splits=2, interpret=True)
@@ -66,6 +69,9 @@ def test_takes_and_bad_arguments():
     assert takes(q, k[:, :100])                                            # a ragged tile
     assert not takes(jnp.zeros((1, 8, 2, 16)), k[:, :40])                  # under one tile
     assert not takes(q, k[:, :32])                                         # no fewer keys
+    assert not takes(jnp.zeros((1, 8, 2, 96)), jnp.zeros((1, 128, 2, 96)))  # head dim 96
+    with pytest.raises(ValueError, match="splits must be"):
+        short_attention_pallas(q, k, v, mask, splits=0, interpret=True)
     with pytest.raises(ValueError, match="at least block_k"):
         short_attention_pallas(q, k[:, :40], v[:, :40], mask[:, :40], interpret=True)
     with pytest.raises(ValueError, match="not divisible by kv heads"):
@@ -74,9 +80,10 @@ def test_takes_and_bad_arguments():
         short_attention_pallas(q, k, v, mask[:, :64], interpret=True)
 
 
-@pytest.mark.parametrize("S", [256, 200])
-def test_kernel_lowers_to_valid_triton_ir(S, monkeypatch):
-    """Whole key tiles and a ragged last tile, at LLaDA's head width, in bf16."""
-    q, k, v, mask = inputs(0, 1, 32, S, 2, 2, 128, [0], jnp.bfloat16)
+@pytest.mark.parametrize("L,S", [(32, 256), (24, 200)])
+def test_kernel_lowers_to_valid_triton_ir(L, S, monkeypatch):
+    """Whole key tiles, and a ragged last tile with query rows padded to a power of two, at
+    LLaDA's head width, in bf16."""
+    q, k, v, mask = inputs(0, 1, L, S, 2, 2, 128, [0], jnp.bfloat16)
     assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m), q, k, v, mask,
                         monkeypatch=monkeypatch)
