@@ -2,9 +2,8 @@
 a subprocess: XLA_FLAGS must be set before JAX starts): tokens identical to one device in every
 cache mode, with threshold decoding and with the FP8 FFN, whose copies are split over the model
 axis like the bf16 FFN; the split-keys attention run per device on its shard; slot refill
-with its slots split over the data axis; the
-tensor-parallel generate program moves no weight; and benchmarks/multi_gpu.py runs in its
---tiny mode."""
+with its slots split over the data axis; the tensor-parallel generate program moves no
+weight; and benchmarks/multi_gpu.py runs in its --tiny mode."""
 
 from __future__ import annotations
 
