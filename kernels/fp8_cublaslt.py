@@ -82,7 +82,8 @@ TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
 # Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split` (RESULTS.md twenty-third
 # session: device span 86.7 -> 75.3 us at 768 rows, 139.4 -> 116.5 us at 1280; the other tails
 # timed within 2 us of it). Batch 8's rows fill 9+ waves: no split there. Sized for 132 SMs
-# (H200, H100 SXM); elsewhere the split costs time, never bits.
+# (H200, H100 SXM); elsewhere it may cost time (each output element stays one call's sum over
+# all of K, to within the configuration's own summation order).
 _DOWN_TAIL = (66, 18, 36, 9, 0, 1, 0, 2)
 SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {
     (768, 4096, 12288): (2816, _DOWN_TAIL),    # 22 of 32 column tiles: one wave of 132
