@@ -11,7 +11,9 @@
 # went in after their GPU tests' last full run), then the dual step at batch 1 and 8 with
 # bf16 and FP8 (`python3 -m benchmarks.fp8_e2e --iters 1 --runs
 # "1:512:dual:threshold:both,8:512:dual:threshold:both"`: the whole-row RMSNorm is not yet
-# timed in the step), 26 at M 6144 (batch 8's tiles), 24, 3, 5:
+# timed in the step), 29 (the paper-style table issue 23 asks for), 26 at M 6144 (batch 8's
+# tiles), 24, 3, 5:
+#  29  issue 23: the paper-style table (fp8_e2e --paper), one run
 #  28  issue 20: the dual step's block attention by the split-keys kernel against cuDNN
 #  27  issue 23: the down GEMM's columns split between two cuBLASLt calls (GPU test, timing)
 #  26  issue 23: the FP8 GPU tests, the quantisation tiles by device time (768, 1280, 6144)
@@ -59,6 +61,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
+29)
+  # issue 23: the paper's combinations (vanilla, + LaCache, + Parallel, + Parallel + LaCache,
+  # each with DPad; threshold + dual with and without FP8) in one run, and their table
+  timeout -k 5 ${PAPER_S:-540} python3 -m benchmarks.fp8_e2e --paper --iters 1 2>&1 \
+    | tee "$OUT/fp8_e2e_paper.log" | quiet | grep "^B=\|^| [a-zA-Z+]\|ceilings" ;;
 28)
   # issue 20: the dual step's block attention (32 rows over the canvas) by the split-keys
   # kernel against cuDNN: GPU tests, the kernels alone, then the dual step with each

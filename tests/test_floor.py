@@ -174,6 +174,29 @@ def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch
         ["| 1", "16", "none"], ["| 1", "16", "none"], ["| 2", "16", "exact"]]
 
 
+def test_fp8_e2e_paper_table_pairs_each_run_with_its_lacache_twin(tmp_path, monkeypatch,
+                                                                  capsys):
+    """`fp8_e2e --paper`: its runs (here two pairs at a tiny prompt, the second with DPad)
+    timed, and each with-LaCache row's speed-up over its pair, beside the paper's ratio."""
+    from benchmarks import fp8_e2e
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(fp8_e2e, "PAPER", (
+        ("vanilla", "1:16:none:fixed:0"), ("+ LaCache", "1:16:exact:fixed:1"),
+        ("+ DPad", "1:16:none:fixed:0::dpad"), ("+ DPad + LaCache", "1:16:exact:fixed:1::dpad")))
+    fp8_e2e.main(["--tiny", "--layers", "2", "--gen", "16", "--block", "8", "--paper"])
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert [(r["cache"], r["fp8_ffn"], r["dpad"]) for r in rows] == [
+        ("none", False, None), ("exact", True, None), ("none", False, "gaussian"),
+        ("exact", True, "gaussian")]
+    out = capsys.readouterr().out.splitlines()
+    table = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in out if ln.startswith("| ")}
+    assert table["+ LaCache"][3] == f"{rows[0]['ms_per_step'] / rows[1]['ms_per_step']:.2f}x"
+    assert table["+ LaCache"][4] == "1.10x |" and table["vanilla"][3] == ""
+    assert table["+ DPad + LaCache"][3].endswith("x")
+    with pytest.raises(SystemExit, match="seventh field"):
+        fp8_e2e.main(["--tiny", "--runs", "1:16:none:fixed:0::other"])
+
+
 def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch):
     """`benchmarks/flash.py --parts gamma` on a stand-in task (a tiny random model; a problem is
     solved when its answer's first token is even): every verify setting carries its paired
