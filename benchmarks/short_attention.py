@@ -3,7 +3,7 @@ heads (H 32, K 128, bf16): cuDNN (as `model.attention` calls it, the key mask at
 [B, 1, L, S] shape), XLA's attention, and the split-keys kernel (kernels/short_attention.py)
 at its default shares and at each of --splits.
 
-    python -m benchmarks.short_attention [--shapes 1:32:768,8:32:768,1:32:1280]
+    python -m benchmarks.short_attention [--shapes 1:32:768,8:32:768,1:128:768]
         [--splits 4,8,12]
 
 Per call: the chained wall time (`time_chained`) and the device's own time (`device_chained`:
@@ -43,8 +43,9 @@ def rel_err(a, b) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="1:32:768,8:32:768,1:32:1280",
-                    help="B:L:S,... (batch, query rows, keys)")
+    ap.add_argument("--shapes", default="1:32:768,8:32:768,1:32:1280,1:128:768,1:256:768",
+                    help="B:L:S,... (batch, query rows, keys; rows above the dispatch's "
+                         "MAX_ROWS time the kernel where cuDNN runs now, as a prefix step's)")
     ap.add_argument("--splits", default="4,8,12", help="key shares per (batch, head) also timed")
     args = ap.parse_args()
     exit_on_sigterm()
