@@ -156,6 +156,23 @@ def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys
     assert "rows per block" in out and "× no DPad" in out
 
 
+def test_benchmark_runs_each_short_attention_choice(tmp_path, monkeypatch):
+    """`generate --short-attention split,cudnn`: every configuration once per choice, each row
+    saying which; a choice that is none of them refused before any run."""
+    from benchmarks import generate as bench
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["generate", "--tiny", "--layers", "1", "--batch", "1", "--modes", "dual",
+            "--decoding", "fixed", "--prompt", "16", "--gen", "16", "--block", "8", "--iters",
+            "1", "--short-attention"]
+    monkeypatch.setattr("sys.argv", argv + ["split,cudnn"])
+    bench.main()
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert [r["short_attention"] for r in rows] == ["split", "cudnn"]
+    monkeypatch.setattr("sys.argv", argv + ["flash"])
+    with pytest.raises(SystemExit, match="--short-attention: 'flash'"):
+        bench.main()
+
+
 def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch, capsys):
     """`python -m benchmarks.fp8_e2e --tiny`: every run without and with the FP8 FFN, its
     steps field honoured, the JSON and the table written (the eighth session's device call 4
