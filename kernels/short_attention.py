@@ -14,7 +14,8 @@ Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_m
 (masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
 key tiles (a prompt of any length): the last tile is read ending at the last key, its keys of
 the tile before masked out. `short_attention_ref` is the dense reference of the same
-signature; `short_attention` dispatches; `takes` says where the kernel applies.
+signature; `takes` says where the kernel applies; `lacache_jax.model.attention` dispatches
+(this kernel where it takes the call on a GPU in bf16/f16, else cuDNN or XLA).
 """
 
 from __future__ import annotations
@@ -105,10 +106,3 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))
     return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
-
-
-def short_attention(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
-    """The kernel on GPUs where it `takes` the call, else the reference."""
-    if jax.default_backend() == "gpu" and takes(q_BLHK, k_BSGK):
-        return short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
-    return short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS)
