@@ -34,7 +34,7 @@ GEMM either (twenty-second session). What did win: splitting the output's column
 two calls in one handler call (`SPLITS`, `split_for`), the first filling whole waves of SMs,
 the second with its own configuration (128 x 64 tiles); each output element is still one
 call's sum over all of K, and the output has one call's bits. The down GEMM at the full
-canvas's 768 and 1280 rows takes 13% and 16% less device time so (H200, 2026-12-04,
+canvas's 768 and 1280 rows takes 13% and 15% less device time so (H200, 2026-12-04,
 RESULTS.md twenty-third session).
 """
 
@@ -80,7 +80,7 @@ TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
 # full canvas's 768 rows has 192 tiles of 128 x 128 on 132 SMs, 1.45 waves: 22 of its 32
 # column tiles are one wave, the other 10 in 128 x 64 tiles a second of half the length).
 # Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split` (RESULTS.md twenty-third
-# session: device span 86.7 -> 75.3 us at 768 rows, 139.4 -> 116.5 us at 1280; the other tails
+# session: device span 86.7 -> 75.3 us at 768 rows, 139.4 -> 118.4 us at 1280; the other tails
 # timed within 2 us of it). Batch 8's rows fill 9+ waves: no split there. Sized for 132 SMs
 # (H200, H100 SXM); elsewhere it may cost time (each output element stays one call's sum over
 # all of K, to within the configuration's own summation order).
