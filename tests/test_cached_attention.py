@@ -3,7 +3,6 @@ attention: fill, reuse, any block alignment, GQA, key padding, poisoned outputs.
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -11,16 +10,13 @@ import numpy as np
 import pytest
 
 from kernels.cached_attention import cached_attention_pallas, cached_attention_ref
+from kernels.short_attention import short_attention_ref
 from tests.conftest import assert_valid_triton, rel_err
 
 
 def dense_attention(q, k, v, key_mask):
-    rep = q.shape[2] // k.shape[2]
-    kr, vr = (jnp.repeat(x.astype(jnp.float32), rep, axis=2) for x in (k, v))
-    scores = jnp.einsum("blhk,bshk->bhls", q.astype(jnp.float32), kr,
-                        precision="highest") / math.sqrt(q.shape[-1])
-    scores = jnp.where(key_mask[:, None, None, :], scores, -jnp.inf)
-    return jnp.einsum("bhls,bshk->blhk", jax.nn.softmax(scores, -1), vr, precision="highest")
+    """Dense softmax attention in fp32 (the split-keys kernel's reference, q taken as fp32)."""
+    return short_attention_ref(q.astype(jnp.float32), k, v, key_mask)
 
 
 def inputs(seed, B, L, H, G, K, pads, dtype=jnp.float32):
