@@ -90,6 +90,12 @@ def _chained(fn, n: int):
     return jax.jit(chained)
 
 
+def rel_l2(out, ref) -> float:
+    """Relative L2 error of `out` against `ref`, in float64."""
+    ref = np.asarray(ref, np.float64)
+    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
+
+
 def measure_ceilings(key=jax.random.key(0)) -> dict:
     """Measured ceilings on random data: the best bf16 matmul rate over a few square sizes,
     and device copy bandwidth (bytes read + written) of a 4 GiB elementwise pass."""

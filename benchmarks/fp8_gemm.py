@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import device_chained, exit_on_sigterm, time_chained, write_result
+from benchmarks.common import (device_chained, exit_on_sigterm, rel_l2, time_chained,
+                               write_result)
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
@@ -68,10 +69,6 @@ def exact_product(xq, xs, wq, ws) -> np.ndarray:
     """The per-group product in fp32 at the highest matmul precision, as float64."""
     with jax.default_matmul_precision("highest"):
         return np.asarray(fp8_matmul_ref(xq, xs, wq, ws, jnp.float32), np.float64)
-
-
-def rel_l2(out, ref: np.ndarray) -> float:
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def check(rows: list) -> bool:

@@ -1,7 +1,7 @@
 """A few query rows' attention over a whole canvas (a dual-cache step's block) at LLaDA-8B's
-heads (H 32, K 128, bf16): cuDNN (as `model.attention` calls it, the key mask at its full
-[B, 1, L, S] shape), XLA's attention, and the split-keys kernel (kernels/short_attention.py)
-at its default shares and at each of --splits.
+heads (H 32, K 128, bf16): `model.attention` forced to cuDNN and to XLA's attention, and the
+split-keys kernel (kernels/short_attention.py) at its default shares and at each of --splits
+(on a CPU the model's attention is XLA's under both names: a check of the script only).
 
     python -m benchmarks.short_attention [--shapes 1:32:768,8:32:768,1:128:768]
         [--splits 4,8,12]
@@ -14,31 +14,21 @@ measured in the same run), and each one's relative error against the fp32 dense 
 from __future__ import annotations
 
 import argparse
-import functools
-import math
+import contextlib
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings,
+from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings, rel_l2,
                                time_chained, write_result)
 from kernels.short_attention import short_attention_pallas, short_attention_ref
+from lacache_jax import model
 
 H, K = 32, 128
-
-
-def cudnn_or_xla(q, k, v, mask, implementation):
-    B, L, S = q.shape[0], q.shape[1], k.shape[1]
-    m = mask[:, None, None, :]
-    if implementation == "cudnn":
-        m = jnp.broadcast_to(m, (B, 1, L, S))
-    return jax.nn.dot_product_attention(q, k, v, mask=m, scale=1.0 / math.sqrt(K),
-                                        implementation=implementation)
-
-
-def rel_err(a, b) -> float:
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+# The model's attention with its choice forced while tracing (the chained programs trace
+# inside the block)
+FORCED = {"cudnn": lambda: model.short_attention_implementation("cudnn"),
+          "xla": lambda: model.attention_implementation("xla")}
 
 
 def main():
@@ -61,25 +51,24 @@ def main():
             mask = jnp.arange(S)[None, :] < S - 7 * jnp.arange(1, B + 1)[:, None]
             ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
             floor_ms = 2 * (2 * B * L * H * K + 2 * B * S * H * K) / ceil["copy_tb_per_s"] / 1e9
-            fns = {"cudnn": functools.partial(cudnn_or_xla, implementation="cudnn"),
-                   "xla": functools.partial(cudnn_or_xla, implementation="xla"),
-                   "split": short_attention_pallas}
+            fns = {name: (lambda q, k, v: model.attention(q, k, v, mask)) for name in FORCED}
+            fns["split"] = lambda q, k, v: short_attention_pallas(q, k, v, mask)
             for n in map(int, args.splits.split(",")):
-                fns[f"split{n}"] = functools.partial(short_attention_pallas, splits=n)
+                fns[f"split{n}"] = (lambda q, k, v, n=n:
+                                    short_attention_pallas(q, k, v, mask, splits=n))
             for name, fn in fns.items():
-                fn_m = functools.partial(fn, mask=mask) if name in ("cudnn", "xla") else (
-                    lambda q, k, v, fn=fn: fn(q, k, v, mask))
                 try:
-                    out = fn_m(q, k, v)
-                    t = time_chained(fn_m, q, k, v)
-                    d = device_chained(fn_m, q, k, v)
+                    with FORCED.get(name, contextlib.nullcontext)():
+                        out = fn(q, k, v)
+                        t = time_chained(fn, q, k, v)
+                        d = device_chained(fn, q, k, v)
                 except Exception as e:  # noqa: BLE001 - a refused kernel is a result too
                     row = dict(B=B, L=L, S=S, kernel=name, error=str(e).splitlines()[0][:300])
                 else:
                     row = dict(B=B, L=L, S=S, kernel=name, ms=t["median_ms"],
                                device_span_ms=d["span_ms"], device_kernels_ms=d["kernels_ms"],
                                floor_ms=floor_ms, x_floor=d["span_ms"] / floor_ms,
-                               rel_err=rel_err(out, ref))
+                               rel_err=rel_l2(out, ref))
                 rows.append(row)
                 print({k2: round(x, 5) if isinstance(x, float) else x for k2, x in row.items()},
                       flush=True)
