@@ -232,13 +232,14 @@ def device_name() -> str:
 
 
 def write_result(name: str, payload: dict) -> Path:
-    """JSON under $OUT (device runs) or benchmarks/results/, stamped with date/commit/device."""
+    """JSON under $OUT (device runs) or benchmarks/results/, stamped with date/commit/device
+    and the XLA flags it ran under (they can change what XLA launches)."""
     out_dir = Path(os.environ.get("OUT") or RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc)
     payload = {"date": stamp.strftime("%Y-%m-%d"), "commit": git_commit(),
                "device": device_name(), "jax": jax.__version__, "host": platform.node(),
-               **payload}
+               "xla_flags": os.environ.get("XLA_FLAGS", ""), **payload}
     path = out_dir / f"{name}-{stamp.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

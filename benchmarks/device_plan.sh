@@ -13,6 +13,7 @@
 # "1:512:dual:threshold:both,8:512:dual:threshold:both"`: the whole-row RMSNorm is not yet
 # timed in the step), 29 (the paper-style table issue 23 asks for), 26 at M 6144 (batch 8's
 # tiles), 24, 3, 5:
+#  30  issue 20: the dual step under XLA's command buffers: as is, off, widened
 #  29  issue 23: the paper-style table (fp8_e2e --paper), one run
 #  28  issue 20: the dual step's block attention by the split-keys kernel against cuDNN
 #  27  issue 23: the down GEMM's columns split between two cuBLASLt calls (GPU test, timing)
@@ -61,6 +62,21 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
+30)
+  # issue 20: the dual step's idle time between kernels under XLA's command buffers (CUDA
+  # graphs): as is, with them off, and widened to loops, conditionals and every custom call
+  # (FLAGS_1..3 replace them; each a fresh process)
+  variants=("" "--xla_gpu_enable_command_buffer=" "--xla_gpu_enable_command_buffer=FUSION,\
+CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1")
+  for n in 1 2 3; do
+    var=FLAGS_$n
+    flags=${!var-${variants[n-1]}}
+    echo "XLA_FLAGS=$flags" | tee -a "$OUT/generate_graphs.log"
+    XLA_FLAGS="$flags" timeout -k 5 ${GEN_S:-110} python3 -m benchmarks.generate --batch \
+      ${BATCH:-1} --prompt 512 --modes dual --decoding threshold --fp8-ffn both --iters 2 \
+      --trace --trace-top 8 2>&1 | tee -a "$OUT/generate_graphs.log" | quiet \
+      | grep "^B=\|trace per step\|rror" | cut -c1-220
+  done ;;
 29)
   # issue 23: the paper's combinations (vanilla, + LaCache, + Parallel, + Parallel + LaCache,
   # each with DPad; threshold + dual with and without FP8) in one run, and their table
