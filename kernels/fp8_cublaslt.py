@@ -32,10 +32,10 @@ benchmark compares each with the heuristic's; split K only with fp32 partials su
 fixed order (`search`'s `max_split_k`): none of those was faster at the full canvas's down
 GEMM either (twenty-second session). What did win: splitting the output's columns between
 two calls in one handler call (`SPLITS`, `split_for`), the first filling whole waves of SMs,
-the second with its own configuration (128 x 64 tiles); each output element is still one
-call's sum over all of K, and the output has one call's bits. The down GEMM at the full
-canvas's 768 and 1280 rows takes 13% and 15% less device time so (H200, 2026-12-04,
-RESULTS.md twenty-third session).
+the second with its own configuration; each output element is still one call's sum over all
+of K, and the output has one call's bits. The down GEMM at the full canvas's 768 and 1280 rows
+takes 13% and 15% less device time so, the gate/up GEMM at 768 rows 6% less kernel time
+(H200, 2026-12-04, RESULTS.md twenty-third and twenty-fourth sessions).
 """
 
 from __future__ import annotations
@@ -81,13 +81,18 @@ TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
 # column tiles are one wave, the other 10 in 128 x 64 tiles a second of half the length).
 # Measured winners of `benchmarks/fp8_gemm.py --cublaslt-split` (RESULTS.md twenty-third
 # session: device span 86.7 -> 75.3 us at 768 rows, 139.4 -> 118.4 us at 1280; the other tails
-# timed within 2 us of it). Batch 8's rows fill 9+ waves: no split there. Sized for 132 SMs
+# timed within 2 us of it). The gate/up GEMM at 768 rows (1152 tiles of 128 x 128, 8.7 waves)
+# split after 176 column tiles (8 waves), the other 2048 columns in the heuristic's own 128 x
+# 128 configuration: kernel time 134.7 -> 126.0 us, device span 156.4 -> 140.4 (twenty-fourth
+# session; the other three tails timed 125.8-126.4 / 139.7-143.5, same bits). Batch 8's rows
+# fill 9+ waves: no split there. Sized for 132 SMs
 # (H200, H100 SXM); elsewhere it may cost time (each output element stays one call's sum over
 # all of K, to within the configuration's own summation order).
 _DOWN_TAIL = (66, 18, 36, 9, 0, 1, 0, 2)
 SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {
     (768, 4096, 12288): (2816, _DOWN_TAIL),    # 22 of 32 column tiles: one wave of 132
     (1280, 4096, 12288): (3328, _DOWN_TAIL),   # 26 of 32: two waves (260 of 264)
+    (768, 24576, 4096): (22528, (66, 20, 36, 3, 0, 1, 0, 4)),  # 176 of 192: eight waves
 }
 NO_SPLIT = (0, HEURISTIC)
 _LIB: ctypes.CDLL | None = None  # the loaded handler, for `search`
