@@ -7,7 +7,7 @@ H200, against 3.6 us to read q, K and V and 8.4 us for this kernel: RESULTS.md,
 twenty-third session). Here programs (b, h, j) each take the j-th share of the key tiles
 (`stream_keys`, the online softmax of FACache's kernel) and write its partial state; a
 second kernel combines them in log2 space (`cached_attention.merge_partials`, one program per
-batch, head and 16 query rows). Base-2 online softmax in fp32, probabilities rounded to the inputs' type
+batch and head). Base-2 online softmax in fp32, probabilities rounded to the inputs' type
 before P @ V, as in FACache's Triton kernel.
 
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
@@ -62,33 +62,19 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
     acc_out[...], m_out[...], l_out[...] = acc, m, l
 
 
-MERGE_ROWS = 16    # query rows per merge program
-MERGE_UNROLL = 16  # shares up to which the merge's loads are unrolled (issued together)
-
-
-def _unrolled(lo: int, hi: int, body, carry):
-    """`lax.fori_loop`'s loop unrolled in Python."""
-    for i in range(lo, hi):
-        carry = body(i, carry)
-    return carry
-
-
 def _merge_kernel(acc_ref, m_ref, l_ref, o_ref, *, n):
-    """`cached_attention.merge_partials` for one (batch, head, row chunk): the n shares'
-    states [n, rows, K], [n, rows] in, [rows, K] out in the output's type. One launch where
-    XLA made three fusions of the jnp merge (its max, its sums, their transposes: 5.0 us a
-    layer at batch 1, twenty-fourth session). Shares are read one at a time, so n need not be
-    a power of two (Triton's shapes); up to `MERGE_UNROLL` the loop is unrolled, so their
-    loads are in flight together (a rolled loop waits for each in turn: 1.3x XLA's time)."""
-    loop = _unrolled if n <= MERGE_UNROLL else jax.lax.fori_loop
-    m_all = loop(1, n, lambda s, m: jnp.maximum(m, m_ref[s]), m_ref[0])
+    """`cached_attention.merge_partials` for one (batch, head): the n shares' states [n, R, K], [n, R] in,
+    [R, K] out in the output's type. One launch where XLA made three fusions of the jnp merge
+    (its max, its sums, their transposes: 5.0 us a layer at batch 1, twenty-fourth session).
+    Shares are read one at a time, so n need not be a power of two (Triton's shapes)."""
+    m_all = jax.lax.fori_loop(1, n, lambda s, m: jnp.maximum(m, m_ref[s]), m_ref[0])
 
     def share(s, carry):
         acc, l = carry
         w = jnp.exp2(m_ref[s] - m_all)
         return acc + acc_ref[s] * w[:, None], l + l_ref[s] * w
-    acc, l = loop(0, n, share, (jnp.zeros(o_ref.shape, jnp.float32),
-                                jnp.zeros(m_all.shape, jnp.float32)))
+    acc, l = jax.lax.fori_loop(0, n, share, (jnp.zeros(o_ref.shape, jnp.float32),
+                                            jnp.zeros(m_all.shape, jnp.float32)))
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
 
 
@@ -141,13 +127,12 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
     )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))
     if merge == "xla":
         return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
-    rows = min(R, MERGE_ROWS)
-    stat_spec = pl.BlockSpec((n, None, None, rows), lambda b, h, i: (0, b, h, i))
+    stat_spec = pl.BlockSpec((n, None, None, R), lambda b, h: (0, b, h, 0))
     out = pl.pallas_call(
-        functools.partial(_merge_kernel, n=n), grid=(B, H, R // rows),
-        in_specs=[pl.BlockSpec((n, None, rows, None, K), lambda b, h, i: (0, b, i, h, 0)),
+        functools.partial(_merge_kernel, n=n), grid=(B, H),
+        in_specs=[pl.BlockSpec((n, None, R, None, K), lambda b, h: (0, b, 0, h, 0)),
                   stat_spec, stat_spec],
-        out_specs=pl.BlockSpec((None, rows, None, K), lambda b, h, i: (b, i, h, 0)),
+        out_specs=pl.BlockSpec((None, R, None, K), lambda b, h: (b, 0, h, 0)),
         out_shape=jax.ShapeDtypeStruct((B, R, H, K), q_BLHK.dtype),
         interpret=interpret, name="short_attention_merge",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),

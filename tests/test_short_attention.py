@@ -53,16 +53,6 @@ def test_merge_kernel_matches_the_jnp_merge():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2.0 ** -8, atol=1e-6)
 
 
-def test_merge_kernel_rolled(monkeypatch):
-    """More shares than `MERGE_UNROLL`: the merge's rolled loop (its own shapes, so a fresh
-    trace sees the patched bound)."""
-    from kernels import short_attention
-    monkeypatch.setattr(short_attention, "MERGE_UNROLL", 2)
-    q, k, v, mask = inputs(4, 1, 16, 384, 2, 2, 16, [0], jnp.float32)
-    out = short_attention_pallas(q, k, v, mask, splits=6, interpret=True)
-    assert rel_err(out, short_attention_ref(q, k, v, mask)) <= 1e-5  # as test_fp32
-
-
 def test_bf16():
     q, k, v, mask = inputs(1, 2, 32, 256, 4, 4, 32, [0, 40], jnp.bfloat16)
     out = short_attention_pallas(q, k, v, mask, interpret=True)
