@@ -5,10 +5,9 @@ cuDNN gives each (batch, head) one program per 64 query rows: at batch 1 a 32-ro
 768 keys is 32 programs on 132 SMs, each streaming every key tile in turn (25.8 us on the
 H200, against 3.6 us to read q, K and V and 8.4 us for this kernel: RESULTS.md,
 twenty-third session). Here programs (b, h, j) each take the j-th share of the key tiles
-(`stream_keys`, the online softmax of FACache's kernel) and write its partial state; a
-second kernel combines them in log2 space (`cached_attention.merge_partials`, one program per
-batch and head). Base-2 online softmax in fp32, probabilities rounded to the inputs' type
-before P @ V, as in FACache's Triton kernel.
+(`stream_keys`, the online softmax of FACache's kernel) and write its partial state;
+`merge_partials` combines them in log2 space. Base-2 online softmax in fp32, probabilities rounded to the inputs' type before P @ V,
+as in FACache's Triton kernel.
 
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
 (masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
@@ -62,30 +61,12 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
     acc_out[...], m_out[...], l_out[...] = acc, m, l
 
 
-def _merge_kernel(acc_ref, m_ref, l_ref, o_ref, *, n):
-    """`cached_attention.merge_partials` for one (batch, head): the n shares' states [n, R, K], [n, R] in,
-    [R, K] out in the output's type. One launch where XLA made three fusions of the jnp merge
-    (its max, its sums, their transposes: 5.0 us a layer at batch 1, twenty-fourth session).
-    Shares are read one at a time, so n need not be a power of two (Triton's shapes)."""
-    m_all = jax.lax.fori_loop(1, n, lambda s, m: jnp.maximum(m, m_ref[s]), m_ref[0])
-
-    def share(s, carry):
-        acc, l = carry
-        w = jnp.exp2(m_ref[s] - m_all)
-        return acc + acc_ref[s] * w[:, None], l + l_ref[s] * w
-    acc, l = jax.lax.fori_loop(0, n, share, (jnp.zeros(o_ref.shape, jnp.float32),
-                                            jnp.zeros(m_all.shape, jnp.float32)))
-    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("block_k", "splits", "merge", "interpret"))
+@functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
-                           splits: int | None = None, merge: str = "kernel",
-                           interpret: bool = False):
+                           splits: int | None = None, interpret: bool = False):
     """The split-keys kernel; at most `splits` (default: about `PROGRAMS` programs in all)
     shares of the key tiles per (batch, head), each of ceil(tiles / splits) tiles, so fewer
-    where that leaves a share empty. `merge`: the shares combined by `_merge_kernel`, or
-    ("xla") by `merge_partials` in jnp (the benchmark's comparison)."""
+    where that leaves a share empty."""
     B, L, H, K = q_BLHK.shape
     S, G = k_BSGK.shape[1], k_BSGK.shape[2]
     if k_BSGK.shape != v_BSGK.shape or k_BSGK.shape[0] != B or k_BSGK.shape[3] != K:
@@ -97,8 +78,6 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         raise ValueError(f"key_mask must be [B, S] = {(B, S)}, got {key_mask_BS.shape}")
     if S < block_k:
         raise ValueError(f"keys {S} must be at least block_k {block_k}")
-    if merge not in ("kernel", "xla"):
-        raise ValueError(f"merge must be 'kernel' or 'xla', got {merge!r}")
     if splits is not None and splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     n_k_tiles = pl.cdiv(S, block_k)  # a ragged last tile re-reads the one before, masked
@@ -125,16 +104,4 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         interpret=interpret, name="short_attention",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))
-    if merge == "xla":
-        return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
-    stat_spec = pl.BlockSpec((n, None, None, R), lambda b, h: (0, b, h, 0))
-    out = pl.pallas_call(
-        functools.partial(_merge_kernel, n=n), grid=(B, H),
-        in_specs=[pl.BlockSpec((n, None, R, None, K), lambda b, h: (0, b, 0, h, 0)),
-                  stat_spec, stat_spec],
-        out_specs=pl.BlockSpec((None, R, None, K), lambda b, h: (b, 0, h, 0)),
-        out_shape=jax.ShapeDtypeStruct((B, R, H, K), q_BLHK.dtype),
-        interpret=interpret, name="short_attention_merge",
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-    )(acc, m, l)
-    return out[:, :L]
+    return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)
