@@ -61,7 +61,8 @@ def device_chained(fn, *args, n: int = 20) -> dict:
     run under the profiler: `span_ms` from the first kernel's start to the last one's end
     (idle gaps between kernels included: a loop pays them too), `kernels_ms` the kernels'
     summed time, `idle_ms` the gaps', `largest` the longest-running kernel (name, ms) and
-    `wall_ms` the profiled run's wall time; NaN (largest None) where the trace holds no
+    `wall_ms` the profiled run's wall time, `launches` each kernel name's (memsets' and
+    copies' too) launches per call; NaN (largest None) where the trace holds no
     device kernels (a CPU run). `span_ms` leaves out what `time_chained` also pays: the
     program's dispatch and completion, amortised over `n` calls there, which FFI custom calls
     make larger than XLA's own ops (RESULTS.md, twenty-first session)."""
@@ -69,7 +70,8 @@ def device_chained(fn, *args, n: int = 20) -> dict:
     jax.block_until_ready(chained(*args))
     t = trace(lambda: jax.block_until_ready(chained(*args)))
     per = lambda ns: ns / n / 1e6  # noqa: E731
-    out = {"n": n, "wall_ms": t.wall / n * 1e3}
+    out = {"n": n, "wall_ms": t.wall / n * 1e3,
+           "launches": {name: c / n for name, c in t.count.most_common()}}
     if not t.spans:
         return {**out, "span_ms": float("nan"), "kernels_ms": float("nan"),
                 "idle_ms": float("nan"), "largest": None}

@@ -245,7 +245,7 @@ def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
     the `top` fastest that `lt.search` finds for the tail problem (M, N - N1, K) and the
     heuristic's, against one call; per kernel the median over `rounds` rounds of the chained
     wall time and, from one profiled run, the device's time per call (all kernels, the gaps
-    between them included: `span_ms`), whether the output has one call's bits, and its
+    between them included: `span_ms`) and its launches by name (memsets included), whether the output has one call's bits, and its
     relative L2 error against the exact product."""
     for item in spec.split(","):
         shape, M, n1 = item.split(":")
@@ -275,6 +275,7 @@ def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
                    "ms": ms, "tflops": flops / ms / 1e9, "round_ms": times[name],
                    "device_span_ms": dev["span_ms"], "device_kernels_ms": dev["kernels_ms"],
                    "device_tflops": flops / dev["span_ms"] / 1e9,
+                   "device_launches": dev["launches"],
                    "same_bits_as_one_call": bool(np.array_equal(outs[name], outs["one"])),
                    "rel_l2_vs_ref": rel_l2(outs[name], ref)}
             rows.append(row)
