@@ -27,8 +27,8 @@ instead would copy the cache out of the conditional at every step.)
 
 With DPad (one block start), full forwards run on the compact canvas (compact.py): [0, e)
 and the kept suffix only, one program per block; prefix's later steps query the block and the
-kept suffix only. Caches keep the canvas layout; DPad's dropped columns are masked keys. Exact
-keeps the masked full canvas (its FACache kernel state follows the canvas's own columns).
+kept suffix only. Caches keep the canvas layout, DPad's dropped columns masked keys; exact's
+holds each block's compact columns instead (its forwards all run on the compact canvas).
 `policy.rows(P, T, block_len, k, plan)` gives block k's (first forward's columns, a later
 forward's query rows) for benchmarks (`block_rows`); `later_is_first` says every forward is
 the first one (the loop then traces one forward, not two).
@@ -88,6 +88,31 @@ class LaCache:
     k: jax.Array        # [M, T, G, K]
     v: jax.Array        # [M, T, G, K]
     fa: FAState
+
+    # With DPad a block's state covers its compact canvas (compact.py), L <= T columns, held
+    # in the first L columns of the canvas-wide arrays (one shape for the whole loop).
+    def columns(self, L: int) -> "LaCache":
+        """The first L columns."""
+        return self._map(lambda a, axis: jax.lax.slice_in_dim(a, 0, L, axis=axis))
+
+    def widened(self, T: int) -> "LaCache":
+        """Zero columns appended up to T."""
+        def zeros(a, axis):
+            return jnp.zeros(a.shape[:axis] + (T,) + a.shape[axis + 1:], a.dtype)
+        return self._map(zeros).with_columns(self)
+
+    def with_columns(self, part: "LaCache") -> "LaCache":
+        """`part` (L columns) written over the first L columns, in place."""
+        return self._map(lambda a, p, axis: jax.lax.dynamic_update_slice_in_dim(
+            a, p.astype(a.dtype), 0, axis), part)
+
+    def _map(self, fn, *others: "LaCache") -> "LaCache":
+        """`fn(array, *the others' arrays, column axis)` on each array."""
+        def each(name, axis, of=lambda c: c):
+            return fn(getattr(of(self), name), *(getattr(of(o), name) for o in others), axis)
+        fa = lambda c: c.fa  # noqa: E731
+        return LaCache(each("x0", 1), each("q", 1), each("k", 1), each("v", 1),
+                       FAState(each("m", 2, fa), each("l", 2, fa), each("acc", 1, fa)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,15 +383,19 @@ def _row_by_row(kernel, q, k, v, key_mask, s, e, *state):
 class ExactCache:
     """LaCache (REFERENCE.md §7): layer 0's embeddings, q/k/v and FACache state of the columns
     outside the block are filled at its first forward and reused, so later forwards compute
-    layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none."""
+    layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none.
+    With DPad (one block start) every forward of a block runs on its compact canvas, as none's
+    do, the state held at its columns (`LaCache.columns`); the later steps then run in a
+    program per block (`static_later`), where the compact width is static."""
     later_is_first = False
 
     def static_later(self, ctx: Ctx) -> bool:
-        return False
+        return ctx.compact is not None
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
-        return T, T  # layers >= 1 (no compaction); layer 0's later queries are the block
+        w = _width(T, k, plan)  # layers >= 1; layer 0's later queries are the block
+        return w, w
 
     def init(self, ctx: Ctx):
         cfg, (M, T) = ctx.cfg, ctx.canvas.pos_MT.shape
@@ -385,24 +414,51 @@ class ExactCache:
                          cos, sin))
 
     @staticmethod
-    def _rest(ctx: Ctx, x0, attn, keep_BT, s):
+    def _rest(ctx: Ctx, cv: Canvas, x0, attn, keep_BT, s):
         """Layer 0 after its attention, then the deeper layers as usual."""
-        cv, params = ctx.canvas, ctx.params
+        params = ctx.params
         cos, sin = cv.rope()
         h, _, _ = run_blocks(finish_block(x0, attn, params.layers[0], ctx.cfg),
                              params.layers[1:], ctx.cfg, cos, sin, cv.dup(keep_BT))
         return cv.logits(params, ctx.cfg, cv.cut(h, s))
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
-        cv = ctx.canvas
+        if ctx.compact is None or jnp.ndim(s) == 1:
+            return self._first(ctx, ctx.canvas, x_BT, keep_BT, s)
+        T = ctx.canvas.pos_MT.shape[1]
+
+        def on_view(view: View):
+            logits, cache = self._first(ctx, view.canvas, view.take(x_BT), view.keep_BL, s)
+            return logits, cache.widened(T)
+        return ctx.compact.run(ctx.canvas, keep_BT, s, on_view)
+
+    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
+        plan = ctx.compact
+        if plan is None or jnp.ndim(s) == 1:
+            return self._step(ctx, ctx.canvas, x_BT, keep_BT, s, cache)
+
+        def on(j: int):  # block j's compact canvas (the last block's: the whole canvas)
+            def run(x_BT, cache):
+                view = plan.view(ctx.canvas, keep_BT, j)
+                logits, part = self._step(ctx, view.canvas, view.take(x_BT), view.keep_BL, s,
+                                          cache.columns(view.cols_BL.shape[1]))
+                return logits, cache.with_columns(part)
+            return run
+        k = (s - plan.P) // plan.block_len  # s is static here (`static_later`)
+        if plan.bounded:
+            return on(k)(x_BT, cache)
+        # the canvas the block's first forward ran on (`CompactPlan.run`)
+        return jax.lax.cond(plan.overflow(keep_BT, s, plan.kept[k]), on(len(plan.kept) - 1),
+                            on(k), x_BT, cache)
+
+    def _first(self, ctx: Ctx, cv: Canvas, x_BT, keep_BT, s):
         x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
         s_M = cv.model_s(s)
         attn, fa = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, mode="fill",
                            block_len=cv.block_len)
-        return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
+        return self._rest(ctx, cv, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
 
-    def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
-        cv = ctx.canvas
+    def _step(self, ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, cache):
         fresh = self._layer0_qkv(ctx, cv.cut(cv.model_rows(x_BT), s), *cv.rope(s))
         with jax.named_scope("cache_update"):
             x0, q, k, v = (cv.put(c, n, s)
@@ -410,7 +466,7 @@ class ExactCache:
         s_M = cv.model_s(s)
         attn = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, cache.fa,
                        mode="reuse", block_len=cv.block_len)
-        return self._rest(ctx, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
+        return self._rest(ctx, cv, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
 
 
 # name -> policy for a GenerationConfig (`cache=`).

@@ -71,6 +71,9 @@ def token_cases(params, fp8_params) -> None:
     settings["fp8_ffn_exact"] = dict(cache="exact", fp8_ffn=True)
     settings["fp8_ffn_dual"] = dict(cache="dual", fp8_ffn=True)
     settings["flash_fp8"] = dict(threshold=0.5, flash=flash, fp8_ffn=True)
+    # DPad's compact canvas (gathered and scattered columns) under the row and head shardings
+    settings["dpad_exact"] = dict(cache="exact", dpad=lj.DPadConfig(strategy="uniform",
+                                                                      window=4, keep=2))
     for name, kw in settings.items():
         fp8 = kw.get("fp8_ffn", False)
         p = fp8_params if fp8 else params

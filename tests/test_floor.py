@@ -132,6 +132,9 @@ def test_block_rows():
     later = [q for _, q in cache.block_rows(pd, 512)]
     assert later[-1] == 32 and all(32 <= q <= 256 - 32 * k for k, q in enumerate(later))
     assert later[0] < 256  # something is dropped
+    # exact + DPad: every forward of a block on its compact canvas
+    ex = dataclasses.replace(dual, cache="exact")
+    assert cache.block_rows(ex, 512) == [(w, w) for w in widths]
 
 
 def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys):

@@ -23,6 +23,8 @@ EXACT_CASES = {
     "threshold": dict(threshold=0.9),
     "factor_cfg": dict(factor=1.0, cfg_scale=1.0),
     "dpad": dict(steps=12, dpad=lj.DPadConfig(window=10)),
+    "dpad_uniform_threshold": dict(threshold=0.9, dpad=lj.DPadConfig(strategy="uniform",
+                                                                     window=10, keep=4)),
     "block_4": dict(block_length=4, steps=12),
     "block_12_threshold": dict(block_length=12, threshold=0.7),
     "one_row": dict(steps=12, rows=1),
@@ -79,6 +81,30 @@ def test_exact_runs_the_facache_kernel_in_fill_and_reuse(models, monkeypatch):
         assert modes == []
     finally:
         jax.clear_caches()
+
+
+@pytest.mark.parametrize("strategy", ["gaussian", "uniform"])
+def test_exact_with_dpad_runs_on_the_compact_canvas(models, monkeypatch, strategy):
+    """With DPad the FACache attention of a block's first and later forwards sees fewer
+    columns than the canvas where DPad dropped some (guards the compact path against silently
+    falling back to the masked whole canvas, which gives the same tokens)."""
+    params, _ = models
+    widths = {"fill": set(), "reuse": set()}
+    real = ca.cached_attention_ref
+
+    def recorded(q, *args, mode, **kw):
+        widths[mode].add(q.shape[1])
+        return real(q, *args, mode=mode, **kw)
+    monkeypatch.setattr(ca, "cached_attention_ref", recorded)
+    dpad = lj.DPadConfig(strategy=strategy, window=10, keep=4)
+    gen = _gen(cache="exact", steps=12, dpad=dpad)
+    T = max(map(len, RAGGED)) + gen.gen_length
+    jax.clear_caches()
+    try:
+        lj.generate(params, CFG, RAGGED, gen)
+    finally:
+        jax.clear_caches()
+    assert min(widths["fill"]) < T and min(widths["reuse"]) < T
 
 
 def test_exact_with_the_pallas_kernel(models, monkeypatch):

@@ -32,8 +32,9 @@ def cases(tmp_path_factory) -> dict[str, dict]:
 
 def test_meshes_give_single_device_tokens(cases):
     tokens = {k: r for k, r in cases.items() if "setting" in r}
-    # 6 bf16 settings on 3 meshes, FP8 exact and Flash on 3, FP8 dual on 2 model meshes.
-    assert len(tokens) == 6 * 3 + 2 * 3 + 2, sorted(tokens)
+    # 7 bf16 settings (exact + DPad among them) on 3 meshes, FP8 exact and Flash on 3, FP8
+    # dual on 2 model meshes.
+    assert len(tokens) == 7 * 3 + 2 * 3 + 2, sorted(tokens)
     assert all(r["same"] for r in tokens.values()), [r for r in tokens.values() if not r["same"]]
     for setting in ("fp8_ffn_exact", "fp8_ffn_dual"):  # the FP8 FFN split 2 ways
         assert {f"{setting}/model2", f"{setting}/data2_model2"} <= set(tokens)
