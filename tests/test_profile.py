@@ -65,16 +65,18 @@ def test_device_chained_reads_the_programs_kernels():
 
 def test_device_chained_arithmetic(monkeypatch):
     """Per call: the span from the first kernel's start to the last one's end (the gap
-    between kernels counts), and the kernels' summed time, each over the n chained calls."""
+    between kernels counts), the kernels' summed time and each name's launches, each over the
+    n chained calls."""
     import collections
 
     from benchmarks import common
     fake = common.Trace(wall=1.0, device=collections.Counter({"gemm": 3_000_000, "q": 1_000_000}),
                         spans=[(5_000_000, 7_000_000), (1_000_000, 3_000_000)],
-                        host=collections.Counter())
+                        host=collections.Counter(),
+                        count=collections.Counter({"gemm": 4, "Memset": 2}))
     monkeypatch.setattr(common, "trace", lambda run: fake)
     monkeypatch.setattr(common, "_chained", lambda fn, n: lambda *a: 0)
     t = common.device_chained(None, n=2)
-    # (7 - 1) ms / 2; 4 ms / 2; the 2 ms gap / 2; the GEMM's 3 ms / 2; 1 s / 2
+    # (7 - 1) ms / 2; 4 ms / 2; the 2 ms gap / 2; the GEMM's 3 ms / 2; 1 s / 2; launches / 2
     assert t == {"n": 2, "wall_ms": 500.0, "span_ms": 3.0, "kernels_ms": 2.0, "idle_ms": 1.0,
-                 "largest": ("gemm", 1.5)}
+                 "largest": ("gemm", 1.5), "launches": {"gemm": 2.0, "Memset": 1.0}}
