@@ -43,24 +43,30 @@ from lacache_jax.model import short_attention_implementation
 def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> tuple[float, float]:
     """(FLOPs, bytes) of one step, averaged over every block's steps, where the first step of
     each block is a full forward (over DPad's compact canvas with DPad) and later steps query
-    the rows `block_rows` gives. Bytes: weights + the KV cache read."""
+    the rows `block_rows` gives. FLOPs in bf16 terms: with the FP8 FFN those of layers >= 1
+    count half (Hopper's FP8 tensor cores run at twice the bf16 rate). Bytes: weights + the KV
+    cache read (prefix and dual; the exact cache holds layer 0's state only, its deeper layers
+    run in full as none's do)."""
     T = P + gen.gen_length
-    D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
-    proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
+    D, F, K, V, L = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size, cfg.n_layers
+    qkvo = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+    ffn_layers = 1 + (L - 1) / 2 if gen.fp8_ffn else L
 
     def flops(queries, keys):
         attn = 2 * keys * cfg.n_heads * K
-        return 2.0 * B * (queries * cfg.n_layers * (proj + attn) + gen.block_length * D * V)
+        return 2.0 * B * (queries * (L * (qkvo + attn) + ffn_layers * 3 * D * F)
+                          + gen.block_length * D * V)
 
     spb = gen.steps_per_block
+    kv_cache = gen.cache in ("prefix", "dual")
     per_block = []
     for first, later in block_rows(gen, P):
-        keys = first if gen.cache == "none" else T  # caches keep the whole canvas's columns
+        keys = T if kv_cache else first  # a KV cache keeps the whole canvas's columns
         per_block.append((flops(first, first) + (spb - 1) * flops(later, keys)) / spb)
-    kv_bytes = 0 if gen.cache == "none" else 2 * cfg.n_layers * B * T * cfg.n_kv_heads * K * 2
+    kv_bytes = 2 * L * B * T * cfg.n_kv_heads * K * 2 if kv_cache else 0
     weight_bytes = 2.0 * cfg.n_params
     if gen.fp8_ffn:  # FFN weights of layers >= 1 are read as FP8 (1 byte) instead of bf16
-        weight_bytes -= (cfg.n_layers - 1) * 3 * D * F
+        weight_bytes -= (L - 1) * 3 * D * F
     return float(np.mean(per_block)), weight_bytes + kv_bytes
 
 

@@ -137,6 +137,25 @@ def test_block_rows():
     assert cache.block_rows(ex, 512) == [(w, w) for w in widths]
 
 
+def test_step_cost_counts_what_each_mode_computes():
+    """The benchmark's floor (LLaDA-8B, prompt 512, gen 256, block 32): the exact cache costs
+    what none does (its deeper layers run in full, no KV cache of theirs is read); the dual
+    cache reads its K/V; the FP8 FFN's FLOPs of layers >= 1 count half (FP8's tensor-core rate
+    is twice bf16's) and its weights one byte each."""
+    from benchmarks.generate import step_cost
+    cfg = lj.llada_8b()
+    gen = lj.GenerationConfig(gen_length=256, block_length=32, steps=256)
+    cost = lambda **kw: step_cost(cfg, dataclasses.replace(gen, **kw), 1, 512)  # noqa: E731
+    none, exact = cost(), cost(cache="exact")
+    assert exact == none
+    kv = 2 * cfg.n_layers * 768 * cfg.n_kv_heads * cfg.head_dim * 2
+    assert cost(cache="dual")[1] == none[1] + kv
+    ffn = 3 * cfg.d_model * cfg.d_ff * (cfg.n_layers - 1)
+    fp8 = cost(fp8_ffn=True)
+    assert fp8[0] == pytest.approx(none[0] - 2 * 768 * ffn / 2)  # 768 rows a step
+    assert fp8[1] == none[1] - ffn
+
+
 def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys):
     """`python -m benchmarks.generate --tiny --dpad both` measures each configuration without
     and with DPad and reports the rows its forwards compute per block."""
