@@ -67,6 +67,8 @@ CASES = {  # cache, dpad -> the query rows of every forward (old code: T and T -
     "prefix": (dict(cache="prefix"), {T} | {T - s for s in STARTS}),
     "none_dpad": (dict(dpad=UNIFORM), _widths(UNIFORM)),
     "dual_dpad": (dict(cache="dual", dpad=UNIFORM), _widths(UNIFORM) | {BL}),
+    # exact's deeper layers: every forward of a block on its compact canvas
+    "exact_dpad": (dict(cache="exact", dpad=UNIFORM), _widths(UNIFORM)),
 }  # prefix with DPad: test_gaussian_overflow_... below
 
 
@@ -98,6 +100,23 @@ def test_gaussian_overflow_runs_the_masked_canvas_with_the_same_tokens(params, m
     # The last block keeps no suffix (nothing to overflow): its later steps query the block,
     # which is [s, T) there too.
     assert ran_masked == {T} | {T - s for s in STARTS}
+    np.testing.assert_array_equal(compact, masked)
+    np.testing.assert_array_equal(nfe, nfe_masked)
+
+
+def test_exact_gaussian_overflow_runs_the_masked_canvas_with_the_same_tokens(params,
+                                                                            monkeypatch):
+    """The exact cache's fallback (first forward and later steps, one condition each): with
+    every block overflowing, all its forwards run the masked whole canvas, with the compact
+    run's tokens (under CFG, ragged prompts)."""
+    dpad = lj.DPadConfig(window=10)
+    kw = dict(cache="exact", dpad=dpad, cfg_scale=1.0)
+    compact, nfe, _, ran_compact = _generate(params, monkeypatch, **kw)
+    slots = [sampling.dpad_capacity(dpad, T - s - BL) for s in STARTS]
+    assert ran_compact == {s + BL + n for s, n in zip(STARTS, slots)}
+    monkeypatch.setattr(sampling, "DPAD_TAIL", 1.0)
+    masked, nfe_masked, _, ran_masked = _generate(params, monkeypatch, **kw)
+    assert ran_masked == {T}
     np.testing.assert_array_equal(compact, masked)
     np.testing.assert_array_equal(nfe, nfe_masked)
 
