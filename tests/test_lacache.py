@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from lacache_jax import sar
+from lacache_jax import sampling, sar
 from kernels import cached_attention as ca
 from lacache_jax.model import block, finish_block, qkv, rms_norm, rope_tables
 from tests.conftest import GEN_CFG as CFG
@@ -155,12 +155,16 @@ def test_layer0_cached_path_equals_recompute(models, impl):
     assert rel_err(cached, recomputed) <= 1e-6
 
 
-def test_exact_step_logits_equal_a_full_forward(models):
+@pytest.mark.parametrize("dpad", [None, lj.DPadConfig(strategy="uniform", window=10, keep=4)],
+                         ids=["whole_canvas", "dpad_compact"])
+def test_exact_step_logits_equal_a_full_forward(models, dpad):
     """The policy's later-step logits (layer 0 from the cache, FACache reuse) against the public
     full forward of the changed canvas, on a ragged batch at the second block. Token equality
-    alone missed a 1% error in the cached normaliser in 7 of 8 cases; logits do not."""
+    alone missed a 1% error in the cached normaliser in 7 of 8 cases; logits do not. With
+    DPad the policy runs the block's compact canvas, the reference the whole canvas with the
+    dropped columns masked."""
     params, _ = models
-    gen = _gen(cache="exact").resolve(CFG)
+    gen = _gen(cache="exact", dpad=dpad).resolve(CFG)
     P, BL = max(map(len, RAGGED)), gen.block_length
     T = P + gen.gen_length
     rng = np.random.default_rng(1)
@@ -174,6 +178,10 @@ def test_exact_step_logits_equal_a_full_forward(models):
     new[:, s:s + 5] = rng.integers(0, 300, (len(RAGGED), 5))  # a step reveals 5 tokens
     loop = sar.make_loop(params, CFG, gen, jnp.asarray(pad), T)
     keep = loop.canvas.valid_BT
+    if dpad is not None:
+        keys = jax.random.split(jax.random.key(2), len(RAGGED))
+        keep &= sampling.dpad_keep(dpad, sampling.dpad_block_keys(keys, 1), s + BL, T)
+        assert loop.ctx.compact is not None and not bool(keep[:, s + BL:].all())
 
     @jax.jit
     def first_then_step(x_old, x_new):
