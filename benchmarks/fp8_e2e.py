@@ -8,10 +8,11 @@ weights, so a short device call covers the goal's comparisons in the same run.
 
 Each run is B:prompt:cache:decoding[:fp8[:steps[:dpad]]], timed without and with the FP8 FFN
 (`--fp8 both`; a run's own fp8 field, 0, 1 or both, overrides it; its steps field, `--steps`,
-empty for the default; dpad `dpad`: DPad's default suffix dropout). `--steps` below the answer length times
-fewer steps (several tokens each): a full-canvas step (none, exact) costs the same at any
-count, so large batches fit a short device call; the exact cache's block-start fills are then
-a larger share of its steps (1 in steps / blocks instead of 1 in 32), which biases against it.
+empty for the default; dpad `dpad`: DPad's default suffix dropout). `--steps` below the
+answer length times fewer steps (several tokens each): a full-canvas step (none, exact) costs
+the same at any count, so large batches fit a short device call; the exact cache's
+block-start fills are then a larger share of its steps (1 in steps / blocks instead of 1 in
+32), which biases against it.
 Default: batch 1 at prompt 512 and 1024, none and exact (goal: exact + FP8 >= 1.3x none), and
 threshold + dual at batch 1 and 8, prompt 512 (goal: with FP8 >= 1.2x without). `--tiny`: the
 tiny fp32 model instead (a CPU check of the script, as in `benchmarks/generate.py`).

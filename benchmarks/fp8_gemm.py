@@ -245,8 +245,8 @@ def cublaslt_split(spec: str, top: int, rounds: int, rows: list) -> None:
     the `top` fastest that `lt.search` finds for the tail problem (M, N - N1, K) and the
     heuristic's, against one call; per kernel the median over `rounds` rounds of the chained
     wall time and, from one profiled run, the device's time per call (all kernels, the gaps
-    between them included: `span_ms`) and its launches by name (memsets included), whether the output has one call's bits, and its
-    relative L2 error against the exact product."""
+    between them included: `span_ms`) and its launches by name (memsets included), whether
+    the output has one call's bits, and its relative L2 error against the exact product."""
     for item in spec.split(","):
         shape, M, n1 = item.split(":")
         M, n1, (K, N) = int(M), int(n1), SHAPES[shape]

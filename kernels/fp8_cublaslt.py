@@ -85,9 +85,9 @@ TUNED: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
 # split after 176 column tiles (8 waves), the other 2048 columns in the heuristic's own 128 x
 # 128 configuration: kernel time 134.7 -> 126.0 us, device span 156.4 -> 140.4 (twenty-fourth
 # session; the other three tails timed 125.8-126.4 / 139.7-143.5, same bits). Batch 8's rows
-# fill 9+ waves: no split there. Sized for 132 SMs
-# (H200, H100 SXM); elsewhere it may cost time (each output element stays one call's sum over
-# all of K, to within the configuration's own summation order).
+# fill 9+ waves: no split there. Sized for 132 SMs (H200, H100 SXM); elsewhere it may cost
+# time (each output element stays one call's sum over all of K, to within the configuration's
+# own summation order).
 _DOWN_TAIL = (66, 18, 36, 9, 0, 1, 0, 2)
 SPLITS: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {
     (768, 4096, 12288): (2816, _DOWN_TAIL),    # 22 of 32 column tiles: one wave of 132
