@@ -108,11 +108,8 @@ class LaCache:
 
     def _map(self, fn, *others: "LaCache") -> "LaCache":
         """`fn(array, *the others' arrays, column axis)` on each array."""
-        def each(name, axis, of=lambda c: c):
-            return fn(getattr(of(self), name), *(getattr(of(o), name) for o in others), axis)
-        fa = lambda c: c.fa  # noqa: E731
-        return LaCache(each("x0", 1), each("q", 1), each("k", 1), each("v", 1),
-                       FAState(each("m", 2, fa), each("l", 2, fa), each("acc", 1, fa)))
+        axes = LaCache(1, 1, 1, 1, FAState(m=2, l=2, acc=1))
+        return jax.tree.map(fn, self, *others, axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,13 +258,10 @@ class PrefixCache(KVPolicy):
             return self._step_window(ctx, x_BT, keep_BT, s, cache)
         if plan is None:
             return self._step_from(ctx, x_BT, keep_BT, s, cache)
-        slots = plan.kept[(s - plan.P) // plan.block_len]
-        compact = lambda x, c: self._step_compact(ctx, x, keep_BT, s, c, slots)
-        if plan.bounded:
-            return compact(x_BT, cache)
-        return jax.lax.cond(plan.overflow(keep_BT, s, slots),
-                            lambda x, c: self._step_from(ctx, x, keep_BT, s, c),
-                            compact, x_BT, cache)
+        slots = plan.kept[plan.block(s)]
+        return plan.run_at(keep_BT, s,
+                           lambda x, c: self._step_compact(ctx, x, keep_BT, s, c, slots),
+                           lambda x, c: self._step_from(ctx, x, keep_BT, s, c), x_BT, cache)
 
     @staticmethod
     def rows(P: int, T: int, block_len: int, k: int, plan) -> tuple[int, int]:
@@ -444,12 +438,8 @@ class ExactCache:
                                           cache.columns(view.cols_BL.shape[1]))
                 return logits, cache.with_columns(part)
             return run
-        k = (s - plan.P) // plan.block_len  # s is static here (`static_later`)
-        if plan.bounded:
-            return on(k)(x_BT, cache)
-        # the canvas the block's first forward ran on (`CompactPlan.run`)
-        return jax.lax.cond(plan.overflow(keep_BT, s, plan.kept[k]), on(len(plan.kept) - 1),
-                            on(k), x_BT, cache)
+        # s is static here (`static_later`); the canvas the first forward ran on (`run`)
+        return plan.run_at(keep_BT, s, on(plan.block(s)), on(len(plan.kept) - 1), x_BT, cache)
 
     def _first(self, ctx: Ctx, cv: Canvas, x_BT, keep_BT, s):
         x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())

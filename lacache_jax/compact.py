@@ -89,6 +89,10 @@ class CompactPlan:
         """Columns of block k's compact canvas."""
         return self.P + (k + 1) * self.block_len + self.kept[k]
 
+    def block(self, s):
+        """The index of the block starting at column s (a Python int, or traced)."""
+        return (s - self.P) // self.block_len
+
     def overflow(self, keep_BT: jax.Array, s, slots) -> jax.Array:
         """Some row kept more suffix columns after the block at s than `slots` ([] traced)."""
         if self.bounded:
@@ -109,7 +113,16 @@ class CompactPlan:
         that block's program (`lax.switch` over the blocks), or in the last block's (the
         whole canvas, DPad's mask) when a row kept more than the block's slots."""
         nb = len(self.kept)
-        k = (s - self.P) // self.block_len
+        k = self.block(s)
         over = self.overflow(keep_BT, s, jnp.asarray(self.kept)[k])
         branches = [lambda j=j: fn(self.view(canvas, keep_BT, j)) for j in range(nb)]
         return jax.lax.switch(jnp.where(over, nb - 1, k), branches)
+
+    def run_at(self, keep_BT: jax.Array, s: int, compact: Callable, whole: Callable, *operands):
+        """For the block at the static start s (a later step's program): `compact(*operands)`,
+        or, as `run` chooses, `whole(*operands)` where a row kept more suffix columns than the
+        block's slots (never with a bound on what DPad keeps)."""
+        if self.bounded:
+            return compact(*operands)
+        return jax.lax.cond(self.overflow(keep_BT, s, self.kept[self.block(s)]), whole, compact,
+                            *operands)
