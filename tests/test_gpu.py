@@ -48,6 +48,19 @@ def test_bf16_forward_on_gpu_matches_fp32():
     assert rel_err(out, ref) <= 3e-2
 
 
+
+@pytest.mark.parametrize("case", ["whole_canvas", "dpad_compact"])
+def test_exact_step_on_gpu_kernels(models, case):
+    """exact's later-step logits through the GPU's FACache kernels (the Triton kernel in fp32,
+    fill at the block's first forward and reuse after; with DPad on the block's compact
+    canvas) against a full forward of the changed canvas."""
+    from tests.test_lacache import DPAD_CASES, exact_step_error
+    with jax.default_matmul_precision("highest"):
+        err = exact_step_error(models[0], DPAD_CASES[case])
+    # fp32 with HIGHEST dots: the kernel's own fp32 bound (test_facache_kernel_on_gpu, 1e-5)
+    # in layer 0; the CPU's 2e-6 assumes the reference's summation order everywhere else.
+    assert err <= 1e-5
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_facache_kernel_on_gpu(dtype):
     """The Triton-lowered kernel at LLaDA's head shape: fill vs dense, reuse bit-identical."""
