@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twenty-fourth session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-fifth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
-# checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
-# twenty-fourth session: 30 (XLA's command buffers: no lever, the traced "idle" was the
-# profiler's), 29 (the paper-style table), 22 (all 44 GPU tests at 6f5d600); in the
-# twenty-third: 27 (the column split won: tabled), 25, 26 at M 32, 28 (the split-keys block
-# attention: default); in the twenty-second: 25, 26 at M 768 and 1280, 23 with split K; in the
-# twenty-first: 23 without split-K; in the twentieth: 21 and 22; in the nineteenth: 21 at its
-# earlier form; in the eighteenth: 20 and stage 14's GPU test. Left, in priority order: 29
-# again (exact + DPad runs DPad's compact canvas since d957733: the table's DPad + LaCache
-# rows; that path's tokens are tested against none's on the CPU only, and the GPU suite has
-# no exact + DPad case: `python3 -m benchmarks.generate --batch 1 --prompt 512 --modes
-# none,exact --decoding fixed --fp8-ffn both --dpad both --iters 1` at least runs it), where
-# the full-canvas step's 125 memsets a step come from (`python3 -m benchmarks.fp8_gemm
-# --cublaslt-split down:768:2816,gate_up:768:22528 --top 1 --rounds 1`: launches by name per
-# call, since de7ba29), the four-shape end to end (`python3 -m benchmarks.fp8_e2e --iters 1
-# --runs "1:512:none:fixed:0,1:512:exact:fixed:1,1:1024:none:fixed:0,1:1024:exact:fixed:1,
+# checkout's stale HEAD), each a time-boxed stage list under 10 minutes. The twenty-fifth
+# session was lent no device. Done in the twenty-fourth: 30 (XLA's command buffers: no lever,
+# the traced "idle" was the profiler's), 29 (the paper-style table), 22 (all 44 GPU tests at
+# 6f5d600); in the twenty-third: 27 (the column split won: tabled), 25, 26 at M 32, 28 (the
+# split-keys block attention: default); in the twenty-second: 25, 26 at M 768 and 1280, 23
+# with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and 22; in the
+# nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test. Left, in
+# priority order: 31 (exact's step on the GPU kernels, whole and compact canvas: the GPU tests
+# added since 6f5d600; batch 8's full-canvas step kernel by kernel, the goal's 1.27x there has
+# never been traced; where the 125 memsets a full-canvas FP8 step come from: one per cuBLASLt
+# call is the suspicion, 4 calls a layer), 29 again (exact + DPad runs DPad's compact canvas
+# since d957733: the table's DPad + LaCache rows; `python3 -m benchmarks.generate --batch 1
+# --prompt 512 --modes none,exact --decoding fixed --fp8-ffn both --dpad both --iters 1` at
+# least runs it), the four-shape end to end (`python3 -m benchmarks.fp8_e2e --iters 1 --runs
+# "1:512:none:fixed:0,1:512:exact:fixed:1,1:1024:none:fixed:0,1:1024:exact:fixed:1,
 # 8:512:none:fixed:0:64,8:512:exact:fixed:1:64,8:1024:none:fixed:0:64,8:1024:exact:fixed:1:64"`),
-# 26 at M 6144 (batch 8's tiles), 24, 3, 5:
+# 26 at M 6144 (batch 8's tiles), 22 (PART=1, PART=2: 47 GPU tests now), 24, 3, 5:
+#  31  issue 23: exact's step on the GPU kernels (GPU test), batch 8's step kernel by kernel,
+#      the launches (memsets included) of one cuBLASLt split call
 #  30  issue 20: the dual step under XLA's command buffers: as is, off, widened
 #  29  issue 23: the paper-style table (fp8_e2e --paper), one run
 #  28  issue 20: the dual step's block attention by the split-keys kernel against cuDNN

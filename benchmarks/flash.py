@@ -93,9 +93,9 @@ def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
     return flops, 2.0 * cfg.n_params + B * (T + R) * kv_row
 
 
-def canvas(cfg, B: int, P: int, G: int):
+def canvas(cfg, B: int, P: int, n_gen: int):
     prompts = np.random.default_rng(B).integers(0, cfg.mask_id, (B, P))
-    x = np.concatenate([prompts, np.full((B, G), cfg.mask_id)], axis=1).astype(np.int32)
+    x = np.concatenate([prompts, np.full((B, n_gen), cfg.mask_id)], axis=1).astype(np.int32)
     return jnp.asarray(x), jnp.zeros((B,), jnp.int32), row_keys(jax.random.key(0), B)
 
 

@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None):
     if args.tiny:
         cfg = lj.tiny(**TINY)
         ceil, params = measure_ceilings(), lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
-        P, G, block = 16, 16, 8
+        P, n_gen, block = 16, 16, 8
     else:
         cfg, ceil, params = llada_8b_setup()
-        P, G, block = 512, 256, 32
-    gen = lj.GenerationConfig(gen_length=G, block_length=block, steps=G, cache="dual",
+        P, n_gen, block = 512, 256, 32
+    gen = lj.GenerationConfig(gen_length=n_gen, block_length=block, steps=n_gen, cache="dual",
                               threshold=0.9, stop_at_eos=False)
     tp = {"dual": gen, "dual+fp8": dataclasses.replace(gen, fp8_ffn=True),
           "exact": dataclasses.replace(gen, cache="exact", threshold=None)}

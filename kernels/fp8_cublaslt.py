@@ -58,7 +58,7 @@ import numpy as np
 
 from kernels import fp8_matmul as fm
 
-GROUP = 128
+GROUP = fm.GROUP
 SOURCE = Path(__file__).parent / "csrc" / "fp8_cublaslt.cc"
 TARGET = "lacache_fp8_gemm_cublaslt"
 HANDLER = "LacacheFp8GemmCublasLt"

@@ -23,7 +23,7 @@ import importlib
 import jax
 import jax.numpy as jnp
 
-GROUP = 128
+GROUP = 128  # the scheme's group width along K (REFERENCE.md §7); the FP8 kernels import it
 
 
 def _check(xq, x_scale, wq, w_scale):

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul as fm
 
-GROUP = 128
+GROUP = fm.GROUP
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,7 @@ from jax.experimental import pallas as pl
 from kernels import fp8_matmul as fm
 from kernels import hopper
 
-GROUP = 128
+GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
 PROBES = ("", "carry_acc")

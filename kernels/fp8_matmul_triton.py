@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul as fm
 
-GROUP = 128
+GROUP = fm.GROUP
 
 
 def k_splits(m_tiles: int, n_tiles: int, n_groups: int, programs: int = 264) -> int:

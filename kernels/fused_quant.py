@@ -35,11 +35,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels.fp8_matmul import scales_group_major
+from kernels.fp8_matmul import GROUP, scales_group_major
 
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
-GROUP = 128
 ROWS = 16  # the default row tile
 
 

@@ -8,9 +8,13 @@ One legend of short names, used the same way in every file. Array names end in t
   Q  the current block's columns (block_length)                  D  d_model
   H  query heads    G  key/value heads    K  head dim (k: K/2)    F  FFN hidden    V  vocab
   N  output columns of a matmul
+  R  Flash-dLLM's query rows of a step (window, look-ahead, tracked; flash.py)
+  C  Flash-Verify's candidates (window // 2 at most)
 
 Scalars: `P` the padded prompt length, `s` / `e` a block's first / past-the-end column, `i` the
-step within a block. `cfg` is a ModelConfig, `gen` a GenerationConfig; PartitionSpec is `PS`.
+step within a block; a count of things is `n_` or `n` + the thing (`ncand_B`: per row).
+`cfg` is a ModelConfig, `gen` a GenerationConfig; PartitionSpec is `PS`. `x0` is LLaDA's
+predicted tokens (`x0_BQ`), never the embedding output (`emb`).
 """
 
 from lacache_jax.checkpoint import CheckpointError, load, save

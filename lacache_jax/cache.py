@@ -65,9 +65,14 @@ class KVCache:
     k: list[jax.Array]  # n_layers x [M, T, G, K]
     v: list[jax.Array]  # n_layers x [M, T, G, K]
 
+    @staticmethod
+    def shape(cfg: ModelConfig, rows: int, T: int) -> tuple[int, ...]:
+        """One layer's K (or V): [M, T, G, K]."""
+        return (rows, T, cfg.n_kv_heads, cfg.head_dim)
+
     @classmethod
     def zeros(cls, cfg: ModelConfig, rows: int, T: int, dtype) -> "KVCache":
-        shape = (rows, T, cfg.n_kv_heads, cfg.head_dim)
+        shape = cls.shape(cfg, rows, T)
         layers = range(cfg.n_layers)
         return cls([jnp.zeros(shape, dtype) for _ in layers],
                    [jnp.zeros(shape, dtype) for _ in layers])
@@ -83,7 +88,7 @@ class LaCache:
     its attention's online-softmax state over the unchanged keys (FACache). Later steps
     recompute only the block's rows of each and overwrite them.
     """
-    x0: jax.Array       # [M, T, D] embedding outputs
+    emb: jax.Array      # [M, T, D] embedding outputs
     q: jax.Array        # [M, T, H, K]
     k: jax.Array        # [M, T, G, K]
     v: jax.Array        # [M, T, G, K]
@@ -97,14 +102,10 @@ class LaCache:
 
     def widened(self, T: int) -> "LaCache":
         """Zero columns appended up to T."""
-        def zeros(a, axis):
-            return jnp.zeros(a.shape[:axis] + (T,) + a.shape[axis + 1:], a.dtype)
-        return self._map(zeros).with_columns(self)
-
-    def with_columns(self, part: "LaCache") -> "LaCache":
-        """`part` (L columns) written over the first L columns, in place."""
-        return self._map(lambda a, p, axis: jax.lax.dynamic_update_slice_in_dim(
-            a, p.astype(a.dtype), 0, axis), part)
+        def widen(a, axis):
+            zeros = jnp.zeros(a.shape[:axis] + (T,) + a.shape[axis + 1:], a.dtype)
+            return jax.lax.dynamic_update_slice_in_dim(zeros, a, 0, axis)
+        return self._map(widen)
 
     def _map(self, fn, *others: "LaCache") -> "LaCache":
         """`fn(array, *the others' arrays, column axis)` on each array."""
@@ -127,13 +128,19 @@ class Ctx:
         return cls(params, cfg, Canvas.build(pad_B, T, cfg, gen),
                    CompactPlan.build(gen, T - gen.gen_length))
 
+    def compact_at(self, s) -> CompactPlan | None:
+        """The compact plan where a forward at block start s runs DPad's compact canvas: one
+        start for the batch; per-row starts (slot refill, s [B]) run the masked whole canvas."""
+        return None if jnp.ndim(s) == 1 else self.compact
+
 
 def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
     """All rows through all layers; returns the block's logits and every layer's K/V (None
     without `kv`). With DPad and one block start, only the compact canvas's columns run
     (compact.py); their K/V are written back at their canvas columns, the rest left zero
     (those keys are masked)."""
-    if ctx.compact is None or jnp.ndim(s) == 1:
+    plan = ctx.compact_at(s)
+    if plan is None:
         return _forward(ctx, ctx.canvas, x_BT, keep_BT, s, kv)
 
     def on_view(view: View):
@@ -142,7 +149,7 @@ def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
             zero = lambda a: jnp.zeros(_kv_shape(ctx), a.dtype)
             c = KVCache([view.put(zero(k), k) for k in c.k], [view.put(zero(v), v) for v in c.v])
         return logits, c
-    return ctx.compact.run(ctx.canvas, keep_BT, s, on_view)
+    return plan.run(ctx.canvas, keep_BT, s, on_view)
 
 
 def _forward(ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, kv: bool):
@@ -158,8 +165,7 @@ def _width(T: int, k: int, plan: CompactPlan | None) -> int:
 
 
 def _kv_shape(ctx: Ctx):
-    cv, cfg = ctx.canvas, ctx.cfg
-    return (*cv.pos_MT.shape, cfg.n_kv_heads, cfg.head_dim)
+    return KVCache.shape(ctx.cfg, *ctx.canvas.pos_MT.shape)
 
 
 # How the dual cache's later steps project, rotate and write the block's K/V: XLA's ops
@@ -173,10 +179,11 @@ def _kv_shape(ctx: Ctx):
 dual_update = Forced("dual_update", ("xla", "fused"))
 
 
-def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write, cols_MQ=None):
-    """Query rows (model-row token ids `rows_MQ` at RoPE `cos`/`sin`) through every layer,
+def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, cols_ML=None):
+    """Query rows (model-row token ids `tok_ML`: the block's for dual, the block and what
+    follows for prefix, the compact canvas with DPad; at RoPE `cos`/`sin`) through every layer,
     attending to the canvas-layout cache into which `write(c, new)` puts each layer's new
-    K/V. `cols_MQ`: the cache columns `write` puts the rows at, given where the fused
+    K/V. `cols_ML`: the cache columns `write` puts the rows at, given where the fused
     cache-update kernel may do the writing (`dual_update`). Returns (hidden, the written
     cache)."""
     def kv_fn(i):
@@ -190,15 +197,15 @@ def query_layers(ctx: Ctx, rows_MQ, cos, sin, keep_BT, cache: KVCache, write, co
 
         def project_and_write(h):
             with jax.named_scope("cache_update"):
-                return flash_cache(h, layer.w_qkv, cos, sin, cols_MQ, cache.k[i], cache.v[i],
+                return flash_cache(h, layer.w_qkv, cos, sin, cols_ML, cache.k[i], cache.v[i],
                                    n_heads=ctx.cfg.n_heads, tp=layer.tp)
         return project_and_write
 
     layers = range(ctx.cfg.n_layers)
-    fused = (cols_MQ is not None and dual_update.choice("xla") == "fused"
-             and flash_cache_chosen(*rows_MQ.shape, ctx.params.layers[0].tp,
+    fused = (cols_ML is not None and dual_update.choice("xla") == "fused"
+             and flash_cache_chosen(*tok_ML.shape, ctx.params.layers[0].tp,
                                     ctx.cfg.head_dim) == "pallas")
-    h, ks, vs = run_blocks(ctx.params.embed[rows_MQ], ctx.params.layers, ctx.cfg, cos, sin,
+    h, ks, vs = run_blocks(ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
                            ctx.canvas.dup(keep_BT), [kv_fn(i) for i in layers],
                            [fused_fn(i) for i in layers] if fused else None)
     return h, KVCache(ks, vs)
@@ -379,8 +386,8 @@ class ExactCache:
     outside the block are filled at its first forward and reused, so later forwards compute
     layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none.
     With DPad (one block start) every forward of a block runs on its compact canvas, as none's
-    do, the state held at its columns (`LaCache.columns`); the later steps then run in a
-    program per block (`static_later`), where the compact width is static."""
+    do, the state held in the first L columns of canvas-wide arrays (`LaCache.widened`); the
+    later steps then run in a program per block (`static_later`), where L is static."""
     later_is_first = False
 
     def static_later(self, ctx: Ctx) -> bool:
@@ -403,60 +410,68 @@ class ExactCache:
     @staticmethod
     def _layer0_qkv(ctx: Ctx, tok, cos, sin):
         layer0 = ctx.params.layers[0]
-        x0 = ctx.params.embed[tok]
-        return (x0, *qkv(rms_norm(x0, layer0.attn_norm, ctx.cfg.norm_eps), layer0, ctx.cfg,
+        emb = ctx.params.embed[tok]
+        return (emb, *qkv(rms_norm(emb, layer0.attn_norm, ctx.cfg.norm_eps), layer0, ctx.cfg,
                          cos, sin))
 
     @staticmethod
-    def _rest(ctx: Ctx, cv: Canvas, x0, attn, keep_BT, s):
+    def _rest(ctx: Ctx, cv: Canvas, emb, attn, keep_BT, s):
         """Layer 0 after its attention, then the deeper layers as usual."""
         params = ctx.params
         cos, sin = cv.rope()
-        h, _, _ = run_blocks(finish_block(x0, attn, params.layers[0], ctx.cfg),
+        h, _, _ = run_blocks(finish_block(emb, attn, params.layers[0], ctx.cfg),
                              params.layers[1:], ctx.cfg, cos, sin, cv.dup(keep_BT))
         return cv.logits(params, ctx.cfg, cv.cut(h, s))
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
-        if ctx.compact is None or jnp.ndim(s) == 1:
+        plan = ctx.compact_at(s)
+        if plan is None:
             return self._first(ctx, ctx.canvas, x_BT, keep_BT, s)
         T = ctx.canvas.pos_MT.shape[1]
 
         def on_view(view: View):
             logits, cache = self._first(ctx, view.canvas, view.take(x_BT), view.keep_BL, s)
             return logits, cache.widened(T)
-        return ctx.compact.run(ctx.canvas, keep_BT, s, on_view)
+        return plan.run(ctx.canvas, keep_BT, s, on_view)
 
     def step(self, ctx: Ctx, x_BT, keep_BT, s, cache, i):
-        plan = ctx.compact
-        if plan is None or jnp.ndim(s) == 1:
+        plan = ctx.compact_at(s)
+        if plan is None:
             return self._step(ctx, ctx.canvas, x_BT, keep_BT, s, cache)
+        # s is a Python int here (`static_later`). The state holds the columns of the canvas
+        # the block's first forward ran on, so a later step must choose as `plan.run` chose:
+        # the block's compact canvas, or the last block's (the whole canvas) on overflow.
+        return plan.run_at(keep_BT, s, self._step_on(ctx, keep_BT, s, plan.block(s)),
+                           self._step_on(ctx, keep_BT, s, len(plan.kept) - 1), x_BT, cache)
 
-        def on(j: int):  # block j's compact canvas (the last block's: the whole canvas)
-            def run(x_BT, cache):
-                view = plan.view(ctx.canvas, keep_BT, j)
-                logits, part = self._step(ctx, view.canvas, view.take(x_BT), view.keep_BL, s,
-                                          cache.columns(view.cols_BL.shape[1]))
-                return logits, cache.with_columns(part)
-            return run
-        # s is static here (`static_later`); the canvas the first forward ran on (`run`)
-        return plan.run_at(keep_BT, s, on(plan.block(s)), on(len(plan.kept) - 1), x_BT, cache)
+    def _step_on(self, ctx: Ctx, keep_BT, s: int, k: int):
+        """A later step on block k's compact canvas, as a function of (tokens, cache)."""
+        def on_block(x_BT, cache):
+            view = ctx.compact.view(ctx.canvas, keep_BT, k)
+            return self._step(ctx, view.canvas, view.take(x_BT), view.keep_BL, s, cache)
+        return on_block
 
     def _first(self, ctx: Ctx, cv: Canvas, x_BT, keep_BT, s):
-        x0, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
+        emb, q, k, v = self._layer0_qkv(ctx, cv.model_rows(x_BT), *cv.rope())
         s_M = cv.model_s(s)
         attn, fa = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, mode="fill",
                            block_len=cv.block_len)
-        return self._rest(ctx, cv, x0, attn, keep_BT, s), LaCache(x0, q, k, v, fa)
+        return self._rest(ctx, cv, emb, attn, keep_BT, s), LaCache(emb, q, k, v, fa)
 
     def _step(self, ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, cache):
+        """`cache` may be wider than `cv` (DPad: its state in the first L columns). The block
+        sits at columns [s, s + block_len) of both, so its fresh rows are written into the
+        canvas-wide state directly and only the first L columns are read."""
         fresh = self._layer0_qkv(ctx, cv.cut(cv.model_rows(x_BT), s), *cv.rope(s))
         with jax.named_scope("cache_update"):
-            x0, q, k, v = (cv.put(c, n, s)
-                           for c, n in zip((cache.x0, cache.q, cache.k, cache.v), fresh))
+            emb, q, k, v = (cv.put(c, n, s)
+                            for c, n in zip((cache.emb, cache.q, cache.k, cache.v), fresh))
+        cache = LaCache(emb, q, k, v, cache.fa)
+        here = cache.columns(cv.pos_MT.shape[1])
         s_M = cv.model_s(s)
-        attn = facache(q, k, v, cv.dup(keep_BT), s_M, s_M + cv.block_len, cache.fa,
-                       mode="reuse", block_len=cv.block_len)
-        return self._rest(ctx, cv, x0, attn, keep_BT, s), LaCache(x0, q, k, v, cache.fa)
+        attn = facache(here.q, here.k, here.v, cv.dup(keep_BT), s_M, s_M + cv.block_len,
+                       here.fa, mode="reuse", block_len=cv.block_len)
+        return self._rest(ctx, cv, here.emb, attn, keep_BT, s), cache
 
 
 # name -> policy for a GenerationConfig (`cache=`).

@@ -54,23 +54,24 @@ class Canvas:
                    gen.block_length, gen.mask_id, gen.cfg_scale)
 
     @property
-    def cfg(self) -> bool:
+    def guided(self) -> bool:
+        """Classifier-free guidance: each batch row runs as two model rows."""
         return self.cfg_scale > 0
 
     @property
     def rows_per_row(self) -> int:
         """Model rows per batch row: 2 under CFG."""
-        return 2 if self.cfg else 1
+        return 2 if self.guided else 1
 
     def model_rows(self, x_BT: jax.Array) -> jax.Array:
         """[B, T] tokens -> [M, T]: the unconditional copies mask the prompt."""
-        if not self.cfg:
+        if not self.guided:
             return x_BT
         return jnp.concatenate([x_BT, jnp.where(self.prompt_BT, self.mask_id, x_BT)])
 
     def dup(self, a_B: jax.Array) -> jax.Array:
         """A per-row array for the model rows (the copies share it)."""
-        return jnp.concatenate([a_B, a_B]) if self.cfg else a_B
+        return jnp.concatenate([a_B, a_B]) if self.guided else a_B
 
     def model_s(self, s):
         """A block start for the model rows: a scalar as is, a per-row start [B] -> [M]."""
@@ -122,7 +123,7 @@ class Canvas:
         """LM head on the block's rows only (logit truncation), fp32, CFG combined: [B, Q, V]."""
         with jax.named_scope("head"):
             logits = lm_head(params, cfg, h_MQD).astype(jnp.float32)
-            if self.cfg:
+            if self.guided:
                 B = logits.shape[0] // 2
                 cond, uncond = logits[:B], logits[B:]
                 logits = uncond + (self.cfg_scale + 1.0) * (cond - uncond)

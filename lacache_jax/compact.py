@@ -14,8 +14,11 @@ program with `lax.switch` (one program per block). A block where some row kept m
 whole canvas with DPad's dropped columns masked: what every block computed before compaction.
 
 Shapes: B rows, M model rows (2B under CFG), T canvas columns, L compact columns.
-Cache policies (cache.py) run their full forwards through `CompactPlan.run`; `View.put`
-writes compact K/V back at their canvas columns, so every cache keeps the canvas layout.
+Cache policies (cache.py) run their full forwards through `CompactPlan.run`. The K/V caches
+(prefix, dual) keep the canvas layout: `View.put` writes compact K/V back at their canvas
+columns. The exact cache keeps its layer-0 state in compact layout (the first L columns of
+canvas-wide arrays), so its later steps must run on the canvas its first forward chose:
+`CompactPlan.run_at` makes the same choice for a static block start.
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ class CompactPlan:
     block_len: int
     T: int
     kept: tuple[int, ...]   # suffix slots of block k's compact canvas
-    bounded: bool           # no block can keep more than its slots (uniform DPad, or slots
-                            # at the most gaussian can keep)
+    spills: tuple[bool, ...]  # block k's rows can keep more than its slots (gaussian DPad
+                              # whose slots are below the most it can keep there)
 
     @classmethod
     def build(cls, gen: GenerationConfig, P: int) -> "CompactPlan | None":
@@ -82,8 +85,8 @@ class CompactPlan:
         kept = tuple(sampling.dpad_capacity(gen.dpad, n) for n in n_suffix)
         if kept == tuple(n_suffix):
             return None
-        most = tuple(sampling.dpad_most_kept(gen.dpad, n) for n in n_suffix)
-        return cls(P, bl, T, kept, kept == most)
+        most = (sampling.dpad_most_kept(gen.dpad, n) for n in n_suffix)
+        return cls(P, bl, T, kept, tuple(k < m for k, m in zip(kept, most)))
 
     def width(self, k: int) -> int:
         """Columns of block k's compact canvas."""
@@ -95,7 +98,7 @@ class CompactPlan:
 
     def overflow(self, keep_BT: jax.Array, s, slots) -> jax.Array:
         """Some row kept more suffix columns after the block at s than `slots` ([] traced)."""
-        if self.bounded:
+        if not any(self.spills):
             return jnp.bool_(False)
         col = jnp.arange(self.T)
         return ((keep_BT & (col >= s + self.block_len)).sum(-1) > slots).any()
@@ -121,8 +124,8 @@ class CompactPlan:
     def run_at(self, keep_BT: jax.Array, s: int, compact: Callable, whole: Callable, *operands):
         """For the block at the static start s (a later step's program): `compact(*operands)`,
         or, as `run` chooses, `whole(*operands)` where a row kept more suffix columns than the
-        block's slots (never with a bound on what DPad keeps)."""
-        if self.bounded:
+        block's slots (never where the slots hold the most DPad can keep there)."""
+        k = self.block(s)
+        if not self.spills[k]:
             return compact(*operands)
-        return jax.lax.cond(self.overflow(keep_BT, s, self.kept[self.block(s)]), whole, compact,
-                            *operands)
+        return jax.lax.cond(self.overflow(keep_BT, s, self.kept[k]), whole, compact, *operands)

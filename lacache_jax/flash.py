@@ -284,15 +284,15 @@ def finish(gen: GenerationConfig, st: FlashState, d: Drafted, valid_BT,
 V_TRACKED, V_DRAFT, V_MASK, V_UNUSED = 0, 1, 2, 3
 
 
-def verify_slots(S_B, nT_B, R: int):
-    """Kind [B, R] and candidate index [B, R] of each verify slot: `nT` tracked rows, unused
-    rows up to R - 2S, then the S draft-view and the S mask-view rows."""
+def verify_slots(ncand_B, ntrk_B, R: int):
+    """Kind [B, R] and candidate index [B, R] of each verify slot: `ntrk` tracked rows, unused
+    rows up to R - 2 ncand, then the ncand draft-view and the ncand mask-view rows."""
     r = jnp.arange(R, dtype=jnp.int32)[None, :]
-    S, nT = S_B[:, None], nT_B[:, None]
-    first_draft = R - 2 * S
-    kind = jnp.where(r < nT, V_TRACKED, jnp.where(r < first_draft, V_UNUSED,
-                     jnp.where(r < R - S, V_DRAFT, V_MASK)))
-    idx = jnp.where(kind == V_DRAFT, r - first_draft, jnp.where(kind == V_MASK, r - R + S, -1))
+    n, ntrk = ncand_B[:, None], ntrk_B[:, None]
+    first_draft = R - 2 * n
+    kind = jnp.where(r < ntrk, V_TRACKED, jnp.where(r < first_draft, V_UNUSED,
+                     jnp.where(r < R - n, V_DRAFT, V_MASK)))
+    idx = jnp.where(kind == V_DRAFT, r - first_draft, jnp.where(kind == V_MASK, r - R + n, -1))
     return kind.astype(jnp.int32), idx.astype(jnp.int32)
 
 
@@ -317,31 +317,31 @@ def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: K
     params, cfg, cv = ctx.params, ctx.cfg, ctx.canvas
     B, T = st.x_BT.shape
     f = gen.flash
-    Sm, R = f.window // 2, 2 * f.window
+    C, R = f.window // 2, 2 * f.window
     b = jnp.arange(B)[:, None]
     col = jnp.arange(T, dtype=jnp.int32)[None, :]
-    S_B = jnp.where(d.active_B, jnp.clip(n_below_B, 0, Sm), 0).astype(jnp.int32)
-    slot = jnp.where((cand_W >= 0) & (cand_W < S_B[:, None]), cand_W, Sm)
-    cand_BS = jnp.full((B, Sm), T, jnp.int32).at[b, slot].set(wcols_BW, mode="drop")
-    draft_BS = jnp.full((B, Sm), gen.mask_id, jnp.int32).at[b, slot].set(x0_BW, mode="drop")
-    # Tracked: the last R - 2S entries of the `decoded` list (after the draft acceptance).
+    ncand_B = jnp.where(d.active_B, jnp.clip(n_below_B, 0, C), 0).astype(jnp.int32)
+    slot = jnp.where((cand_W >= 0) & (cand_W < ncand_B[:, None]), cand_W, C)
+    cand_BC = jnp.full((B, C), T, jnp.int32).at[b, slot].set(wcols_BW, mode="drop")
+    draft_BC = jnp.full((B, C), gen.mask_id, jnp.int32).at[b, slot].set(x0_BW, mode="drop")
+    # Tracked: the last R - 2 ncand entries of the `decoded` list (after the draft acceptance).
     n_dec = st.decoded_BT.sum(-1).astype(jnp.int32)
-    trk_BT = st.decoded_BT & (d.order_BT >= (n_dec - (R - 2 * S_B))[:, None])
-    nT_B = jnp.minimum(R - 2 * S_B, n_dec)
+    trk_BT = st.decoded_BT & (d.order_BT >= (n_dec - (R - 2 * ncand_B))[:, None])
+    ntrk_B = jnp.minimum(R - 2 * ncand_B, n_dec)
     trk_cols = jnp.argsort(jnp.where(trk_BT, col, T + col), axis=-1)[:, :R].astype(jnp.int32)
     # A canvas shorter than the R slots (T < 2 window): pad; slots past the T columns are never
-    # tracked (nT_B <= n_dec <= T).
+    # tracked (ntrk_B <= n_dec <= T).
     trk_cols = jnp.pad(trk_cols, [(0, 0), (0, R - trk_cols.shape[1])])
-    kind, idx = verify_slots(S_B, nT_B, R)
+    kind, idx = verify_slots(ncand_B, ntrk_B, R)
     is_cand = (kind == V_DRAFT) | (kind == V_MASK)
-    ci = jnp.clip(idx, 0, Sm - 1)
+    ci = jnp.clip(idx, 0, C - 1)
     cols = jnp.where(kind == V_TRACKED, trk_cols,
-                     jnp.where(is_cand, jnp.take_along_axis(cand_BS, ci, -1), 0))
+                     jnp.where(is_cand, jnp.take_along_axis(cand_BC, ci, -1), 0))
     cols = jnp.minimum(cols, T - 1)  # unused slots: any column, they are masked
     tok = jnp.where(kind == V_TRACKED, jnp.take_along_axis(st.x_BT, cols, -1),
-                    jnp.where(kind == V_DRAFT, jnp.take_along_axis(draft_BS, ci, -1),
+                    jnp.where(kind == V_DRAFT, jnp.take_along_axis(draft_BC, ci, -1),
                               gen.mask_id))
-    queried_BT = trk_BT | jnp.zeros((B, T), bool).at[b, cand_BS].set(True, mode="drop")
+    queried_BT = trk_BT | jnp.zeros((B, T), bool).at[b, cand_BC].set(True, mode="drop")
     # Keys: every other cached position, then the fresh rows under the two-view mask.
     mask_BRS = jnp.concatenate(
         [jnp.broadcast_to((cv.valid_BT & ~queried_BT)[:, None, :], (B, R, T)),
@@ -358,30 +358,30 @@ def verify(ctx: Ctx, gen: GenerationConfig, st: FlashState, d: Drafted, cache: K
                 mask=mask_BRS, scale=1.0 / math.sqrt(cfg.head_dim),
                 implementation=_attention_impl(q.dtype))
         x_BRD = finish_block(x_BRD, attn, layer, cfg)
-    # Mask-view rows are the last S <= window // 2 slots: the LM head runs on those only.
-    logits_BSV = cv.logits(params, cfg, x_BRD[:, R - Sm:])
-    i_S = jnp.arange(Sm, dtype=jnp.int32)[None, :]
-    row = jnp.clip(Sm - S_B[:, None] + i_S, 0, Sm - 1)
-    logits_BSV = jnp.take_along_axis(logits_BSV, row[..., None], axis=1)
-    z = sampling.confidence(logits_BSV, draft_BS, "low_confidence", None)
-    z = jnp.where(st.eos_seen_B[:, None] & (cand_BS >= st.pred_len_B[:, None]),
+    # Mask-view rows are the last ncand <= C = window // 2 slots: the LM head runs on those only.
+    logits_BCV = cv.logits(params, cfg, x_BRD[:, R - C:])
+    i_C = jnp.arange(C, dtype=jnp.int32)[None, :]
+    row = jnp.clip(C - ncand_B[:, None] + i_C, 0, C - 1)
+    logits_BCV = jnp.take_along_axis(logits_BCV, row[..., None], axis=1)
+    z = sampling.confidence(logits_BCV, draft_BC, "low_confidence", None)
+    z = jnp.where(st.eos_seen_B[:, None] & (cand_BC >= st.pred_len_B[:, None]),
                   sampling.LOG_ODDS_FLOOR, z)
     if f.accept == "cumprod":  # the product of p's as a sum of log p's
-        log_p = jnp.where(i_S < S_B[:, None], sampling.log_prob(z), -jnp.inf)
+        log_p = jnp.where(i_C < ncand_B[:, None], sampling.log_prob(z), -jnp.inf)
         ok = jnp.cumsum(log_p, axis=-1) >= (math.log(f.gamma) if f.gamma <= 1 else jnp.inf)
     else:
-        ok = (jnp.argmax(logits_BSV, axis=-1) == draft_BS) & sampling.at_least(z, f.gamma)
-    acc_S = jnp.cumprod(ok & (i_S < S_B[:, None]), axis=-1).astype(bool)  # leading run
-    acc_BT = jnp.zeros((B, T), bool).at[b, jnp.where(acc_S, cand_BS, T)].set(True, mode="drop")
-    x = st.x_BT.at[b, jnp.where(acc_S, cand_BS, T)].set(draft_BS, mode="drop")
+        ok = (jnp.argmax(logits_BCV, axis=-1) == draft_BC) & sampling.at_least(z, f.gamma)
+    acc_BC = jnp.cumprod(ok & (i_C < ncand_B[:, None]), axis=-1).astype(bool)  # leading run
+    acc_BT = jnp.zeros((B, T), bool).at[b, jnp.where(acc_BC, cand_BC, T)].set(True, mode="drop")
+    x = st.x_BT.at[b, jnp.where(acc_BC, cand_BC, T)].set(draft_BC, mode="drop")
     pred_len, eos_seen = note_eos(gen, st.pred_len_B, st.eos_seen_B,
-                                  acc_S & (draft_BS == gen.eos_id), cand_BS)
-    order = st.decoded_BT.sum(-1, keepdims=True).astype(jnp.int32) + i_S
-    order_BT = d.order_BT.at[b, jnp.where(acc_S, cand_BS, T)].set(order, mode="drop")
+                                  acc_BC & (draft_BC == gen.eos_id), cand_BC)
+    order = st.decoded_BT.sum(-1, keepdims=True).astype(jnp.int32) + i_C
+    order_BT = d.order_BT.at[b, jnp.where(acc_BC, cand_BC, T)].set(order, mode="drop")
     st = dataclasses.replace(st, x_BT=x, decoded_BT=st.decoded_BT | acc_BT, pred_len_B=pred_len,
                              eos_seen_B=eos_seen)
     return st, Drafted(order_BT, acc_BT, d.any_BT | acc_BT, d.active_B,
-                       d.revealed_B + acc_S.sum(-1))
+                       d.revealed_B + acc_BC.sum(-1))
 
 
 def step(ctx: Ctx, gen: GenerationConfig, budget: Budget, st: FlashState, keys_B,

@@ -32,7 +32,7 @@ from lacache_jax.sharding import DATA, shard_params, tracing_under
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class GenerateOutput:
-    tokens: jax.Array          # [B, P + G] canvas; prompts left-padded with pad_id
+    tokens: jax.Array          # [B, T] canvas (T = P + gen_length); prompts left-padded with pad_id
     prompt_lengths: jax.Array  # [B] real prompt tokens per row
     nfe: jax.Array             # [B] forward passes the row took part in (CFG counts two)
     steps: jax.Array           # [B] decoding steps the row took part in

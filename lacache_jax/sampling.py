@@ -3,7 +3,7 @@ the reference's float64 probabilities), the reveal rules (a name -> rule table: 
 threshold, factor), DPad's kept suffix. Pure functions over the
 current block's rows ([B, Q] with Q = block_length), except DPad's, which speak in canvas
 columns ([B, T]): the kept set, its static size bound (`dpad_capacity`) and the kept
-columns as gather indices (`dpad_columns`) for the compact canvas (sar.py)."""
+columns as gather indices (`dpad_columns`) for the compact canvas (compact.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from lacache_jax.config import DPadConfig
 
 _DPAD_STREAM = 1 << 20  # fold_in tag separating DPad draws from sampling draws
 # A row keeps more suffix positions than `dpad_capacity` with at most this probability per
-# block; the block then runs on the full masked canvas instead (sar.py), so the bound costs
+# block; the block then runs on the full masked canvas instead (compact.py), so the bound costs
 # speed when exceeded, never tokens.
 DPAD_TAIL = 1e-6
 
@@ -209,7 +209,7 @@ def dpad_capacity(dpad: DPadConfig, n_suffix: int, tail: float | None = None) ->
     sum of independent draws, so any count up to min(window, n_suffix) can occur; the bound is
     the count's (1 - tail) quantile (`DPAD_TAIL` by default) from its exact distribution (a
     convolution over the distances, float64). A block whose count exceeds it falls back to
-    the masked full canvas (sar.py): tokens never depend on the bound.
+    the masked full canvas (compact.py): tokens never depend on the bound.
     """
     n = dpad_most_kept(dpad, n_suffix)
     if dpad.strategy == "uniform":

@@ -14,11 +14,12 @@ and their remaining columns are filled with EOS.
 (slots.py) runs one block of rows that are at different blocks, each from its own column
 `s_B = P + k_B * block_length`, with its own block keys and DPad draw `fold_in(key, k_B)`.
 
-Static shapes: a policy whose later forwards shrink block by block (prefix: queries [s, T))
-gets each block's later steps in a program of their own, `lax.switch` over the blocks with s a
-Python int (`static_later`). The switch wraps the whole step loop, not each step, so the cache
-crosses a conditional once per block and is updated in place inside. DPad's compact canvas
-needs no switch here: the policies dispatch their full forwards per block (compact.py).
+Static shapes: a policy whose later forwards change shape block by block (prefix: queries
+[s, T); exact with DPad: block k's compact canvas) gets each block's later steps in a program
+of their own, `lax.switch` over the blocks with s a Python int (`static_later`). The switch
+wraps the whole step loop, not each step, so the cache crosses a conditional once per block
+and is updated in place inside. A block's first forward needs no switch here: the policies
+dispatch it per block themselves (compact.py).
 """
 
 from __future__ import annotations

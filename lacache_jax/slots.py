@@ -1,7 +1,10 @@
-"""Slot refill: any number N of prompts through S rows in flight (`generate(..., slots=S)`).
+"""Slot refill: any number N of prompts through B rows in flight (`generate(..., slots=B)`).
 
-Design: a device-resident queue. One jitted program (`_slot_run`) holds the S slots (batch
-rows) and a queue of up to Q = `queue_size(S)` prompts; its while loop runs one block of every
+Axes here (beside the package legend): B the slots (batch rows), U queued prompts (up to
+`queue_size(B)`), E rows that ended during one program call (at most U + B).
+
+Design: a device-resident queue. One jitted program (`_slot_run`) holds the B slots (batch
+rows) and a queue of up to U = `queue_size(B)` prompts; its while loop runs one block of every
 slot in flight (`sar.run_block` with one block index per row: each row's first forward and
 later steps, with the policies, reveal rules and step strategies of `generate`), ends the
 rows that stopped at EOS (`stop_at_eos`) or decoded their last block, writes their outputs
@@ -18,29 +21,29 @@ Why on the device: a host scheduler around a per-block program (this module unti
 pays one host round trip per block (inputs up, outputs down, the device idle in between): on
 the H200 about 4 ms a block, next to 2.3 ms of device work per block for the demo model (64
 slots, 4-token blocks), which made slot refill slower than static batches there
-(benchmarks/RESULTS.md). Here the host meets the device once per Q admitted prompts (the
+(benchmarks/RESULTS.md). Here the host meets the device once per U admitted prompts (the
 queue's refill, the finished rows' outputs and progress) and when the canvas narrows.
 
 Buckets. The canvas's prompt width P is a bucket of prompt lengths: the next power of two (at
 least `MIN_BUCKET`), at most `max_seq_len - gen_length`. One program is compiled per
-(ModelConfig, GenerationConfig, S, P), not per request or per N (S = `slot_count`: min(slots,
+(ModelConfig, GenerationConfig, B, P), not per request or per N (B = `slot_count`: min(slots,
 number of prompts), so a call with fewer prompts than slots computes no empty rows, except up
-to data - 1 of them where a mesh rounds S up). Prompts are admitted
+to data - 1 of them where a mesh rounds B up). Prompts are admitted
 longest first, so the width needed only shrinks: a call leaves its loop as soon as its rows in
 flight and its queue's rest fit the next smaller bucket, and the host narrows the canvas
 (rows in flight keep their tokens: only their left padding changes, which never shows: padded
 keys are masked, positions count from each row's first token).
 
 Several devices (`mesh`, one host: the host reads the slots back when the canvas narrows):
-the S slots split over the mesh's `data` axis (S rounded up to a multiple of it), the queue
+the B slots split over the mesh's `data` axis (B rounded up to a multiple of it), the queue
 replicated, the weights as `generate` places them. Admission stays
 global (a slot freed on any device takes the next queued prompt), so a row computes what it
 computes on one device; every device runs the same while loop, whose condition and admission
 XLA's partitioner turns into small collectives once per block.
 
 Memory. The cache lives inside the program: XLA's buffers, the size of the static batch's
-cache for S rows, allocated once per program. Per-row block writes into a cache are one
-scatter (`Canvas.put`). XLA's CPU memory analysis at LLaDA-8B shapes (S = 32, prompt 512, gen
+cache for B rows, allocated once per program. Per-row block writes into a cache are one
+scatter (`Canvas.put`). XLA's CPU memory analysis at LLaDA-8B shapes (B = 32, prompt 512, gen
 256, dual cache) gave the per-block program of 2026-12-01 69.2 GiB against the static
 program's 63.9 GiB (its buffer assignment gives these scatters copies); the GPU compiler gave
 both 29,700.8 MiB (`python -m benchmarks.serve memory`, RESULTS.md).
@@ -81,9 +84,9 @@ def narrower(P: int) -> int:
     return 0 if P <= MIN_BUCKET else 1 << ((P - 1).bit_length() - 1)
 
 
-def queue_size(S: int) -> int:
-    """Prompts one program call can admit (Q): the host meets the device once per Q."""
-    return 4 * S
+def queue_size(B: int) -> int:
+    """Prompts one program call can admit (U): the host meets the device once per U."""
+    return 4 * B
 
 
 @dataclasses.dataclass
@@ -98,43 +101,43 @@ class Outputs:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class SlotState:
-    """The S slots between blocks (device arrays; a free slot has `live_B` False)."""
-    x_BT: jax.Array        # [S, P + gen_length] canvas rows, prompts left-padded to P
-    pad_B: jax.Array       # [S] left padding
-    len_B: jax.Array       # [S] prompt length (0: free)
-    block_B: jax.Array     # [S] the row's next block
-    done_B: jax.Array      # [S] bool: stopped at EOS
-    live_B: jax.Array      # [S] bool: holds a prompt
-    nfe_B: jax.Array       # [S] counters as in sar.LoopState
+    """The B slots between blocks (device arrays; a free slot has `live_B` False)."""
+    x_BT: jax.Array        # [B, P + gen_length] canvas rows, prompts left-padded to P
+    pad_B: jax.Array       # [B] left padding
+    len_B: jax.Array       # [B] prompt length (0: free)
+    block_B: jax.Array     # [B] the row's next block
+    done_B: jax.Array      # [B] bool: stopped at EOS
+    live_B: jax.Array      # [B] bool: holds a prompt
+    nfe_B: jax.Array       # [B] counters as in sar.LoopState
     steps_B: jax.Array
     revealed_B: jax.Array
-    limit_B: jax.Array     # [S] blocks the row decodes at most
-    index_B: jax.Array     # [S] the prompt's place in the input
-    keydata_B: jax.Array   # [S, ...] the prompt's key data
+    limit_B: jax.Array     # [B] blocks the row decodes at most
+    index_B: jax.Array     # [B] the prompt's place in the input
+    keydata_B: jax.Array   # [B, ...] the prompt's key data
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Queue:
-    """Up to Q prompts in admission order, left-padded to the program's width P."""
-    prompt_QP: jax.Array   # [Q, P]
-    len_Q: jax.Array       # [Q]
-    limit_Q: jax.Array     # [Q]
-    index_Q: jax.Array     # [Q]
-    keydata_Q: jax.Array   # [Q, ...]
+    """Up to U prompts in admission order, left-padded to the program's width P."""
+    prompt_UP: jax.Array   # [U, P]
+    len_U: jax.Array       # [U]
+    limit_U: jax.Array     # [U]
+    index_U: jax.Array     # [U]
+    keydata_U: jax.Array   # [U, ...]
     n: jax.Array           # [] entries in use
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Finished:
-    """Rows that ended during one call, in the order they ended (R = Q + S: at most the rows
+    """Rows that ended during one call, in the order they ended (E = U + B: at most the rows
     in flight at its start and those it admits)."""
-    generated_RG: jax.Array  # [R, gen_length]
-    nfe_R: jax.Array
-    steps_R: jax.Array
-    revealed_R: jax.Array
-    index_R: jax.Array       # [R] the prompt's place in the input
+    generated_E: jax.Array   # [E, gen_length]
+    nfe_E: jax.Array
+    steps_E: jax.Array
+    revealed_E: jax.Array
+    index_E: jax.Array       # [E] the prompt's place in the input
     count: jax.Array         # [] rows used
 
 
@@ -147,8 +150,8 @@ def _where_rows(take_B, new, old):
 def slot_count(slots: int, n: int, mesh: jax.sharding.Mesh | None) -> int:
     """Rows the program holds: `slots`, at most the number of prompts, rounded up to a
     multiple of the mesh's data axis (each device holds as many)."""
-    S = min(int(slots), n)
-    return S if mesh is None else -(-S // mesh.shape[DATA]) * mesh.shape[DATA]
+    B = min(int(slots), n)
+    return B if mesh is None else -(-B // mesh.shape[DATA]) * mesh.shape[DATA]
 
 
 def _place(args: tuple, mesh: jax.sharding.Mesh | None) -> tuple:
@@ -175,22 +178,23 @@ def _slot_run(params: Params, cfg: ModelConfig, gen: GenerationConfig, impl, mes
 
 
 def _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill):
-    S, T = sl.x_BT.shape
-    G, Q = gen.gen_length, q.len_Q.shape[0]
-    P, R = T - G, Q + S
+    B, T = sl.x_BT.shape
+    n_gen, U = gen.gen_length, q.len_U.shape[0]
+    P, E = T - n_gen, U + B
 
     def admit(sl, nxt):
         free = ~sl.live_B
         j = nxt + jnp.cumsum(free) - 1
         take = free & (j < q.n) & (refill | free.all())
-        j = jnp.clip(j, 0, Q - 1)
-        zeros = jnp.zeros(S, jnp.int32)
+        j = jnp.clip(j, 0, U - 1)
+        zeros = jnp.zeros(B, jnp.int32)
+        masks = jnp.full((B, n_gen), gen.mask_id, jnp.int32)
         new = SlotState(
-            x_BT=jnp.concatenate([q.prompt_QP[j], jnp.full((S, G), gen.mask_id, jnp.int32)], 1),
-            pad_B=P - q.len_Q[j], len_B=q.len_Q[j], block_B=zeros,
-            done_B=jnp.zeros(S, bool), live_B=jnp.ones(S, bool), nfe_B=zeros, steps_B=zeros,
-            revealed_B=zeros, limit_B=q.limit_Q[j], index_B=q.index_Q[j],
-            keydata_B=q.keydata_Q[j])
+            x_BT=jnp.concatenate([q.prompt_UP[j], masks], 1),
+            pad_B=P - q.len_U[j], len_B=q.len_U[j], block_B=zeros,
+            done_B=jnp.zeros(B, bool), live_B=jnp.ones(B, bool), nfe_B=zeros, steps_B=zeros,
+            revealed_B=zeros, limit_B=q.limit_U[j], index_B=q.index_U[j],
+            keydata_B=q.keydata_U[j])
         return _where_rows(take, new, sl), nxt + take.sum(dtype=jnp.int32)
 
     def one_block(sl):
@@ -206,11 +210,11 @@ def _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill):
 
     def finish(sl, fin):
         ended = sl.live_B & (sl.done_B | (sl.block_B >= sl.limit_B))
-        at = jnp.where(ended, fin.count + jnp.cumsum(ended) - 1, R)  # R: dropped
+        at = jnp.where(ended, fin.count + jnp.cumsum(ended) - 1, E)  # E: dropped
         put = lambda buf, rows: buf.at[at].set(rows, mode="drop")
-        fin = Finished(put(fin.generated_RG, sl.x_BT[:, P:]), put(fin.nfe_R, sl.nfe_B),
-                       put(fin.steps_R, sl.steps_B), put(fin.revealed_R, sl.revealed_B),
-                       put(fin.index_R, sl.index_B), fin.count + ended.sum(dtype=jnp.int32))
+        fin = Finished(put(fin.generated_E, sl.x_BT[:, P:]), put(fin.nfe_E, sl.nfe_B),
+                       put(fin.steps_E, sl.steps_B), put(fin.revealed_E, sl.revealed_B),
+                       put(fin.index_E, sl.index_B), fin.count + ended.sum(dtype=jnp.int32))
         return dataclasses.replace(sl, live_B=sl.live_B & ~ended,
                                    len_B=jnp.where(ended, 0, sl.len_B)), fin
 
@@ -218,8 +222,8 @@ def _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill):
         return jnp.where(sl.live_B, sl.len_B, 0).max()
 
     def longest(sl, nxt):
-        rest = (jnp.arange(Q) >= nxt) & (jnp.arange(Q) < q.n)
-        return jnp.maximum(in_flight(sl), jnp.where(rest, q.len_Q, 0).max())
+        rest = (jnp.arange(U) >= nxt) & (jnp.arange(U) < q.n)
+        return jnp.maximum(in_flight(sl), jnp.where(rest, q.len_U, 0).max())
 
     def go_on(carry):
         sl, _, nxt = carry
@@ -231,9 +235,9 @@ def _slot_body(params, cfg, gen, impl, sl, q, narrow_to, drain, refill):
         sl, nxt = admit(sl, nxt)
         return sl, fin, nxt
 
-    zeros_R = jnp.zeros(R, jnp.int32)
-    fin = Finished(jnp.full((R, G), gen.mask_id, jnp.int32), zeros_R, zeros_R, zeros_R,
-                   jnp.full(R, -1, jnp.int32), jnp.int32(0))
+    zeros_E = jnp.zeros(E, jnp.int32)
+    fin = Finished(jnp.full((E, n_gen), gen.mask_id, jnp.int32), zeros_E, zeros_E, zeros_E,
+                   jnp.full(E, -1, jnp.int32), jnp.int32(0))
     sl, nxt = admit(sl, jnp.int32(0))
     sl, fin, nxt = jax.lax.while_loop(go_on, body, (sl, fin, nxt))
     return sl, fin, nxt, in_flight(sl), sl.live_B.sum(dtype=jnp.int32)
@@ -243,31 +247,31 @@ def _rewidth(sl: SlotState, shift: int, pad_id: int) -> SlotState:
     """The slots (on the host) at a prompt width `shift` columns wider (< 0: narrower): left
     padding added or cut, which rows in flight never see (their prompts fit the new width).
     Host numpy: widths change a few times a run, and a jitted version would compile per
-    (shift, S, P) inside the first timed run."""
+    (shift, B, P) inside the first timed run."""
     sl = jax.device_get(sl)
     x = (np.concatenate([np.full((len(sl.x_BT), shift), pad_id, np.int32), sl.x_BT], 1)
          if shift > 0 else sl.x_BT[:, -shift:])
     return dataclasses.replace(sl, x_BT=x, pad_B=np.maximum(sl.pad_B + shift, 0))
 
 
-def _empty(S: int, P: int, gen: GenerationConfig, cfg: ModelConfig,
+def _empty(B: int, P: int, gen: GenerationConfig, cfg: ModelConfig,
            keydata_1: np.ndarray) -> SlotState:
-    """S free slots at width P (one pad token each: a free row computes nothing it keeps)."""
-    x = np.full((S, P + gen.gen_length), gen.mask_id, np.int32)
+    """B free slots at width P (one pad token each: a free row computes nothing it keeps)."""
+    x = np.full((B, P + gen.gen_length), gen.mask_id, np.int32)
     x[:, :P] = cfg.pad_id
-    z = np.zeros(S, np.int32)
-    return SlotState(x, np.full(S, P - 1, np.int32), z, z, np.zeros(S, bool), np.zeros(S, bool),
-                     z, z, z, z, z, keydata_1.repeat(S, 0))
+    z = np.zeros(B, np.int32)
+    return SlotState(x, np.full(B, P - 1, np.int32), z, z, np.zeros(B, bool), np.zeros(B, bool),
+                     z, z, z, z, z, keydata_1.repeat(B, 0))
 
 
-def _queue(prompts: list[np.ndarray], take: np.ndarray, P: int, Q: int, pad_id: int,
+def _queue(prompts: list[np.ndarray], take: np.ndarray, P: int, U: int, pad_id: int,
            limits: np.ndarray, keydata: np.ndarray) -> Queue:
-    """Prompts `take` (indices into `prompts`, at most Q) left-padded to P; unused entries
+    """Prompts `take` (indices into `prompts`, at most U) left-padded to P; unused entries
     repeat the last one (never admitted: `n`)."""
-    rows = np.full((Q, P), pad_id, np.int32)
+    rows = np.full((U, P), pad_id, np.int32)
     for e, i in enumerate(take):
         rows[e, P - len(prompts[i]):] = prompts[i]
-    idx = np.concatenate([take, np.full(Q - len(take), take[-1] if len(take) else 0)])
+    idx = np.concatenate([take, np.full(U - len(take), take[-1] if len(take) else 0)])
     idx = idx.astype(np.int32)
     lens = np.array([len(prompts[i]) for i in idx], np.int32)
     return Queue(rows, lens, limits[idx].astype(np.int32), idx, keydata[idx],
@@ -280,10 +284,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         block_limits: np.ndarray | None = None,
         mesh: jax.sharding.Mesh | None = None) -> Outputs:
     """Generate for every prompt (validated token arrays; `keys` one per prompt) with at most
-    S = `slot_count(slots, ...)` rows in flight.
+    B = `slot_count(slots, ...)` rows in flight.
 
     `refill=False` admits prompts only when every slot is free, in input order: static batches
-    of S through the same program (a baseline for benchmarks). `programs` maps a width
+    of B through the same program (a baseline for benchmarks). `programs` maps a width
     to a compiled `_slot_run` (compile_programs). `progress(rows_done, len(prompts))` is
     called on the host after each program call that ended rows. `block_limits` (one per
     prompt; benchmarks only, e.g. from a drawn answer length) ends row i after that many
@@ -300,9 +304,9 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         from lacache_jax import flash_slots
         return flash_slots.run(params, cfg, gen, prompts, keys, slots, refill=refill,
                                programs=programs, progress=progress)
-    n, G = len(prompts), gen.gen_length
-    S = slot_count(slots, n, mesh)
-    Q, cap = queue_size(S), cfg.max_seq_len - G
+    n, n_gen = len(prompts), gen.gen_length
+    B = slot_count(slots, n, mesh)
+    U, cap = queue_size(B), cfg.max_seq_len - n_gen
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))
     # A row decodes one block at least (it ends after a block), whatever its limit says.
@@ -310,15 +314,15 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         block_limits, 1, gen.num_blocks)
     lens = np.array([len(r) for r in prompts])
     order = np.argsort(-lens, kind="stable") if refill else np.arange(n)
-    out = Outputs(np.zeros((n, G), np.int32), *np.zeros((3, n), np.int32))
+    out = Outputs(np.zeros((n, n_gen), np.int32), *np.zeros((3, n), np.int32))
     sl, P, pos, longest, live, finished = None, 0, 0, 0, 0, 0
     while pos < n or live:
-        take = order[pos:pos + Q]
+        take = order[pos:pos + U]
         width = bucket(max(longest, int(lens[take].max(initial=0))), cap)
-        sl = (_empty(S, width, gen, cfg, keydata[:1]) if sl is None
+        sl = (_empty(B, width, gen, cfg, keydata[:1]) if sl is None
               else sl if width == P else _rewidth(sl, width - P, cfg.pad_id))
         P = width
-        q = _queue(prompts, take, P, Q, cfg.pad_id, limits, keydata)
+        q = _queue(prompts, take, P, U, cfg.pad_id, limits, keydata)
         args = _place((sl, q, np.int32(narrower(P)), np.bool_(pos + len(take) == n),
                        np.bool_(refill)), mesh)
         if programs is not None and P in programs:
@@ -329,10 +333,10 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, prompts: list[n
         fin, nxt, longest, live = jax.device_get(res[1:])
         pos, longest, live = pos + int(nxt), int(longest), int(live)
         k = int(fin.count)
-        i = fin.index_R[:k]
-        out.generated[i] = fin.generated_RG[:k]
-        out.nfe[i], out.steps[i] = fin.nfe_R[:k], fin.steps_R[:k]
-        out.revealed[i] = fin.revealed_R[:k]
+        i = fin.index_E[:k]
+        out.generated[i] = fin.generated_E[:k]
+        out.nfe[i], out.steps[i] = fin.nfe_E[:k], fin.steps_E[:k]
+        out.revealed[i] = fin.revealed_E[:k]
         if k and progress is not None:
             finished += k
             progress(finished, n)
@@ -349,14 +353,14 @@ def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
             raise ValueError(FLASH_MESH_REFUSED)
         from lacache_jax import flash_slots
         return flash_slots.compile_programs(params, cfg, gen, prompts, keys, slots)
-    S = slot_count(slots, len(prompts), mesh)
+    B = slot_count(slots, len(prompts), mesh)
     cap = cfg.max_seq_len - gen.gen_length
     impl = jax.random.key_impl(keys)
     keydata = np.asarray(jax.random.key_data(keys))[:1]
     programs = {}
     for P in sorted({bucket(len(r), cap) for r in prompts}, reverse=True):
-        args = _place((_empty(S, P, gen, cfg, keydata),
-                       _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(S),
+        args = _place((_empty(B, P, gen, cfg, keydata),
+                       _queue([np.zeros(1, np.int32)], np.zeros(1, np.int64), P, queue_size(B),
                               cfg.pad_id, np.zeros(1), keydata), np.int32(0), np.bool_(True),
                        np.bool_(True)), mesh)
         programs[P] = _slot_run.lower(params, cfg, gen, impl, mesh, *args).compile()

@@ -135,7 +135,7 @@ def slots_cases(params, fp8_params) -> None:
     # f32 all-reduces of [rows, L, D] activations over the model axis: rows per device
     rows = sorted({int(r) for r in re.findall(r"= f32\[(\d+),\d+,%d\][^ ]* all-reduce"
                                                % CFG.d_model, hlo)})
-    emit(case="slots_program", slot_spec=str(sl.x_BT.spec), queue_spec=str(q.prompt_QP.spec),
+    emit(case="slots_program", slot_spec=str(sl.x_BT.spec), queue_spec=str(q.prompt_UP.spec),
          max_gather=max(gathers, default=0), activation_rows=rows)
 
 

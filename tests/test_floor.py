@@ -67,7 +67,7 @@ CASES = {  # cache, dpad -> the query rows of every forward (old code: T and T -
     "prefix": (dict(cache="prefix"), {T} | {T - s for s in STARTS}),
     "none_dpad": (dict(dpad=UNIFORM), _widths(UNIFORM)),
     "dual_dpad": (dict(cache="dual", dpad=UNIFORM), _widths(UNIFORM) | {BL}),
-    # exact's deeper layers: every forward of a block on its compact canvas
+    # exact: run_blocks takes layers >= 1 (none here), at every forward's compact width
     "exact_dpad": (dict(cache="exact", dpad=UNIFORM), _widths(UNIFORM)),
 }  # prefix with DPad: test_gaussian_overflow_... below
 

@@ -49,7 +49,7 @@ def test_bf16_forward_on_gpu_matches_fp32():
 
 
 
-@pytest.mark.parametrize("case", ["whole_canvas", "dpad_compact"])
+@pytest.mark.parametrize("case", ["whole_canvas", "dpad_compact", "dpad_gaussian"])
 def test_exact_step_on_gpu_kernels(models, case):
     """exact's later-step logits through the GPU's FACache kernels (the Triton kernel in fp32,
     fill at the block's first forward and reuse after; with DPad on the block's compact

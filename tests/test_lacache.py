@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
+from lacache_jax import cache as cache_mod
 from lacache_jax import sampling, sar
+from lacache_jax.compact import CompactPlan
 from kernels import cached_attention as ca
 from lacache_jax.model import block, finish_block, qkv, rms_norm, rope_tables
 from tests.conftest import GEN_CFG as CFG
@@ -83,28 +85,69 @@ def test_exact_runs_the_facache_kernel_in_fill_and_reuse(models, monkeypatch):
         jax.clear_caches()
 
 
-@pytest.mark.parametrize("strategy", ["gaussian", "uniform"])
-def test_exact_with_dpad_runs_on_the_compact_canvas(models, monkeypatch, strategy):
-    """With DPad the FACache attention of a block's first and later forwards sees fewer
-    columns than the canvas where DPad dropped some (guards the compact path against silently
-    falling back to the masked whole canvas, which gives the same tokens)."""
+@pytest.mark.parametrize("dpad", [lj.DPadConfig(window=10),
+                                  lj.DPadConfig(strategy="uniform", window=10, keep=4)],
+                         ids=["gaussian", "uniform"])
+def test_exact_with_dpad_runs_on_the_compact_canvas(models, monkeypatch, dpad):
+    """With DPad the FACache attention of every block's first and later forwards sees that
+    block's compact width (guards the compact path against silently falling back to the
+    masked whole canvas, which gives the same tokens, or a later step taking another block's
+    view)."""
     params, _ = models
-    widths = {"fill": set(), "reuse": set()}
+    widths = {"fill": [], "reuse": []}
     real = ca.cached_attention_ref
 
     def recorded(q, *args, mode, **kw):
-        widths[mode].add(q.shape[1])
+        widths[mode].append(q.shape[1])
         return real(q, *args, mode=mode, **kw)
     monkeypatch.setattr(ca, "cached_attention_ref", recorded)
-    dpad = lj.DPadConfig(strategy=strategy, window=10, keep=4)
     gen = _gen(cache="exact", steps=12, dpad=dpad)
-    T = max(map(len, RAGGED)) + gen.gen_length
+    plan = CompactPlan.build(gen.resolve(CFG), max(map(len, RAGGED)))
     jax.clear_caches()
     try:
         lj.generate(params, CFG, RAGGED, gen)
     finally:
         jax.clear_caches()
-    assert min(widths["fill"]) < T and min(widths["reuse"]) < T
+    # Traced once per block: the first forward's switch traces every block's branch, each
+    # block's later-step program its own view, and where a gaussian draw can spill over the
+    # block's slots also the fallback (the last block's view, the whole canvas).
+    want = [plan.width(k) for k in range(len(plan.kept))]
+    assert min(want) < plan.T and any(plan.spills) == (dpad.strategy == "gaussian")
+    assert sorted(widths["fill"]) == sorted(want)
+    assert sorted(widths["reuse"]) == sorted(want + [plan.T] * sum(plan.spills))
+
+
+def test_exact_follows_none_block_by_block_when_some_blocks_overflow(models, monkeypatch):
+    """A slot bound that the gaussian draws of blocks 0-2 exceed and those of blocks 3-4 do not
+    (DPAD_TAIL 0.3, blocks of 4, with these keys): exact's first and later forwards must run
+    the canvas none's run, forward by forward (the masked whole canvas, or the block's compact
+    one), with none's tokens."""
+    params, _ = models
+    monkeypatch.setattr(sampling, "DPAD_TAIL", 0.3)
+    widths = []
+    real = cache_mod.run_blocks
+
+    def recording(x_BLD, *args, **kw):
+        L = x_BLD.shape[1]
+        jax.debug.callback(lambda: widths.append(L))
+        return real(x_BLD, *args, **kw)
+    monkeypatch.setattr(cache_mod, "run_blocks", recording)
+    gen = dict(block_length=4, steps=24, dpad=lj.DPadConfig(window=10))
+    keys = jax.random.split(jax.random.key(5), len(RAGGED))
+    jax.clear_caches()
+    try:
+        none = lj.generate(params, CFG, RAGGED, _gen(**gen), key=keys)
+        ran_none = list(widths)
+        widths.clear()
+        exact = lj.generate(params, CFG, RAGGED, _gen(cache="exact", **gen), key=keys)
+    finally:
+        jax.clear_caches()
+    # One run_blocks call a forward in both (exact's: layers >= 1), four forwards a block.
+    T = max(map(len, RAGGED)) + _gen().gen_length
+    assert len(ran_none) == 24 and widths == ran_none
+    assert ran_none[:12] == [T] * 12 and max(ran_none[12:20]) < T  # blocks 0-2 spill, 3-4 not
+    np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
+    np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
 
 
 def test_exact_with_the_pallas_kernel(models, monkeypatch):
@@ -156,7 +199,8 @@ def test_layer0_cached_path_equals_recompute(models, impl):
 
 
 DPAD_CASES = {"whole_canvas": None,
-              "dpad_compact": lj.DPadConfig(strategy="uniform", window=10, keep=4)}
+              "dpad_compact": lj.DPadConfig(strategy="uniform", window=10, keep=4),
+              "dpad_gaussian": lj.DPadConfig(window=10)}  # run_at's overflow cond traced
 
 
 @pytest.mark.parametrize("dpad", list(DPAD_CASES.values()), ids=list(DPAD_CASES))
