@@ -98,6 +98,8 @@ class LaCache:
     # in the first L columns of the canvas-wide arrays (one shape for the whole loop).
     def columns(self, L: int) -> "LaCache":
         """The first L columns."""
+        if L == self.q.shape[1]:
+            return self
         return self._map(lambda a, axis: jax.lax.slice_in_dim(a, 0, L, axis=axis))
 
     def widened(self, T: int) -> "LaCache":
