@@ -37,8 +37,8 @@ from tqdm.auto import tqdm
 
 from lacache_jax import sharding as sharding_lib
 from lacache_jax.config import ConfigError, ModelConfig
-from lacache_jax.model import Layer, Params, param_shapes
-from lacache_jax.quant import FP8, FP8FFN, GROUP
+from lacache_jax.model import Layer, Params, outer_shapes, param_shapes
+from lacache_jax.quant import FP8, FP8FFN, ffn8_shapes
 
 FORMAT = 1
 META_FILE = "lacache.json"
@@ -55,21 +55,15 @@ def group_names(cfg: ModelConfig) -> list[str]:
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     """Shapes of every array, by group name and array name."""
-    D, V = cfg.d_model, cfg.vocab_size
-    shapes = {"embed": {"embed": (V, D)}}
+    outer = outer_shapes(cfg)
+    shapes = {"embed": {"embed": outer.pop("embed")}}
     shapes.update({f"layer_{i:03d}": param_shapes(cfg) for i in range(cfg.n_layers)})
-    shapes["final"] = {"norm_f": (D,)} if cfg.tie_embeddings else {"norm_f": (D,), "head": (D, V)}
+    shapes["final"] = outer  # norm_f, and head unless tied
     return shapes
 
 
 def fp8_group_name(i: int) -> str:
     return f"fp8_layer_{i:03d}"
-
-
-def fp8_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    D, F = cfg.d_model, cfg.d_ff
-    return {"gate_up": (2 * F, D), "gate_up_scale": (2 * F // GROUP, D // GROUP),
-            "down": (D, F), "down_scale": (D // GROUP, F // GROUP)}
 
 
 def fp8_to_group(w: FP8FFN) -> dict[str, Any]:
@@ -257,7 +251,8 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
     groups = {}
     shapes = expected_shapes(config)
-    shapes.update({fp8_group_name(i): fp8_shapes(config) for i in fp8_layers})
+    shapes.update({fp8_group_name(i): ffn8_shapes(config.d_model, config.d_ff)
+                   for i in fp8_layers})
     # FP8 groups keep their stored types: codes as bytes, scales fp32; `dtype` is for the rest.
     fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
     dtype_of = lambda name, k: (fp8_dtypes.get(k, jnp.float32) if name.startswith("fp8_")

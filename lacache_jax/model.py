@@ -68,24 +68,27 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                 wo=(cfg.n_heads * K, D), ff_norm=(D,), w_gate_up=(D, 2 * F), w_down=(F, D))
 
 
+def outer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes of the weights outside the layers, by `Params` field name (no head when the
+    config ties it to the embedding)."""
+    D, V = cfg.d_model, cfg.vocab_size
+    return {"embed": (V, D), "norm_f": (D,), **({} if cfg.tie_embeddings else {"head": (D, V)})}
+
+
 def check_params(params: Params, cfg: ModelConfig) -> None:
     """Every weight's shape (and the float weights' common dtype) against the config, once,
     before anything is traced: a mismatch is a ValueError naming the leaf and both shapes."""
     D, V = cfg.d_model, cfg.vocab_size
     if len(params.layers) != cfg.n_layers:
         raise ValueError(f"params has {len(params.layers)} layers, config says {cfg.n_layers}")
-    want = {"embed": (V, D), "norm_f": (D,)}
-    if not cfg.tie_embeddings:
-        want["head"] = (D, V)
+    want = outer_shapes(cfg)
     got = {"embed": params.embed, "norm_f": params.norm_f, "head": params.head}
     for i, layer in enumerate(params.layers):
         for name, shape in param_shapes(cfg).items():
             want[f"layers[{i}].{name}"] = shape
             got[f"layers[{i}].{name}"] = getattr(layer, name)
         if layer.ffn8 is not None:
-            F2, F = 2 * cfg.d_ff, cfg.d_ff
-            for name, shape in dict(gate_up=(F2, D), gate_up_scale=(F2 // 128, D // 128),
-                                    down=(D, F), down_scale=(D // 128, F // 128)).items():
+            for name, shape in quant.ffn8_shapes(D, cfg.d_ff).items():
                 want[f"layers[{i}].ffn8.{name}"] = shape
                 got[f"layers[{i}].ffn8.{name}"] = getattr(layer.ffn8, name)
     dims = (f"d_model={D}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
@@ -127,12 +130,12 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.bfloat16,
         return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
     k_embed, k_head, *k_layers = jax.random.split(key, cfg.n_layers + 2)
-    D, V = cfg.d_model, cfg.vocab_size
+    outer = outer_shapes(cfg)
     return Params(
-        embed=jax.jit(normal, static_argnums=1)(k_embed, (V, D)),
+        embed=jax.jit(normal, static_argnums=1)(k_embed, outer["embed"]),
         layers=[make_layer(k) for k in k_layers],
-        norm_f=jnp.ones((D,), dtype),
-        head=None if cfg.tie_embeddings else jax.jit(normal, static_argnums=1)(k_head, (D, V)),
+        norm_f=jnp.ones(outer["norm_f"], dtype),
+        head=jax.jit(normal, static_argnums=1)(k_head, outer["head"]) if "head" in outer else None,
     )
 
 

@@ -96,6 +96,13 @@ class FP8FFN:
     tp: int = dataclasses.field(default=1, metadata={"static": True})
 
 
+def ffn8_shapes(d_model: int, d_ff: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of one layer's `FP8FFN` arrays, by field name."""
+    D, F = d_model, d_ff
+    return {"gate_up": (2 * F, D), "gate_up_scale": (2 * F // GROUP, D // GROUP),
+            "down": (D, F), "down_scale": (D // GROUP, F // GROUP)}
+
+
 def check_fp8_ffn_dims(d_model: int, d_ff: int) -> None:
     """One weight scale per 128 x 128 block: both FFN widths must be multiples of it."""
     if d_model % GROUP or d_ff % GROUP:
