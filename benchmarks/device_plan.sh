@@ -73,10 +73,10 @@ case "${1:-1}" in
   # issue 23: the GPU test of exact's step on the compact canvas; batch 8's full-canvas step
   # kernel by kernel (gen 64: the trace's step is the same); the launches (memsets) of one
   # cuBLASLt split call
-  timeout -k 5 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
     "exact_step or column_split" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_exact_gpu.log" \
     | grep -v -i warn | tail -4
-  timeout -k 5 ${GEN_S:-230} python3 -m benchmarks.generate --batch 8 --prompt 512 --gen 64 \
+  timeout -k 5 ${GEN_S:-220} python3 -m benchmarks.generate --batch 8 --prompt 512 --gen 64 \
     --modes none,exact --decoding fixed --fp8-ffn both --iters 1 --trace --trace-top 40 2>&1 \
     | tee "$OUT/generate_trace_b8.log" | quiet | grep "^B=\|trace"
   timeout -k 5 ${SPLIT_S:-80} python3 -m benchmarks.fp8_gemm --cublaslt-split \

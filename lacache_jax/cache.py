@@ -183,11 +183,11 @@ dual_update = Forced("dual_update", ("xla", "fused"))
 
 def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, cols_ML=None):
     """Query rows (model-row token ids `tok_ML`: the block's for dual, the block and what
-    follows for prefix, the compact canvas with DPad; at RoPE `cos`/`sin`) through every layer,
-    attending to the canvas-layout cache into which `write(c, new)` puts each layer's new
-    K/V. `cols_ML`: the cache columns `write` puts the rows at, given where the fused
-    cache-update kernel may do the writing (`dual_update`). Returns (hidden, the written
-    cache)."""
+    follows for prefix, [P, T) for prefix under slot refill, the block and its kept suffix with
+    DPad; at RoPE `cos`/`sin`) through every layer, attending to the canvas-layout cache into
+    which `write(c, new)` puts each layer's new K/V. `cols_ML`: the cache columns `write`
+    puts the rows at, given where the fused cache-update kernel may do the writing
+    (`dual_update`). Returns (hidden, the written cache)."""
     def kv_fn(i):
         def put(c, new):
             with jax.named_scope("cache_update"):
@@ -447,7 +447,8 @@ class ExactCache:
                            self._step_on(ctx, keep_BT, s, len(plan.kept) - 1), x_BT, cache)
 
     def _step_on(self, ctx: Ctx, keep_BT, s: int, k: int):
-        """A later step on block k's compact canvas, as a function of (tokens, cache)."""
+        """A later step on block k's compact canvas, as a function of (tokens, cache); the
+        last block's (k = len(kept) - 1) is the whole canvas, DPad's overflow fallback."""
         def on_block(x_BT, cache):
             view = ctx.compact.view(ctx.canvas, keep_BT, k)
             return self._step(ctx, view.canvas, view.take(x_BT), view.keep_BL, s, cache)

@@ -1,14 +1,14 @@
 """Slot refill for Flash-dLLM decoding (`generate(..., gen=GenerationConfig(flash=...),
-slots=S)`): any number N of prompts through S rows in flight, a finished row's slot taking the
+slots=B)`): any number N of prompts through B rows in flight, a finished row's slot taking the
 next prompt, as the released code does (REFERENCE.md §8).
 
-Design: a host scheduler around three jitted programs over the S-slot state (flash.FlashState,
-its K/V cache included), each compiled once per (ModelConfig, GenerationConfig, S, P):
+Design: a host scheduler around three jitted programs over the B-slot state (flash.FlashState,
+its K/V cache included), each compiled once per (ModelConfig, GenerationConfig, B, P):
 
 - `_admit`: a new prompt's prefill (flash's step 1: every column a query) as a batch of one
   row, whose whole state row (canvas, decoded order, counters, every layer's cache row) is
-  written into its slot of the S-slot state, in place (donated).
-- `_until_finish`: later steps of all S slots in one `lax.while_loop`, until a row finishes
+  written into its slot of the B-slot state, in place (donated).
+- `_until_finish`: later steps of all B slots in one `lax.while_loop`, until a row finishes
   while prompts wait (or every row is done): no host round trip per step, and a freed slot
   waits no step for its next prompt.
 - `_narrow`: the prompt width shrinks to the next bucket (below) with rows in flight.
@@ -16,7 +16,7 @@ its K/V cache included), each compiled once per (ModelConfig, GenerationConfig, 
 Why not slots.py's program: a Flash-dLLM row has no blocks and its cache lives
 from its prefill to its end, so the unit that a refill must follow is the row's whole state,
 kept on the device between calls. Why the prefill apart: a prefill queries every column
-(P + gen_length rows), a later step W + A + Tr (flash.Budget); inside the S-slot step every
+(P + gen_length rows), a later step W + A + Tr (flash.Budget); inside the B-slot step every
 row would pay for one row's prefill. A batch-one prefill at LLaDA-8B shapes (>= 384 rows of
 an 8B model) is already compute-bound on the GPU, so admitting one prompt per call costs no
 batching; what it costs is one dispatch per prompt. Why stop at a finish: the host must see
@@ -35,9 +35,9 @@ row in flight fits in P'), cache included (flash.drop_columns). `refill=False` (
 batches, a benchmark baseline) admits only into an empty state, which is rebuilt at the new
 width when it changes.
 
-Memory: the S-slot state, the K/V cache of S rows at width P + gen_length, is allocated once
+Memory: the B-slot state, the K/V cache of B rows at width P + gen_length, is allocated once
 per bucket and updated in place by every call (donated); besides it, the admission holds one
-row's prefill state (its cache row, 1/S of the slots' cache) and the narrowing a copy of the
+row's prefill state (its cache row, 1/B of the slots' cache) and the narrowing a copy of the
 state at the smaller width (once per bucket change).
 """
 
@@ -65,7 +65,7 @@ def _ctx_budget(params, cfg, gen, pad_B, T):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gen"))
 def _empty(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT, pad_B):
-    """An S-slot state whose rows are all done (free slots never act)."""
+    """A B-slot state whose rows are all done (free slots never act)."""
     ctx, budget = _ctx_budget(params, cfg, gen, pad_B, x_BT.shape[1])
     st = flash.init_state(ctx, x_BT, not budget.full)
     return dataclasses.replace(st, done_B=jnp.ones_like(st.done_B))
@@ -157,7 +157,7 @@ def compile_programs(params: Params, cfg: ModelConfig, gen: GenerationConfig,
 
 
 class Slots:
-    """Host view of the S slots: the prompt each holds (-1: free), its left padding and key,
+    """Host view of the B slots: the prompt each holds (-1: free), its left padding and key,
     and the device state they live in."""
 
     def __init__(self, params, cfg, gen, impl, programs, B: int, keydata_row):

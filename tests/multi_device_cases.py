@@ -112,7 +112,7 @@ def slots_cases(params, fp8_params) -> None:
     def spy_kernel(*args, **kw):
         seen.append(sharding.active_mesh() is not None)
         return real_kernel(*args, **kw)
-    slots.queue_size, cache.shard_kernel = (lambda S: 2), spy_kernel
+    slots.queue_size, cache.shard_kernel = (lambda B: 2), spy_kernel
     jax.clear_caches()
     try:
         mesh = mesh_of(2, 2)

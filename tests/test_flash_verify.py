@@ -49,16 +49,17 @@ def _gen(stop_at_eos=False, eos_id=None, **flash_kw):
 
 
 
-@pytest.mark.parametrize("S,T,R", [(0, 8, 8), (1, 6, 8), (3, 2, 8), (4, 0, 8), (4, 8, 16),
-                                   (2, 3, 8)])
-def test_mask_equals_reference_verify_mask(S, T, R):
-    """The slot layout [T tracked | unused | S drafts | S masks] of R rows, restricted to its
-    used slots, is `verify_mask(S, T)`; no row sees an unused slot."""
-    kind, idx = flash.verify_slots(jnp.array([S]), jnp.array([T]), R)
+@pytest.mark.parametrize("ncand,ntrk,R", [(0, 8, 8), (1, 6, 8), (3, 2, 8), (4, 0, 8),
+                                          (4, 8, 16), (2, 3, 8)])
+def test_mask_equals_reference_verify_mask(ncand, ntrk, R):
+    """The slot layout [ntrk tracked | unused | ncand drafts | ncand masks] of R rows,
+    restricted to its used slots, is the reference's `verify_mask(S=ncand, T=ntrk)`; no row
+    sees an unused slot."""
+    kind, idx = flash.verify_slots(jnp.array([ncand]), jnp.array([ntrk]), R)
     m = np.asarray(flash.verify_mask(kind, idx))[0]
     used = np.asarray(kind[0]) != flash.V_UNUSED
-    assert used.sum() == T + 2 * S
-    np.testing.assert_array_equal(m[np.ix_(used, used)], verify_mask(S, T))
+    assert used.sum() == ntrk + 2 * ncand
+    np.testing.assert_array_equal(m[np.ix_(used, used)], verify_mask(ncand, ntrk))
     assert not m[np.ix_(used, ~used)].any()
 
 

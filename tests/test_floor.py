@@ -67,7 +67,8 @@ CASES = {  # cache, dpad -> the query rows of every forward (old code: T and T -
     "prefix": (dict(cache="prefix"), {T} | {T - s for s in STARTS}),
     "none_dpad": (dict(dpad=UNIFORM), _widths(UNIFORM)),
     "dual_dpad": (dict(cache="dual", dpad=UNIFORM), _widths(UNIFORM) | {BL}),
-    # exact: run_blocks takes layers >= 1 (none here), at every forward's compact width
+    # exact: run_blocks takes layers >= 1 (this one-layer model has none; it still sees
+    # each forward's compact width)
     "exact_dpad": (dict(cache="exact", dpad=UNIFORM), _widths(UNIFORM)),
 }  # prefix with DPad: test_gaussian_overflow_... below
 

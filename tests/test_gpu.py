@@ -48,7 +48,6 @@ def test_bf16_forward_on_gpu_matches_fp32():
     assert rel_err(out, ref) <= 3e-2
 
 
-
 @pytest.mark.parametrize("case", ["whole_canvas", "dpad_compact", "dpad_gaussian"])
 def test_exact_step_on_gpu_kernels(models, case):
     """exact's later-step logits through the GPU's FACache kernels (the Triton kernel in fp32,
@@ -60,6 +59,7 @@ def test_exact_step_on_gpu_kernels(models, case):
     # fp32 with HIGHEST dots: the kernel's own fp32 bound (test_facache_kernel_on_gpu, 1e-5)
     # in layer 0; the CPU's 2e-6 assumes the reference's summation order everywhere else.
     assert err <= 1e-5
+
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_facache_kernel_on_gpu(dtype):

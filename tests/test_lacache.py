@@ -94,12 +94,15 @@ def test_exact_with_dpad_runs_on_the_compact_canvas(models, monkeypatch, dpad):
     masked whole canvas, which gives the same tokens, or a later step taking another block's
     view)."""
     params, _ = models
-    widths = {"fill": [], "reuse": []}
+    fill, reuse = [], {}
     real = ca.cached_attention_ref
 
-    def recorded(q, *args, mode, **kw):
-        widths[mode].append(q.shape[1])
-        return real(q, *args, mode=mode, **kw)
+    def recorded(q, k, v, key_mask, s, *args, mode, **kw):
+        if mode == "fill":
+            fill.append(q.shape[1])
+        else:  # a later step's program has its block start as a Python int
+            reuse.setdefault(s, []).append(q.shape[1])
+        return real(q, k, v, key_mask, s, *args, mode=mode, **kw)
     monkeypatch.setattr(ca, "cached_attention_ref", recorded)
     gen = _gen(cache="exact", steps=12, dpad=dpad)
     plan = CompactPlan.build(gen.resolve(CFG), max(map(len, RAGGED)))
@@ -111,10 +114,13 @@ def test_exact_with_dpad_runs_on_the_compact_canvas(models, monkeypatch, dpad):
     # Traced once per block: the first forward's switch traces every block's branch, each
     # block's later-step program its own view, and where a gaussian draw can spill over the
     # block's slots also the fallback (the last block's view, the whole canvas).
-    want = [plan.width(k) for k in range(len(plan.kept))]
-    assert min(want) < plan.T and any(plan.spills) == (dpad.strategy == "gaussian")
-    assert sorted(widths["fill"]) == sorted(want)
-    assert sorted(widths["reuse"]) == sorted(want + [plan.T] * sum(plan.spills))
+    blocks = range(len(plan.kept))
+    assert min(map(plan.width, blocks)) < plan.T
+    assert any(plan.spills) == (dpad.strategy == "gaussian")
+    assert sorted(fill) == sorted(map(plan.width, blocks))
+    assert {s: sorted(w) for s, w in reuse.items()} == {
+        plan.P + k * plan.block_len: sorted([plan.width(k)] + [plan.T] * plan.spills[k])
+        for k in blocks}
 
 
 def test_exact_follows_none_block_by_block_when_some_blocks_overflow(models, monkeypatch):
@@ -145,7 +151,7 @@ def test_exact_follows_none_block_by_block_when_some_blocks_overflow(models, mon
     # One run_blocks call a forward in both (exact's: layers >= 1), four forwards a block.
     T = max(map(len, RAGGED)) + _gen().gen_length
     assert len(ran_none) == 24 and widths == ran_none
-    assert ran_none[:12] == [T] * 12 and max(ran_none[12:20]) < T  # blocks 0-2 spill, 3-4 not
+    assert ran_none[:12] == [T] * 12 and max(ran_none[12:20]) < T  # 0-2 overflow, 3-4 not
     np.testing.assert_array_equal(np.asarray(exact.tokens), np.asarray(none.tokens))
     np.testing.assert_array_equal(np.asarray(exact.nfe), np.asarray(none.nfe))
 
@@ -185,14 +191,14 @@ def test_layer0_cached_path_equals_recompute(models, impl):
     layer = params.layers[0]
 
     def layer0_inputs(tokens, cos, sin):
-        x0 = params.embed[tokens]
-        return (x0, *qkv(rms_norm(x0, layer.attn_norm, CFG.norm_eps), layer, CFG, cos, sin))
+        emb = params.embed[tokens]
+        return (emb, *qkv(rms_norm(emb, layer.attn_norm, CFG.norm_eps), layer, CFG, cos, sin))
 
-    x0, q, k, v = layer0_inputs(jnp.asarray(old), cos, sin)
+    emb, q, k, v = layer0_inputs(jnp.asarray(old), cos, sin)
     _, state = attention(q, k, v, keep, s, e, mode="fill")
     fresh = layer0_inputs(jnp.asarray(new[:, s:e]), cos[:, s:e], sin[:, s:e])
-    x0, q, k, v = (c.at[:, s:e].set(f) for c, f in zip((x0, q, k, v), fresh))
-    cached = finish_block(x0, attention(q, k, v, keep, s, e, state, mode="reuse"), layer, CFG)
+    emb, q, k, v = (c.at[:, s:e].set(f) for c, f in zip((emb, q, k, v), fresh))
+    cached = finish_block(emb, attention(q, k, v, keep, s, e, state, mode="reuse"), layer, CFG)
     recomputed, _, _ = block(params.embed[jnp.asarray(new)], layer, CFG, cos, sin, keep)
     # fp32 everywhere; only the attention's order of summation differs (U keys then C keys).
     assert rel_err(cached, recomputed) <= 1e-6
