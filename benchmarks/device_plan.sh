@@ -17,7 +17,9 @@
 # least runs it), the four-shape end to end (`python3 -m benchmarks.fp8_e2e --iters 1 --runs
 # "1:512:none:fixed:0,1:512:exact:fixed:1,1:1024:none:fixed:0,1:1024:exact:fixed:1,
 # 8:512:none:fixed:0:64,8:512:exact:fixed:1:64,8:1024:none:fixed:0:64,8:1024:exact:fixed:1:64"`),
-# 26 at M 6144 (batch 8's tiles), 22 (PART=1, PART=2: 47 GPU tests now), 24, 3, 5:
+# 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# QUANT_TILES=16x1x4,1x32x8,2x32x8: whether RMSNorm's separate statistics pass, 0.04 ms a
+# full-canvas step, can go there too), 22 (PART=1, PART=2: 47 GPU tests now), 24, 3, 5:
 #  31  issue 23: exact's step on the GPU kernels (GPU test), batch 8's step kernel by kernel,
 #      the launches (memsets included) of one cuBLASLt split call, batch 8's FFN rows alone
 #  30  issue 20: the dual step under XLA's command buffers: as is, off, widened
