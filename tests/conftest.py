@@ -140,6 +140,22 @@ def hf_logits(model, tokens: np.ndarray, key_mask: np.ndarray | None = None,
     return out.logits.float().numpy()
 
 
+def record_forward_widths(monkeypatch) -> tuple[set, list]:
+    """Patch `cache.run_blocks` (every forward's layer stack) to record its query-row count:
+    (the widths traced, the widths of the forwards as they run, in order)."""
+    from lacache_jax import cache
+    traced, executed = set(), []
+    real = cache.run_blocks
+
+    def recording(x_BLD, *args, **kwargs):
+        L = x_BLD.shape[1]
+        traced.add(L)
+        jax.debug.callback(lambda: executed.append(L))
+        return real(x_BLD, *args, **kwargs)
+    monkeypatch.setattr(cache, "run_blocks", recording)
+    return traced, executed
+
+
 def rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))

@@ -18,6 +18,7 @@ import pytest
 import lacache_jax as lj
 from lacache_jax import cache, sampling, sar
 from lacache_jax.config import tiny
+from tests.conftest import record_forward_widths
 
 CFG = tiny(n_layers=1, n_heads=4, n_kv_heads=2)  # one layer: these tests count rows, compile less
 G, BL = 16, 8
@@ -37,15 +38,7 @@ def params():
 def _generate(params, monkeypatch, **kw):
     """(tokens, nfe, rows traced, rows executed) of sar.run under a fresh jit: every forward's
     query rows, as `cache.run_blocks` receives them, at trace time and as they run."""
-    traced, executed = set(), []
-    real = cache.run_blocks
-
-    def recording(x_BLD, *args, **kwargs):
-        L = x_BLD.shape[1]
-        traced.add(L)
-        jax.debug.callback(lambda: executed.append(L))
-        return real(x_BLD, *args, **kwargs)
-    monkeypatch.setattr(cache, "run_blocks", recording)
+    traced, executed = record_forward_widths(monkeypatch)
     gen = lj.GenerationConfig(gen_length=G, block_length=BL, steps=G, stop_at_eos=False,
                               **kw).resolve(CFG)
     x = np.full((len(PROMPTS), T), CFG.mask_id, np.int32)

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from lacache_jax import cache as cache_mod
 from lacache_jax import sampling, sar
 from lacache_jax.compact import CompactPlan
 from kernels import cached_attention as ca
 from lacache_jax.model import block, finish_block, qkv, rms_norm, rope_tables
 from tests.conftest import GEN_CFG as CFG
-from tests.conftest import rel_err
+from tests.conftest import record_forward_widths, rel_err
 from tests.test_generate import RAGGED, _gen
 EXACT_CASES = {
     "fixed": dict(steps=12),
@@ -130,14 +129,7 @@ def test_exact_follows_none_block_by_block_when_some_blocks_overflow(models, mon
     one), with none's tokens."""
     params, _ = models
     monkeypatch.setattr(sampling, "DPAD_TAIL", 0.3)
-    widths = []
-    real = cache_mod.run_blocks
-
-    def recording(x_BLD, *args, **kw):
-        L = x_BLD.shape[1]
-        jax.debug.callback(lambda: widths.append(L))
-        return real(x_BLD, *args, **kw)
-    monkeypatch.setattr(cache_mod, "run_blocks", recording)
+    _, widths = record_forward_widths(monkeypatch)
     gen = dict(block_length=4, steps=24, dpad=lj.DPadConfig(window=10))
     keys = jax.random.split(jax.random.key(5), len(RAGGED))
     jax.clear_caches()
