@@ -2,7 +2,7 @@
 # The device calls the GPU-side work left open after the twenty-fifth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. The twenty-fifth
-# session was lent no device. Done in the twenty-fourth: 30 (XLA's command buffers: no lever,
+# and twenty-sixth sessions were lent no device. Done in the twenty-fourth: 30 (XLA's command buffers: no lever,
 # the traced "idle" was the profiler's), 29 (the paper-style table), 22 (all 44 GPU tests at
 # 6f5d600); in the twenty-third: 27 (the column split won: tabled), 25, 26 at M 32, 28 (the
 # split-keys block attention: default); in the twenty-second: 25, 26 at M 768 and 1280, 23
@@ -19,7 +19,9 @@
 # 8:512:none:fixed:0:64,8:512:exact:fixed:1:64,8:1024:none:fixed:0:64,8:1024:exact:fixed:1:64"`),
 # 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8: whether RMSNorm's separate statistics pass, 0.04 ms a
-# full-canvas step, can go there too), 22 (PART=1, PART=2: 47 GPU tests now), 24, 3, 5:
+# full-canvas step, can go there too), 32 (the prefix step traced: never done), 22 (PART=1,
+# PART=2: 47 GPU tests now), 24, 3, 5:
+#  32  issue 20: the prefix step kernel by kernel (bf16 and FP8 FFN)
 #  31  issue 23: exact's step on the GPU kernels (GPU test), batch 8's step kernel by kernel,
 #      the launches (memsets included) of one cuBLASLt split call, batch 8's FFN rows alone
 #  30  issue 20: the dual step under XLA's command buffers: as is, off, widened
@@ -71,6 +73,14 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
 case "${1:-1}" in
+32)
+  # issue 20: the prefix step kernel by kernel (never traced; 1.40x its floor against the
+  # goal's 1.20x): how much is the projection GEMMs at 32-256 rows, where a GEMM takes about
+  # its read time plus its FLOP time (the fused cache update's 128-row projection: 48 us
+  # against 29 + 20), and how much the rest
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    prefix --decoding fixed --fp8-ffn both --iters 1 --trace --trace-top 40 2>&1 \
+    | tee "$OUT/generate_trace_prefix.log" | quiet | grep "^B=\|trace\|ceilings" ;;
 31)
   # issue 23: the GPU test of exact's step on the compact canvas; batch 8's full-canvas step
   # kernel by kernel (gen 64: the trace's step is the same); the launches (memsets) of one
