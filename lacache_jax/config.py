@@ -236,7 +236,8 @@ class DPadConfig:
 
     `gaussian`: keep suffix position at distance d < window with probability
     `scale * phi(k * d / (window - 1))`; `uniform`: keep `keep` positions drawn uniformly
-    inside the window. Positions beyond the window are always dropped.
+    inside the window. Positions beyond the window are dropped, but for one quirk of DPad's
+    sampler, kept: uniform keeps a suffix of at most `keep` columns whole.
     """
     strategy: str = "gaussian"
     window: int = 256

@@ -49,7 +49,7 @@ def sample(logits_BQV: jax.Array, temperature: float, keys_B: jax.Array) -> jax.
 # other tokens' share r = (1 - p) / p = sum_{j != x0} exp(l_j - l_x0) instead, whose relative
 # precision is fp32's at any p.
 # float64 p is 1 / fl(1 + r) near 1: r rounds to a multiple of 2^-52 (so r <= 2^-53 is p == 1:
-# z = +inf, ties in position order as the reference's). Below the smallest float64 subnormal
+# z = +inf, ties in position order: see `_ranked`). Below the smallest float64 subnormal
 # p is 0 there: z is floored there, above the -inf that marks positions not to reveal.
 _ULP1 = 2.0 ** -52
 _ROUNDED_BELOW = 2.0 ** -30  # r past this is far above float64's resolution near p = 1
@@ -111,7 +111,13 @@ def without_eos_eot(logits_BQV: jax.Array, eos_id: int, eot_id: int,
 
 def _ranked(conf_BQ: jax.Array, masked_BQ: jax.Array):
     """Confidences with unmasked positions at -inf, their descending order and each
-    position's rank in it (0 = most confident; ties to the lower position)."""
+    position's rank in it (0 = most confident; ties to the lower position). The released
+    samplers pick with `torch.topk`, whose order among exactly equal confidences is its
+    implementation's (not position order on the CPU; CUDA's differs again): REFERENCE.md §4's
+    "ties break arbitrarily". Exact ties arise at p == 1 in float64 and at the 0 that
+    `confidence_eos_eot_inf` gives EOS / EoT predictions; there the tokens may differ from a
+    given torch build's, and position order is this engine's (and tests/reference_sampler.py's)
+    deterministic choice."""
     conf = jnp.where(masked_BQ, conf_BQ, -jnp.inf)
     order = jnp.argsort(-conf, axis=-1, stable=True)
     return conf, order, jnp.argsort(order, axis=-1)
@@ -155,7 +161,9 @@ REVEAL_RULES = {"fixed": reveal_fixed, "threshold": reveal_threshold, "factor": 
 def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int) -> jax.Array:
     """Which canvas columns a block sees [B, T]: everything before `block_end` (a scalar, or
     one per row [B] when rows are at different blocks), and a random subset of the suffix at
-    distance d = column - block_end < window."""
+    distance d = column - block_end < window. Uniform keeps the whole suffix where it holds
+    at most `keep` columns, beyond the window too: DPad's sampler returns its input whole
+    there (`UniformSampler.sample`: `if self.number >= src.shape[0]: return src`)."""
     per_row = jnp.ndim(block_end) == 1
     d = jnp.arange(T) - (block_end[:, None] if per_row else block_end)
     in_window = (d >= 0) & (d < dpad.window)
@@ -171,6 +179,9 @@ def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int)
         score = jnp.where(in_window, u, jnp.inf)
         rank = jnp.argsort(jnp.argsort(score, axis=-1), axis=-1)
         kept = in_window & (rank < dpad.keep)
+        # DPad's quirk, kept: a suffix no longer than `keep` is kept whole, window or not.
+        whole = dpad.keep >= T - (block_end[:, None] if per_row else block_end)
+        kept = jnp.where(whole, d >= 0, kept)
     return (d < 0) | kept
 
 
@@ -198,14 +209,16 @@ def dpad_keep_probs(dpad: DPadConfig, n: int) -> list[float]:
 
 def dpad_most_kept(dpad: DPadConfig, n_suffix: int) -> int:
     """The most suffix positions a block can keep out of the `n_suffix` after it."""
-    n = min(dpad.window, n_suffix)
-    return min(dpad.keep, n) if dpad.strategy == "uniform" else n
+    if dpad.strategy == "uniform":
+        return n_suffix if dpad.keep >= n_suffix else min(dpad.keep, dpad.window)
+    return min(dpad.window, n_suffix)
 
 
 def dpad_capacity(dpad: DPadConfig, n_suffix: int, tail: float | None = None) -> int:
     """A static bound on the suffix positions a block keeps out of the `n_suffix` after it.
 
-    Uniform keeps exactly min(keep, window, n_suffix): the bound is exact. Gaussian keeps a
+    Uniform keeps exactly min(keep, window), or the whole suffix where it holds at most
+    `keep` columns: the bound is exact. Gaussian keeps a
     sum of independent draws, so any count up to min(window, n_suffix) can occur; the bound is
     the count's (1 - tail) quantile (`DPAD_TAIL` by default) from its exact distribution (a
     convolution over the distances, float64). A block whose count exceeds it falls back to

@@ -217,6 +217,45 @@ def test_dpad_matches_reference_with_the_same_kept_set(models, cache, strategy):
     np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
 
 
+def _dpad_uniform_kept(window: int, keep: int, block_end: int, T: int) -> np.ndarray:
+    """DPad's own uniform rule where it draws nothing (keep >= window): its
+    `UniformSampler.sample` returns a suffix of at most `keep` columns whole, else
+    `randperm(min(n, window))[:keep]`, i.e. the whole window."""
+    src = np.arange(block_end, T)
+    kept_cols = src if keep >= len(src) else src[:min(len(src), window)]
+    kept = np.arange(T) < block_end
+    kept[kept_cols] = True
+    return kept
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_dpad_uniform_keeps_a_short_suffix_whole(models, cache):
+    """Uniform DPad with keep above the window: block 0's 16-column suffix keeps the window's
+    4, block 1's 8-column suffix (<= keep 12) is kept whole, as DPad's sampler does; the
+    kept sets equal its rule and the tokens the reference's with that rule."""
+    params, ref_model = models
+    dpad = lj.DPadConfig(strategy="uniform", window=4, keep=12)
+    P, T = len(PROMPT), len(PROMPT) + G
+    keys = row_keys(jax.random.key(3), 2)
+    for b in range(G // BL):
+        e = P + (b + 1) * BL
+        want = _dpad_uniform_kept(4, 12, e, T)
+        got = np.asarray(sampling.dpad_keep(dpad, dpad_block_keys(keys, b), e, T))
+        np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+        rows = np.asarray(sampling.dpad_keep(dpad, dpad_block_keys(keys, b),
+                                             jnp.asarray([e, P + BL]), T))  # per row
+        np.testing.assert_array_equal(rows[0], want)
+        np.testing.assert_array_equal(rows[1], _dpad_uniform_kept(4, 12, P + BL, T))
+    assert _dpad_uniform_kept(4, 12, P + 2 * BL, T)[P + 2 * BL:].all()  # beyond the window
+    gen = _gen(cache=cache, steps=12, dpad=dpad)
+    out = lj.generate(params, CFG, [PROMPT], gen, key=jax.random.key(3))
+    ref, _ = reference_generate(
+        ref_model, PROMPT, gen_length=G, block_length=BL, steps=12, mask_id=CFG.mask_id,
+        eos_id=CFG.eos_id, cache=cache,
+        keep_fn=lambda b, T: _dpad_uniform_kept(4, 12, P + (b + 1) * BL, T))
+    np.testing.assert_array_equal(np.asarray(out.tokens[0]), ref)
+
+
 def test_dpad_keep_probabilities():
     """Gaussian keep rate at suffix distance d follows scale * phi(k d / (window - 1))."""
     dpad = lj.DPadConfig(window=64, k=4.0, scale=2.0)
