@@ -153,6 +153,8 @@ def cmd_generate(args) -> int:
     config, _, _ = read_meta(ckpt)  # cheap: every check below runs before the weights load
     tok = Tokenizer(ckpt, reserved_ids={config.eos_id, config.mask_id, config.pad_id})
     eot_id = args.eot_id
+    if eot_id is not None and not args.confidence_eos_eot_inf:
+        raise CLIError("--eot-id without --confidence-eos-eot-inf, the only setting that uses it")
     if args.confidence_eos_eot_inf and eot_id is None:
         eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
         if eot_id is None:
@@ -482,9 +484,15 @@ def generation_config(args, eot_id: int | None):
     elif dpad_given:
         raise CLIError(", ".join(f"--dpad-{n}" for n in dpad_given) + " without --dpad: add "
                        "--dpad gaussian|uniform")
-    given = {n: v for n in FLASH_OPTIONS if (v := getattr(args, f"flash_{n}")) not in (None, False)}
+    # Omitted: None, or False for --flash-verify; a 0 given (no look-ahead, no tracked
+    # positions) is a value (`0 not in (None, False)` would be False: hence `is`).
+    given = {n: v for n in FLASH_OPTIONS
+             if (v := getattr(args, f"flash_{n}")) is not None and v is not False}
     kw = {}
     if args.flash:
+        if not args.flash_verify and (alone := [n for n in ("gamma", "accept") if n in given]):
+            raise CLIError(", ".join(f"--flash-{n}" for n in alone) + " without "
+                           "--flash-verify: they set Flash-Verify's acceptance")
         for flag in ("block_length", "steps"):
             if getattr(args, flag) is not None:
                 raise CLIError(f"--{flag.replace('_', '-')} does not apply with --flash (it "

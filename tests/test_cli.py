@@ -152,6 +152,8 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
         "--checkpoint", ck, "--prompt", "x", "--dpad", "gaussian", "--dpad-scale", "-1")
     assert "eot_id=9999 is outside the model's vocabulary" in error(
         "--checkpoint", ck, "--prompt", "x", "--eot-id", "9999", "--confidence-eos-eot-inf")
+    assert "--eot-id without --confidence-eos-eot-inf" in error(
+        "--checkpoint", ck, "--prompt", "x", "--eot-id", "5")
     n = CFG.max_seq_len - 32 + 1  # one token too many: named before loading, with the prompt
     assert (f"--prompt 2: {n} prompt tokens + --gen-length 32 exceed the model's "
             f"max_sequence_length {CFG.max_seq_len}") in error(
@@ -179,6 +181,10 @@ def test_generate_flash_flags(checkpoint, capsys):
     assert config("--threshold", "0.5", "--flash", "--flash-track", "all",
                   "--flash-lookahead", "5") == lj.GenerationConfig(
         **base, flash=lj.FlashConfig(track=None, lookahead=5))
+    # 0 is a budget (no look-ahead, no tracked positions), not an omitted option
+    assert config("--threshold", "0.5", "--flash", "--flash-track", "0",
+                  "--flash-lookahead", "0") == lj.GenerationConfig(
+        **base, flash=lj.FlashConfig(track=0, lookahead=0))
     # DPad's options the same way: every DPadConfig field has its --dpad-NAME flag.
     assert config("--block-length", "8", "--dpad", "gaussian", "--dpad-window", "8",
                   "--dpad-k", "2", "--dpad-scale", "1.5").dpad == lj.DPadConfig(
@@ -204,6 +210,11 @@ def test_generate_flash_flags(checkpoint, capsys):
     assert "--flash-window, --flash-gamma without --flash" in error(
         "--threshold", "0.5", "--flash-window", "16", "--flash-gamma", "0.8")
     assert "--flash-verify without --flash" in error("--flash-verify")
+    assert "--flash-track without --flash" in error("--flash-track", "0")
+    assert "flash.window must be a positive integer, got 0" in error(
+        "--threshold", "0.5", "--flash", "--flash-window", "0")
+    assert "--flash-gamma, --flash-accept without --flash-verify" in error(
+        "--threshold", "0.5", "--flash", "--flash-gamma", "0.7", "--flash-accept", "agree")
     assert "--block-length does not apply with --flash" in error(
         "--threshold", "0.5", "--flash", "--block-length", "32")
     assert "--steps does not apply with --flash" in error(
