@@ -7,6 +7,7 @@ accuracy as benchmarks/accuracy.py; multiple choice: the right answer scores bes
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import lm_eval  # the test extra installs it: a missing lm-eval fails here, never skips
@@ -267,6 +268,54 @@ def test_command_line_runs_the_registered_model(demo_ckpt, monkeypatch, capsys):
     runpy.run_module("lacache_jax.lm_eval", run_name="__main__")
     table = capsys.readouterr().out
     assert "|lacache_arith_mc|" in table and "|acc   |" in table
+
+
+def test_command_line_checks_model_args_first_and_passes_our_batch_size(demo_ckpt,
+                                                                      monkeypatch, capsys):
+    """Mistakes in the model args are one line and exit 1 before lm-eval starts; with no
+    --batch_size, lm-eval gets the model's (its default 1 would override the model arg's)."""
+    from lacache_jax.lm_eval.__main__ import main
+    seen = []
+    monkeypatch.setattr("lm_eval.__main__.cli_evaluate", lambda: seen.append(sys.argv[1:]))
+    for model_args, message in [
+            ("checkpoint=/nonexistent/ck", "/nonexistent/ck: checkpoint directory does not exist"),
+            (f"checkpoint={demo_ckpt},gen_lenght=64", "unknown model args ['gen_lenght']"),
+            (f"checkpoint={demo_ckpt},cache=exakt", "cache must be one of"),
+            (f"checkpoint={demo_ckpt},gen_length=96", "gen_length=96 leaves no room for a prompt"),
+            ("gen_length=64", "checkpoint is required")]:
+        assert main(["--model", "lacache_jax", "--tasks", "t", "--model_args", model_args]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert not seen
+    base = ["--model", "lacache_jax", "--tasks", "t", "--model_args"]
+    assert main([*base, f"checkpoint={demo_ckpt},gen_length=64"]) == 0
+    assert main([*base, f"checkpoint={demo_ckpt}", "batch_size=4"]) == 0
+    assert main([*base, f"checkpoint={demo_ckpt}", "-b", "2"]) == 0
+    assert main(["--model", "hf", "--tasks", "t"]) == 0  # other models: untouched
+    assert seen == [[*base, f"checkpoint={demo_ckpt},gen_length=64", "--batch_size", "32"],
+                    [*base, f"checkpoint={demo_ckpt}", "batch_size=4", "--batch_size", "4"],
+                    [*base, f"checkpoint={demo_ckpt}", "-b", "2"],
+                    ["--model", "hf", "--tasks", "t"]]
+
+
+def test_flash_answers_read_the_decoded_positions(demo_ckpt):
+    """With flash, as Flash-dLLM's harness (`x[prompt : num_decoded]`), the answer is read from
+    the first n generated positions, n the tokens the row decoded: a token accepted beside the
+    EOS further right is not read. Without flash the whole canvas is, as LLaDA's harness."""
+    from lacache_jax.lm_eval.harness import _answer_spans
+    lm = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=8, block_length=8)
+    eos, tok = lm.config.eos_id, lm.tok
+    one, two, seven = (tok.encode(c)[0] for c in "127")
+    # decoded: "1", "2", EOS and (beside it, to the right) "7"; the rest is the EOS fill
+    canvas = [[tok.encode("3")[0], tok.encode("3")[0], one, two, eos, eos, seven, eos, eos, eos]]
+    out = lj.GenerateOutput(tokens=np.asarray(canvas), prompt_lengths=np.asarray([2]),
+                            nfe=np.asarray([3]), steps=np.asarray([3]),
+                            revealed=np.asarray([4]), gen_lengths=np.asarray([2]))
+    flash = lj.GenerationConfig(gen_length=8, threshold=0.9, flash=lj.FlashConfig())
+    assert _answer_spans(out, flash) == [[one, two, eos, eos]]
+    assert lm._postprocess(_answer_spans(out, flash)[0], ()) == "12"
+    fixed = lj.GenerationConfig(gen_length=8, block_length=8, steps=8)
+    assert lm._postprocess(_answer_spans(out, fixed)[0], ()) == "127"
 
 
 def test_rolling_windows_cover_the_document_once(demo_ckpt):

@@ -3,13 +3,86 @@ registered, e.g.
 
     python -m lacache_jax.lm_eval --model lacache_jax --tasks gsm8k --num_fewshot 5 \\
         --model_args checkpoint=DIR,gen_length=256,block_length=32,threshold=0.9,cache=dual
+
+Before lm-eval starts (it loads its tasks first, 10-20 s), the `lacache_jax` model's args are
+checked as the model's construction checks them without its weights (`harness.preflight`): a
+mistake is one line on stderr and exit status 1, as in `python -m lacache_jax generate`.
+lm-eval passes its `--batch_size` (1 when omitted) to every model, which would override the
+model arg's default: when it is omitted, the model's own batch size (the `batch_size` model
+arg, default 32) is passed instead. `--help` adds the model args to lm-eval's help.
 """
 
+from __future__ import annotations
+
+import argparse
+import json
 import sys
 
-import lacache_jax.lm_eval  # noqa: F401  (registers the model)
-from lm_eval.__main__ import cli_evaluate
+PROG = "python -m lacache_jax.lm_eval"
+
+
+def model_args_of(values: list[str] | None) -> dict:
+    """lm-eval's `--model_args` values (each `k=v,k2=v2`, or one JSON object) as one dict."""
+    from lm_eval.utils import simple_parse_args_string
+    out: dict = {}
+    for value in values or ():
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        out.update(parsed if isinstance(parsed, dict) else simple_parse_args_string(value))
+    return out
+
+
+def model_args_help() -> str:
+    from lacache_jax.lm_eval.model_args import EVAL_ARGS, REFERENCE_NAMES, known_args
+    theirs = [*REFERENCE_NAMES, "use_cache", "dual_cache"]
+    lines = ["lacache_jax model args (--model lacache_jax --model_args k=v,k2=v2):"]
+    lines += [f"  {name}: {text}" + ("" if "default" in text else f" (default: {default})")
+              for name, (_, default, text) in EVAL_ARGS.items()]
+    gen = [n for n in known_args() if n not in EVAL_ARGS and n not in theirs]
+    lines.append("  every lj.GenerationConfig field, a nested config's as <field>_<name>: "
+                 + ", ".join(gen))
+    lines.append("  the reference harness's names: " + ", ".join(theirs))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        from lm_eval.__main__ import cli_evaluate
+
+        import lacache_jax.lm_eval  # noqa: F401  (registers the model)
+        from lacache_jax.lm_eval.harness import preflight
+        from lacache_jax.lm_eval.model_args import parse
+    except ImportError as e:
+        if (e.name or "").split(".")[0] != "lm_eval" and "lm-eval" not in str(e):
+            raise
+        print("error: lm-eval is not installed: pip install -e '.[eval]' (or "
+              "'lacache_jax[eval]')", file=sys.stderr)
+        return 1
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--model", "-M")
+    p.add_argument("--model_args", "-a", nargs="+", action="extend")
+    p.add_argument("--batch_size", "-b")
+    p.add_argument("--help", "-h", action="store_true")
+    known, _ = p.parse_known_args(argv)
+    if known.help:
+        print(model_args_help() + "\n")
+    elif known.model == "lacache_jax":
+        try:
+            args = model_args_of(known.model_args)
+            preflight(args)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if known.batch_size is None:
+            argv += ["--batch_size", str(parse(args).batch_size)]
+    sys.argv = [PROG, *argv]
+    cli_evaluate()
+    return 0
+
 
 if __name__ == "__main__":
-    sys.argv[0] = "python -m lacache_jax.lm_eval"
-    cli_evaluate()
+    if rc := main():
+        sys.exit(rc)

@@ -102,6 +102,10 @@ class LaCacheLM(LM):
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         if str(extra.get("batch_size", "")).startswith("auto"):
             raise ValueError("batch_size=auto is not supported: give a number of rows")
+        if "device" in extra:
+            log.warning("--device %s is not read: lacache_jax runs on jax's default device "
+                        "(%s; pick it with JAX_PLATFORMS or CUDA_VISIBLE_DEVICES)",
+                        extra["device"], jax.devices()[0])
         return cls(**{**extra, **arg_dict})
 
     # --- lm-eval interface --------------------------------------------------------------
@@ -210,7 +214,7 @@ class LaCacheLM(LM):
         # Each batch compiles for its own longest prompt; `slots=` compiles per power-of-two
         # bucket instead (slots.py).
         out = lj.generate(self.params, self.config, rows, gen, key=keys)
-        return np.asarray(out.tokens)[:n, -gen.gen_length:].tolist()
+        return _answer_spans(out, gen)[:n]
 
     def _generate_slots(self, prompts: list[list[int]], request_ids: list[int],
                         gen: lj.GenerationConfig) -> list[list[int]]:
@@ -220,7 +224,7 @@ class LaCacheLM(LM):
             jnp.asarray(request_ids))
         out = lj.generate(self.params, self.config, prompts, gen, key=keys,
                           slots=self.settings.slots)
-        return np.asarray(out.tokens)[:, -gen.gen_length:].tolist()
+        return _answer_spans(out, gen)
 
     def _postprocess(self, ids: list[int], until: tuple) -> str:
         """The reference's answer: the canvas decoded with its special tokens (so a special
@@ -280,3 +284,32 @@ def _special_tokens(path: Path) -> list[str]:
     from generated text; longest first so no special hides inside another."""
     added = json.loads(path.read_text()).get("added_tokens", [])
     return sorted({t["content"] for t in added if t.get("special")}, key=len, reverse=True)
+
+
+def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list[int]]:
+    """Each row's generated tokens that `_postprocess` reads: the whole canvas, as LLaDA's
+    and Fast-dLLM's harnesses decode it; with `flash`, its first n positions, n the tokens
+    the row decoded, as Flash-dLLM's harness slices them (`x[prompt : num_decoded]`), so a
+    token accepted beside an EOS past the row's first n positions is not read."""
+    canvas = np.asarray(out.tokens)[:, -gen.gen_length:]
+    if gen.flash is None:
+        return canvas.tolist()
+    return [row[:n].tolist() for row, n in zip(canvas, np.asarray(out.revealed))]
+
+
+def preflight(model_args: dict[str, Any]) -> None:
+    """What constructing the model checks before its weights load (the model args, the
+    checkpoint's metadata and tokenizer, the ids against its vocabulary) and, where
+    `gen_length` is given, that it leaves room for a prompt in the model's length (otherwise
+    refused at the first generate_until request; log-likelihood tasks do not generate).
+    Raises ValueError naming the problem (the command line's one-line errors)."""
+    from lacache_jax.checkpoint import read_meta
+    settings = parse(model_args)
+    if settings.checkpoint is None:
+        raise ValueError("checkpoint is required: the directory written by `python -m convert`")
+    config, _, _ = read_meta(settings.checkpoint)
+    Tokenizer(settings.checkpoint)
+    gen = settings.gen.resolve(config)
+    if "gen_length" in model_args and gen.gen_length >= config.max_seq_len:
+        raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in the "
+                         f"model's max_sequence_length {config.max_seq_len}")
