@@ -1,8 +1,9 @@
 """python -m convert SRC DST [--dtype bfloat16|float32] [--fp8-ffn [--fp8-skip 0]] [--force]
 
-Ctrl-C: the handler installed first thing only records the interrupt; the conversion stops at
-its next safe point (between weight groups, never inside an orbax write), removes its
-temporary directory and the command prints one line and exits 130. An interrupt that arrives
+Ctrl-C (and SIGTERM, what `timeout` and job schedulers send): the handler installed first
+thing only records the signal; the conversion stops at its next safe point (between weight
+groups, never inside an orbax write), removes its temporary directory and the command prints
+one line and exits 130 (143 for SIGTERM). An interrupt that arrives
 after DST was put in place changes nothing: the conversion is complete, reported as such. Once
 the command has returned, SIGINT is ignored for the rest of the process (jax's atexit clean-up,
 the interpreter's shutdown): the default handler would turn a late Ctrl-C into a traceback, and
@@ -20,13 +21,14 @@ import warnings
 
 
 class _DeferredInterrupt:
-    """A SIGINT handler that records the interrupt; `check()` raises it where it is safe."""
+    """A SIGINT / SIGTERM handler that records the signal; `check()` raises KeyboardInterrupt
+    where it is safe."""
 
     def __init__(self):
-        self.pending = False
+        self.pending = 0  # the signal number recorded, 0 for none
 
     def __call__(self, signum, frame) -> None:
-        self.pending = True
+        self.pending = self.pending or signum
 
     def check(self) -> None:
         if self.pending:
@@ -34,25 +36,30 @@ class _DeferredInterrupt:
 
 
 def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
-    """The command; `keep_handler` (the process entry points) leaves the recording SIGINT
-    handler installed after returning, for the rest of the process's life."""
+    """The command; `keep_handler` (the process entry points) leaves the recording SIGINT and
+    SIGTERM handler installed after returning, for the rest of the process's life."""
     interrupt = _DeferredInterrupt()
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, interrupt) if in_main else None
+    previous = ({sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+                if in_main else {})
     try:
         return _run(argv, interrupt)
     except KeyboardInterrupt:
-        print("convert: interrupted; nothing was written", file=sys.stderr)
-        return 130
+        terminated = interrupt.pending == signal.SIGTERM
+        print(f"convert: {'terminated' if terminated else 'interrupted'}; nothing was written",
+              file=sys.stderr)
+        return 143 if terminated else 130
     finally:
-        if in_main and previous is not None and not keep_handler:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            if handler is not None and not keep_handler:
+                signal.signal(sig, handler)
 
 
 def cli() -> None:
     """The `lacache-convert` console script and `python -m convert`."""
     rc = main(keep_handler=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing left to interrupt (docstring)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # nothing left to interrupt (docstring)
+        signal.signal(sig, signal.SIG_IGN)
     sys.exit(rc)
 
 
@@ -69,11 +76,12 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
     parser.add_argument("--fp8-ffn", action="store_true",
                         help="also store FP8 FFN weights (128x128 block scales) for "
                              "GenerationConfig(fp8_ffn=True)")
-    parser.add_argument("--fp8-skip", default="0",
+    parser.add_argument("--fp8-skip", default=None,
                         help="comma-separated layers kept in bf16 with --fp8-ffn (default: 0, "
                              "as LaCache); '' quantises every layer")
     parser.add_argument("--force", action="store_true", help="replace an existing DST")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (there is none when stderr is not a terminal)")
     args = parser.parse_args(argv)
     interrupt.check()
     from convert.llada import ConvertWarning, convert  # jax, orbax: seconds of imports
@@ -81,17 +89,21 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
     interrupt.check()
     try:
         skip = None
+        if args.fp8_skip is not None and not args.fp8_ffn:
+            raise ConvertError("--fp8-skip without --fp8-ffn: it names the layers --fp8-ffn "
+                               "leaves in bf16")
         if args.fp8_ffn:
+            listed = "0" if args.fp8_skip is None else args.fp8_skip
             try:
-                skip = tuple(int(i) for i in args.fp8_skip.split(",") if i.strip())
+                skip = tuple(int(i) for i in listed.split(",") if i.strip())
             except ValueError:
-                raise ConvertError(
-                    f"--fp8-skip must list layer numbers, got {args.fp8_skip!r}") from None
+                raise ConvertError(f"--fp8-skip must list layer numbers, got {listed!r}") from None
         with warnings.catch_warnings():
             warnings.simplefilter("always", ConvertWarning)
             warnings.showwarning = _one_line_warning
             cfg = convert(args.src, args.dst, dtype=args.dtype, force=args.force,
-                          progress=not args.quiet, fp8_skip=skip, safe_point=interrupt.check)
+                          progress=not args.quiet and sys.stderr.isatty(), fp8_skip=skip,
+                          safe_point=interrupt.check)
     except ConvertError as e:
         print(f"convert: error: {e}", file=sys.stderr)
         return 1

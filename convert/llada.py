@@ -72,7 +72,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     if not src.is_dir():
         raise ConvertError(f"{src}: source directory not found")
     if dst.exists() and not force:
-        raise ConvertError(f"{dst} already exists (use --force to replace it)")
+        raise ConvertError(f"{dst} already exists (--force replaces it)")
     if dst.resolve() == src.resolve() or src.resolve().is_relative_to(dst.resolve()):
         raise ConvertError(f"{dst}: destination would overwrite the source {src}")
     try:
@@ -101,6 +101,11 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     shapes = ckpt.expected_shapes(cfg)
     total = sum(int(np.prod(entries[n].shape)) * entries[n].dtype.itemsize for n in plan)
     out_dtype = np.dtype(DTYPES[dtype])
+    _check_space(dst, cfg, out_dtype, len(fp8_layers))
+    if not (src / "tokenizer.json").is_file():
+        warnings.warn(f"{src} has no tokenizer.json: `python -m lacache_jax generate` and "
+                      "lm-eval need one beside the checkpoint (copy it into DST)",
+                      ConvertWarning, stacklevel=2)
     try:
         with ckpt.atomic_dir(dst, force) as tmp, tqdm(
                 total=total, unit="B", unit_scale=True, desc="converting",
@@ -130,6 +135,20 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     except OSError as e:
         raise ConvertError(f"writing {dst}: {e}") from None
     return cfg
+
+
+def _check_space(dst: Path, cfg: ModelConfig, out_dtype: np.dtype, n_fp8: int) -> None:
+    """Refuse before writing when DST's file system lacks the room (orbax's writer threads
+    fail on a full disk with a traceback each)."""
+    need = cfg.n_params * out_dtype.itemsize + n_fp8 * 3 * cfg.d_model * cfg.d_ff
+    parent = dst.absolute().parent
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:
+        return  # no parent: the write itself reports it
+    if free < need:
+        raise ConvertError(f"{parent}: {free / 2**30:.2f} GiB free, the checkpoint needs up "
+                           f"to {need / 2**30:.2f} GiB (orbax compresses some of it)")
 
 
 def _normalise_names(entries: dict[str, Entry]) -> dict[str, Entry]:

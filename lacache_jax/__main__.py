@@ -142,6 +142,9 @@ def cmd_generate(args) -> int:
                        "does not exist")
     if args.out is not None and Path(args.out).is_dir():
         raise CLIError(f"--out {args.out} is a directory: name a file")
+    if args.out is not None and not os.access(Path(args.out).absolute().parent, os.W_OK):
+        raise CLIError(f"--out {args.out}: directory {Path(args.out).absolute().parent} is "
+                       "not writable")
     if args.slots is not None and args.slots < 1:
         raise CLIError(f"--slots must be a positive integer, got {args.slots}")
     prompts = [Prompt(p, f"--prompt {i}") for i, p in enumerate(args.prompt or [], 1)]
@@ -171,6 +174,7 @@ def cmd_generate(args) -> int:
 
     check = args.interrupt.check
     check()
+    _device()
     config, params = lj.load(ckpt, dtype=args.dtype, progress=False if args.quiet else None)
     if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
         _note(args, "[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
@@ -196,7 +200,12 @@ def cmd_generate(args) -> int:
     if args.out is None:
         sys.stdout.write(text)
     else:
-        write_atomically(Path(args.out), text)
+        try:
+            write_atomically(Path(args.out), text)
+        except OSError as e:  # a full or failing disk: the answers go to stdout, not lost
+            sys.stdout.write(text)
+            raise CLIError(f"--out {args.out}: {e.strerror or e}; the answers went to stdout "
+                           "instead") from None
     n = int(out.gen_lengths.sum())
     rows = f"{len(prompts)} prompts, " if len(prompts) > 1 else ""
     _note(args, f"\n[{rows}{n} tokens in {run_s:.2f} s = {n / run_s:.1f} tokens/s (up to the "
@@ -204,6 +213,20 @@ def cmd_generate(args) -> int:
                 f"tokens per step; compile {compile_s:.1f} s; {jax.default_backend()}]"
                 + (f"; wrote {args.out}" if args.out is not None else ""))
     return 0
+
+
+def _device():
+    """jax's default device; a backend that fails to start (JAX_PLATFORMS naming one that is
+    not installed: a bare AssertionError from jax) is one line naming the setting."""
+    import jax
+    try:
+        return jax.devices()[0]
+    except Exception as e:  # noqa: BLE001 (jax raises AssertionError or RuntimeError here)
+        platforms = os.environ.get("JAX_PLATFORMS")
+        named = f" (JAX_PLATFORMS={platforms})" if platforms else ""
+        raise CLIError(f"jax could not start a backend{named}: {type(e).__name__}"
+                       f"{f': {e}' if str(e) else ''}. For NVIDIA GPUs install jax's CUDA "
+                       "plugin: pip install -e '.[cuda]'") from None
 
 
 def run_batch(params, config, prompts: list[list[int]], gen, key,
@@ -217,8 +240,12 @@ def run_batch(params, config, prompts: list[list[int]], gen, key,
 
     import lacache_jax as lj
     t0 = time.perf_counter()
+    if progress is not None:  # a terminal: say what the seconds before the bar are
+        print("compiling the generation program ...", end="\r", file=sys.stderr, flush=True)
     run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress,
                               slots=slots)
+    if progress is not None:
+        print(" " * 40, end="\r", file=sys.stderr, flush=True)
     compile_s = time.perf_counter() - t0
     check()
     t0 = time.perf_counter()
@@ -285,11 +312,19 @@ def read_prompts_file(path: str | os.PathLike) -> list[Prompt]:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write `text` to `path` through a hidden sibling renamed over it: a reader never sees a
-    half-written file, and a failure leaves any old file as it was."""
+    half-written file, and a failure leaves any old file as it was. The file gets the old
+    one's permissions, or a new file's (mkstemp's own are 0600)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.absolute().parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        if path.exists():
+            mode = path.stat().st_mode & 0o7777
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -42,6 +42,7 @@ from lacache_jax.quant import FP8, FP8FFN, ffn8_shapes
 
 FORMAT = 1
 META_FILE = "lacache.json"
+WEIGHT_DTYPES = ("bfloat16", "float32")  # what checkpoints store and load as
 PARAMS_DIR = "params"
 
 
@@ -107,16 +108,23 @@ def groups_to_params(groups: Mapping[str, Mapping[str, Any]], cfg: ModelConfig) 
 # --- writing ------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def atomic_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_dir(dst: str | os.PathLike, force: bool = False,
+               marker: str = META_FILE) -> Iterator[Path]:
     """Yield an empty temporary directory that becomes `dst` only if the block succeeds.
 
     On any failure (an exception, Ctrl-C) the temporary directory is removed and `dst` is
-    untouched. With `force`, an existing `dst` is replaced only after the new one is complete.
+    untouched. With `force`, an existing `dst` is replaced only after the new one is complete,
+    and only if it is what this writes (a directory holding `marker`: `lacache.json` for a
+    checkpoint) or an empty directory: anything else is refused, never deleted.
     A Ctrl-C during the final renames is delivered after them, with `dst` complete.
     """
     dst = Path(dst).absolute()
     if dst.exists() and not force:
-        raise FileExistsError(f"{dst} already exists (use --force to replace it)")
+        raise FileExistsError(f"{dst} already exists (force / --force replaces it)")
+    if dst.exists() and not (dst.is_dir() and ((dst / marker).is_file()
+                                               or not any(dst.iterdir()))):
+        raise FileExistsError(f"{dst} exists and holds no {marker}: force / --force replaces "
+                              "only what this writes (or an empty directory); move it away")
     if not dst.parent.is_dir():
         raise FileNotFoundError(f"parent directory {dst.parent} does not exist")
     tag = uuid.uuid4().hex[:8]
@@ -172,9 +180,14 @@ def write_meta(ckpt_dir: Path, cfg: ModelConfig, dtype: Any, fp8_layers=()) -> N
 def write_group(ckpt_dir: Path, name: str, arrays: Mapping[str, Any]) -> None:
     """Write one weight group synchronously (host numpy arrays or device arrays)."""
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
-    with interrupts_deferred():
-        checkpointer.save(Path(ckpt_dir) / PARAMS_DIR / name,
-                          args=ocp.args.StandardSave(dict(arrays)))
+    try:
+        with interrupts_deferred():
+            checkpointer.save(Path(ckpt_dir) / PARAMS_DIR / name,
+                              args=ocp.args.StandardSave(dict(arrays)))
+    except ValueError as e:  # tensorstore's I/O failures (a full disk: RESOURCE_EXHAUSTED)
+        if "os_error_code" not in str(e):
+            raise
+        raise OSError(f"{name}: {str(e).splitlines()[0][:400]}") from None
 
 
 def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
@@ -182,6 +195,9 @@ def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
     """Write `params` as a checkpoint that `load` reads; atomic (see `atomic_dir`). FP8 FFN
     copies (`lj.quantize_ffn`) are stored too, so loading needs no re-quantisation."""
     _check_shapes(params_to_groups(params), config, where="params")
+    if jnp.dtype(params.dtype).name not in WEIGHT_DTYPES:
+        raise CheckpointError(f"params are {jnp.dtype(params.dtype).name}: checkpoints hold "
+                              f"{' or '.join(WEIGHT_DTYPES)}")
     fp8 = {i: fp8_to_group(layer.ffn8) for i, layer in enumerate(params.layers)
            if layer.ffn8 is not None}
     with atomic_dir(path, force) as tmp:
@@ -222,6 +238,9 @@ def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str, list[int]]:
         raise CheckpointError(f"{meta_file}: bad config ({e})") from None
     if any(not 0 <= i < cfg.n_layers for i in fp8_layers):
         raise CheckpointError(f"{meta_file}: fp8_ffn_layers {fp8_layers} outside the model")
+    if meta.get("dtype") not in WEIGHT_DTYPES:
+        raise CheckpointError(f"{meta_file}: weight dtype {meta.get('dtype')!r}; "
+                              f"checkpoints hold {' or '.join(WEIGHT_DTYPES)}")
     return cfg, meta["dtype"], fp8_layers
 
 
@@ -237,6 +256,9 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     """
     config, stored_dtype, fp8_layers = read_meta(path)
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
+    if dtype.name not in WEIGHT_DTYPES:
+        raise CheckpointError(f"dtype {dtype.name}: weights load as "
+                              f"{' or '.join(WEIGHT_DTYPES)}")
     if mesh is not None:
         sharding_lib.check_mesh(mesh, config)
         specs = sharding_lib.group_specs(config, mesh.shape[sharding_lib.MODEL])
@@ -257,6 +279,11 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
     dtype_of = lambda name, k: (fp8_dtypes.get(k, jnp.float32) if name.startswith("fp8_")
                                 else dtype)
+    stored_groups = {p.name for p in (Path(path) / PARAMS_DIR).glob("*") if p.is_dir()}
+    if extra := sorted(stored_groups - set(shapes)):  # a config that says fewer layers
+        raise CheckpointError(f"{Path(path) / PARAMS_DIR}: holds {', '.join(extra[:3])}"
+                              f"{' ...' if len(extra) > 3 else ''}, which its config "
+                              f"({config.n_layers} layers) does not")
     for name in tqdm(shapes, desc="loading", unit="group", leave=False,
                      disable=None if progress is None else not progress):
         item = Path(path).absolute() / PARAMS_DIR / name
@@ -267,17 +294,24 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
         try:
             stored = checkpointer.metadata(item).item_metadata.tree
         except Exception as e:  # orbax raises several types for a damaged item
-            raise CheckpointError(f"{item}: unreadable ({type(e).__name__}: {e})") from None
+            raise CheckpointError(f"{item}: unreadable ({_first_line(e)})") from None
         _check_group(str(item), {k: m.shape for k, m in stored.items()}, shapes[name])
         try:
             groups[name] = checkpointer.restore(item, args=ocp.args.StandardRestore(target))
         except Exception as e:
-            raise CheckpointError(f"{item}: unreadable ({type(e).__name__}: {e})") from None
+            raise CheckpointError(f"{item}: unreadable ({_first_line(e)})") from None
     params = groups_to_params(groups, config)
     for i in fp8_layers:
         params.layers[i] = dataclasses.replace(params.layers[i],
                                                ffn8=group_to_fp8(groups[fp8_group_name(i)]))
     return config, params
+
+
+def _first_line(e: Exception) -> str:
+    """An exception in one short line: tensorstore's carry their whole spec as JSON."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = text.split(" [source locations=")[0].split(" See full TensorStore")[0]
+    return f"{type(e).__name__}: {text[:300]}"
 
 
 def _check_shapes(groups: Mapping[str, Mapping[str, Any]], cfg: ModelConfig, where: str) -> None:

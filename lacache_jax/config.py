@@ -152,6 +152,10 @@ def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
 
 
 def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
+    if "d_model" not in hf and "hidden_size" in hf:  # transformers' naming: not LLaDA's
+        kind = hf.get("model_type") or (hf.get("architectures") or ["?"])[0]
+        raise ConfigError(f"a {kind} config (hidden_size, not LLaDA's d_model): only LLaDA "
+                          "checkpoints (model_type llada, LLaDAModelLM) convert")
     for key, want in _SUPPORTED_FIXED.items():
         # bias_for_layer_norm may be null in LLaDA configs (falls back to include_bias).
         if key in hf and not (hf[key] is None and key == "bias_for_layer_norm") and (

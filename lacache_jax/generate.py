@@ -38,13 +38,19 @@ class GenerateOutput:
     steps: jax.Array           # [B] decoding steps the row took part in
     revealed: jax.Array        # [B] tokens the sampler revealed (not the EOS fill)
     gen_lengths: jax.Array     # [B] generated tokens before the first EOS
+    gen_length: int = dataclasses.field(default=0, metadata=dict(static=True))  # the run's
 
     @property
     def tokens_per_step(self) -> jax.Array:
         return self.revealed / jnp.maximum(self.steps, 1)
 
-    def answers(self, gen_length: int) -> list[list[int]]:
-        """Each row's generated tokens up to (not including) its first EOS."""
+    def answers(self, gen_length: int | None = None) -> list[list[int]]:
+        """Each row's generated tokens up to (not including) its first EOS. `gen_length`, if
+        given, must be the run's (it was once required)."""
+        if gen_length is not None and self.gen_length and gen_length != self.gen_length:
+            raise ValueError(f"answers({gen_length}): this output has gen_length "
+                             f"{self.gen_length}")
+        gen_length = gen_length or self.gen_length
         toks, lens = np.asarray(self.tokens), np.asarray(self.gen_lengths)
         start = toks.shape[1] - gen_length
         return [toks[b, start:start + lens[b]].tolist() for b in range(toks.shape[0])]
@@ -224,7 +230,8 @@ def _slot_output(out: slot_refill.Outputs, rows: list[np.ndarray], gen: Generati
     return GenerateOutput(
         tokens=jnp.asarray(x), prompt_lengths=jnp.asarray([len(r) for r in rows], jnp.int32),
         nfe=jnp.asarray(out.nfe), steps=jnp.asarray(out.steps),
-        revealed=jnp.asarray(out.revealed), gen_lengths=jnp.asarray(gen_lengths))
+        revealed=jnp.asarray(out.revealed), gen_lengths=jnp.asarray(gen_lengths),
+        gen_length=gen.gen_length)
 
 
 def _output(st: sar.LoopState, gen: GenerationConfig, pad_B) -> GenerateOutput:
@@ -232,7 +239,8 @@ def _output(st: sar.LoopState, gen: GenerationConfig, pad_B) -> GenerateOutput:
     is_eos = st.x_BT[:, P:] == gen.eos_id
     gen_lengths = jnp.min(jnp.where(is_eos, jnp.arange(gen.gen_length), gen.gen_length), -1)
     return GenerateOutput(tokens=st.x_BT, prompt_lengths=P - pad_B, nfe=st.nfe_B,
-                          steps=st.steps_B, revealed=st.revealed_B, gen_lengths=gen_lengths)
+                          steps=st.steps_B, revealed=st.revealed_B, gen_lengths=gen_lengths,
+                          gen_length=gen.gen_length)
 
 
 def row_keys(key: jax.Array | None, B: int) -> jax.Array:

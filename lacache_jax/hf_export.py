@@ -92,7 +92,7 @@ def export_hf(dst: str | Path, cfg: ModelConfig, params: Params, *, dtype: Any =
             size = 0
         shards[-1][name] = a
         size += a.nbytes
-    with ckpt.atomic_dir(dst, force) as tmp:
+    with ckpt.atomic_dir(dst, force, marker="config.json") as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2) + "\n")
         if len(shards) == 1:
             stf.write_file(tmp / "model.safetensors", shards[0], {"format": "pt"})

@@ -71,10 +71,31 @@ def test_load_errors(tmp_path):
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "format": 99}))
     with pytest.raises(CheckpointError, match="unknown checkpoint format 99"):
         lj.load(tmp_path / "ck")
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "dtype": "float16"}))
+    with pytest.raises(CheckpointError, match="weight dtype 'float16'; checkpoints hold "
+                                              "bfloat16 or float32"):
+        lj.load(tmp_path / "ck")
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="dtype int8: weights load as bfloat16 or float32"):
+        lj.load(tmp_path / "ck", dtype="int8")
+    fewer = {**meta, "config": {**meta["config"], "n_layers": CFG.n_layers - 1}}
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps(fewer))
+    with pytest.raises(CheckpointError, match=f"holds layer_00{CFG.n_layers - 1}, which its "
+                                              f"config \\({CFG.n_layers - 1} layers\\) does not"):
+        lj.load(tmp_path / "ck")
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
+    shutil.copytree(tmp_path / "ck", tmp_path / "damaged")
+    for f in (tmp_path / "damaged" / "params" / "final").rglob("d/*"):
+        f.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="final: unreadable") as e:
+        lj.load(tmp_path / "damaged")
+    assert "\n" not in str(e.value) and len(str(e.value)) < 500  # not tensorstore's spec dump
     shutil.rmtree(tmp_path / "ck" / "params" / "layer_001")
     with pytest.raises(CheckpointError, match="layer_001: weight group missing"):
         lj.load(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="params are float16"):
+        lj.save(tmp_path / "f16", CFG, jax.tree.map(lambda a: a.astype(jnp.float16), lj.init_params(
+            CFG, jax.random.key(0), jnp.float32)))
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):

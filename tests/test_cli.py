@@ -160,6 +160,19 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
         "--checkpoint", ck, "--prompt", "x", "--prompt", "1" * n, "--gen-length", "32")
 
 
+def test_a_backend_that_fails_to_start_is_one_line(checkpoint, capsys, monkeypatch):
+    """JAX_PLATFORMS naming a platform that is not installed: jax raises a bare
+    AssertionError; the command names the setting and the install, exit 1."""
+    def no_backend(*a, **k):
+        raise AssertionError
+    monkeypatch.setattr(jax, "devices", no_backend)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert main(["generate", "--checkpoint", str(checkpoint), "--prompt", "1+2="]) == 1
+    assert capsys.readouterr().err == (
+        "error: jax could not start a backend (JAX_PLATFORMS=cuda): AssertionError. For NVIDIA "
+        "GPUs install jax's CUDA plugin: pip install -e '.[cuda]'\n")
+
+
 def test_generate_flash_flags(checkpoint, capsys):
     """--flash and its options build the library's FlashConfig ('all' lifts a budget; omitted
     options keep its defaults), and the CLI prints what lj.generate gives with it. Flash
@@ -389,12 +402,23 @@ def test_prompts_file_jsonl_output_and_out_file(tmp_path, checkpoint, capsys, mo
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n"
                                               for i, p in enumerate(prompts)))
     (tmp_path / "o.txt").write_text("old")
+    (tmp_path / "o.txt").chmod(0o644)
     assert main([*base, "--prompts-file", str(tmp_path / "p.jsonl"),
                  "--out", str(tmp_path / "o.txt")]) == 0
     assert capsys.readouterr() == ("", "")
-    assert (tmp_path / "o.txt").read_text() == "".join(
-        f"--- {i}: {r['prompt']}\n{r['text']}\n" for i, r in enumerate(rows))
+    text = "".join(f"--- {i}: {r['prompt']}\n{r['text']}\n" for i, r in enumerate(rows))
+    assert (tmp_path / "o.txt").read_text() == text
+    assert (tmp_path / "o.txt").stat().st_mode & 0o777 == 0o644  # the old file's mode
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.txt", "p.jsonl", "p.txt"]
+    # A write that fails after generating (a full disk) loses nothing: stdout gets the text.
+    def no_room(path, text):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(cli, "write_atomically", no_room)
+        assert main([*base, "--prompts-file", str(tmp_path / "p.jsonl"),
+                     "--out", str(tmp_path / "o.txt")]) == 1
+    assert capsys.readouterr() == (text, f"error: --out {tmp_path / 'o.txt'}: No space left "
+                                         "on device; the answers went to stdout instead\n")
     # --slots 2: slot refill, two rows in flight, the same rows in the same order.
     assert main([*base, "--prompt", "12+30=", "--prompts-file", str(tmp_path / "p.txt"),
                  "--output", "jsonl", "--slots", "2"]) == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def hf_dir(tmp_path):
-    return write_hf_llada(tmp_path / "hf", CFG, random_llada_state(CFG), dtype=np.float32)
+    """A tiny HF LLaDA directory with a tokenizer (any: convert copies it unread)."""
+    hf = write_hf_llada(tmp_path / "hf", CFG, random_llada_state(CFG), dtype=np.float32)
+    shutil.copy2(ROOT / "demo_model" / "tokenizer.json", hf / "tokenizer.json")
+    return hf
 
 
 def _run(src, dst, *extra):
@@ -173,15 +178,19 @@ BAD_INPUTS = {
     "tied_but_head_present": (lambda hf: _set_config(hf, weight_tying=True),
                               "separate LM head"),
     "no_weights": (lambda hf: [p.unlink() for p in hf.glob("model*")], "no weights found"),
+    "fp8_skip_alone": (lambda hf: None, "--fp8-skip without --fp8-ffn", ("--fp8-skip", "1")),
+    "llama_config": (lambda hf: (hf / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})),
+        "a llama config (hidden_size, not LLaDA's d_model)"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
 def test_bad_input_is_refused_cleanly(tmp_path, hf_dir, capsys, case):
-    damage, message = BAD_INPUTS[case]
+    damage, message, *flags = BAD_INPUTS[case]
     damage(hf_dir)
     capsys.readouterr()
-    assert _run(hf_dir, tmp_path / "out") == 1
+    assert _run(hf_dir, tmp_path / "out", *(flags[0] if flags else ())) == 1
     err = capsys.readouterr().err
     assert err.startswith("convert: error: ") and err.count("\n") == 1, err
     assert message in err
@@ -189,15 +198,26 @@ def test_bad_input_is_refused_cleanly(tmp_path, hf_dir, capsys, case):
 
 
 def test_existing_destination(tmp_path, hf_dir, capsys):
+    """An existing DST needs --force, which replaces a checkpoint or an empty directory and
+    refuses anything else (a directory of other files, a file), leaving it as it was."""
     dst = tmp_path / "out"
     dst.mkdir()
     (dst / "keep").write_text("x")
     assert _run(hf_dir, dst) == 1
-    assert "already exists (use --force to replace it)" in capsys.readouterr().err
+    assert "already exists (--force replaces it)" in capsys.readouterr().err
+    assert _run(hf_dir, dst, "--force") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("convert: error: ") and "holds no lacache.json" in err, err
     assert (dst / "keep").read_text() == "x"
-    assert _run(hf_dir, dst, "--force") == 0
-    assert not (dst / "keep").exists() and lj.load(dst)[0] == CFG
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "out"]
+    (tmp_path / "file").write_text("y")
+    assert _run(hf_dir, tmp_path / "file", "--force") == 1
+    assert (tmp_path / "file").read_text() == "y"
+    (dst / "keep").unlink()
+    assert _run(hf_dir, dst, "--force") == 0 and lj.load(dst)[0] == CFG  # empty: replaced
+    (dst / "stray").write_text("z")
+    assert _run(hf_dir, dst, "--force") == 0  # a checkpoint: replaced whole
+    assert not (dst / "stray").exists() and lj.load(dst)[0] == CFG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "hf", "out"]
 
 
 def test_failed_force_keeps_the_old_destination(tmp_path, hf_dir):
@@ -225,6 +245,29 @@ def test_cli_subprocess(tmp_path, hf_dir):
                          cwd=tmp_path)
     assert bad.returncode == 1
     assert "Traceback" not in bad.stderr and "source directory not found" in bad.stderr
+
+
+def test_missing_tokenizer_warns(tmp_path, hf_dir, capsys):
+    """Weights without a tokenizer convert (the Python API needs none), with a warning that
+    the command line and lm-eval will want one."""
+    (hf_dir / "tokenizer.json").unlink()
+    capsys.readouterr()
+    assert _run(hf_dir, tmp_path / "out") == 0
+    assert capsys.readouterr().err == (
+        f"convert: warning: {hf_dir} has no tokenizer.json: `python -m lacache_jax generate` "
+        "and lm-eval need one beside the checkpoint (copy it into DST)\n")
+
+
+def test_too_little_space_is_refused_before_writing(tmp_path, hf_dir, capsys, monkeypatch):
+    """Less free space than the uncompressed weights: one line before anything is written."""
+    import collections
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr("shutil.disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    assert _run(hf_dir, tmp_path / "out") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("convert: error: ") and err.count("\n") == 1, err
+    assert "GiB free, the checkpoint needs up to" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
 # --- config.json keys we do not know: converted, with a warning naming them ----------------
@@ -255,12 +298,11 @@ def test_unknown_config_keys_warn(tmp_path, hf_dir, capsys):
 
 # --- Ctrl-C: nothing left beside DST, one line, exit 130 -----------------------------------
 
-def _interrupt_when(ready, tmp_path: Path, quiet: bool = True,
-                    until_exit: bool = False) -> tuple[int, str, str, bool]:
-    """Convert the demo model to tmp_path/dst and send SIGINT once `ready(pid, tmp dir or
+def _interrupt_when(ready, tmp_path: Path, quiet: bool = True, until_exit: bool = False,
+                    sig: int = signal.SIGINT) -> tuple[int, str, str, bool]:
+    """Convert the demo model to tmp_path/dst and send `sig` once `ready(pid, tmp dir or
     None)` holds (`until_exit`: again every millisecond until the process ends): (exit
     status, stdout, stderr, whether the moment was seen while running)."""
-    import signal
     import time
     cmd = [sys.executable, "-m", "convert", str(ROOT / "demo_model"), str(tmp_path / "dst")]
     p = subprocess.Popen(cmd + ["--quiet"] * quiet, cwd=tmp_path, text=True,
@@ -274,7 +316,7 @@ def _interrupt_when(ready, tmp_path: Path, quiet: bool = True,
         except OSError:  # a directory renamed or removed while we looked
             pass
         if seen:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(sig)
             if not until_exit:
                 break
         time.sleep(0.001 if seen else 0.002)
@@ -298,8 +340,8 @@ INTERRUPT_POINTS = {
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")
 def test_ctrl_c_leaves_nothing_behind(tmp_path):
     """SIGINT at three moments of converting the demo model (during the imports, as the
-    temporary directory appears, while orbax's threads write a layer, with the progress bar
-    on): one line, exit 130, no file beside DST. Then just before DST is put in place, where
+    temporary directory appears, while orbax's threads write a layer, without --quiet: no
+    bar, stderr not being a terminal): one line, exit 130, no file beside DST. Then just before DST is put in place, where
     the conversion may also complete: then it says `wrote`, exits 0 and leaves DST only."""
     message = "convert: interrupted; nothing was written\n"
     for i, (moment, ready) in enumerate(INTERRUPT_POINTS.items()):
@@ -308,7 +350,7 @@ def test_ctrl_c_leaves_nothing_behind(tmp_path):
         rc, out, err, seen = _interrupt_when(ready, work, quiet=i != 2)
         assert seen, f"the conversion ended before the moment {moment!r}"
         assert (rc, out, list(work.iterdir())) == (130, "", []), (moment, err)
-        assert err == message if i != 2 else err.endswith("\n" + message), (moment, err)
+        assert err == message, (moment, err)
         assert "Traceback" not in err and err.count("interrupted") == 1
 
     work = tmp_path / "last"
@@ -322,6 +364,15 @@ def test_ctrl_c_leaves_nothing_behind(tmp_path):
         assert rc == 0 and out.startswith(f"wrote {work / 'dst'}: 8 layers") and err == ""
         assert [p.name for p in work.iterdir()] == ["dst"]
         assert lj.load(work / "dst")[0].n_layers == 8
+
+
+def test_sigterm_leaves_nothing_behind(tmp_path):
+    """SIGTERM (what `timeout` and job schedulers send) while orbax writes a layer stops at
+    the next safe point as Ctrl-C does: one line, exit 143, no file beside DST."""
+    rc, out, err, seen = _interrupt_when(INTERRUPT_POINTS["while orbax writes layer_003"],
+                                         tmp_path, sig=signal.SIGTERM)
+    assert seen and (rc, out, err) == (143, "", "convert: terminated; nothing was written\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/maps")

@@ -323,7 +323,10 @@ def test_stop_at_eos(models):
     assert (toks[0, P + 2 * BL:] == eos).all()
     assert int(out.nfe[0]) == 2 * BL < int(full.nfe[0])
     first = int(np.argmax(gen_part[0] == eos))
-    assert int(out.gen_lengths[0]) == first and out.answers(G)[0] == gen_part[0, :first].tolist()
+    assert int(out.gen_lengths[0]) == first and out.answers()[0] == gen_part[0, :first].tolist()
+    assert out.answers(G) == out.answers()  # the run's own length, named or not
+    with pytest.raises(ValueError, match=f"answers\\(32\\): this output has gen_length {G}"):
+        out.answers(32)
     ref, ref_nfe = reference_generate(ref_model, prompts[0], gen_length=G, block_length=BL,
                                       steps=G, mask_id=CFG.mask_id, eos_id=eos, stop_at_eos=True)
     np.testing.assert_array_equal(toks[0, P - len(prompts[0]):], ref)
