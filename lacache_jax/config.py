@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
+
+import numpy as np
 
 
 class ConfigError(ValueError):
@@ -35,6 +38,7 @@ class ModelConfig:
     tie_embeddings: bool = False
 
     def __post_init__(self):
+        _python_scalars(self)
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab_size",
                      "max_seq_len"):
             _positive_int(getattr(self, name), name, ConfigError)
@@ -250,6 +254,7 @@ class DPadConfig:
     keep: int = 32
 
     def __post_init__(self):
+        _python_scalars(self)
         if self.strategy not in ("gaussian", "uniform"):
             raise ValueError(
                 f"dpad.strategy must be 'gaussian' or 'uniform', got {self.strategy!r}")
@@ -300,6 +305,7 @@ class FlashConfig:
     accept: str = "cumprod"
 
     def __post_init__(self):
+        _python_scalars(self)
         _positive_int(self.window, "flash.window")
         for name in ("lookahead", "track"):
             v = getattr(self, name)
@@ -349,6 +355,7 @@ class GenerationConfig:
     flash: FlashConfig | None = None
 
     def __post_init__(self):
+        _python_scalars(self)
         _positive_int(self.gen_length, "gen_length")
         _positive_int(self.block_length, "block_length")
         _positive_int(self.steps, "steps")
@@ -464,13 +471,22 @@ class GenerationConfig:
         return out
 
 
+def _python_scalars(config: Any) -> None:
+    """NumPy scalars (np.int64(24), np.float32(0.9): what arithmetic on arrays hands out)
+    stored as the Python numbers they are, so checks and hashing see plain ints and floats."""
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if isinstance(v, np.generic) and isinstance(v, (np.bool_, np.integer, np.floating)):
+            object.__setattr__(config, f.name, v.item())
+
+
 def _positive_int(v: Any, name: str, error: type[ValueError] = ValueError) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise error(f"{name} must be a positive integer, got {v!r}")
 
 
 def _number(v: Any, name: str, lo: float | None = None) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-        raise ValueError(f"{name} must be a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
     if lo is not None and v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")

@@ -113,3 +113,30 @@ def test_from_dict_rejects_unknown_and_missing_fields():
 
 def test_config_is_hashable_for_jit():
     assert hash(lj.tiny()) == hash(lj.tiny())
+
+
+def test_numpy_scalars_are_plain_numbers_and_infinities_refused():
+    """Settings computed with NumPy (np.int64, np.float32) are accepted and stored as Python
+    numbers, so configs built either way are equal and hash alike; inf is refused by name."""
+    import math
+
+    import numpy as np
+    import pytest
+
+    import lacache_jax as lj
+    plain = lj.GenerationConfig(gen_length=24, block_length=8, steps=24, threshold=0.5,
+                                dpad=lj.DPadConfig(window=np.int64(16), keep=np.int32(4)))
+    numpy = lj.GenerationConfig(gen_length=np.int64(24), block_length=np.int32(8),
+                                steps=np.int64(24), threshold=np.float32(0.5),
+                                stop_at_eos=np.bool_(True),
+                                dpad=lj.DPadConfig(window=16, keep=4))
+    assert numpy == plain and hash(numpy) == hash(plain)
+    assert type(numpy.gen_length) is int and type(numpy.threshold) is float
+    assert type(numpy.stop_at_eos) is bool and type(plain.dpad.window) is int
+    assert lj.FlashConfig(window=np.int64(4), gamma=np.float64(0.5)) == lj.FlashConfig(
+        window=4, gamma=0.5)
+    for field in ("temperature", "cfg_scale"):
+        with pytest.raises(ValueError, match=f"{field} must be a finite number, got inf"):
+            lj.GenerationConfig(**{field: math.inf})
+    with pytest.raises(ValueError, match="flash.gamma must be a finite number"):
+        lj.FlashConfig(gamma=math.inf)
