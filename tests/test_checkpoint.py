@@ -84,18 +84,24 @@ def test_load_errors(tmp_path):
                                               f"config \\({CFG.n_layers - 1} layers\\) does not"):
         lj.load(tmp_path / "ck")
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
-    shutil.copytree(tmp_path / "ck", tmp_path / "damaged")
-    for f in (tmp_path / "damaged" / "params" / "final").rglob("d/*"):
-        f.write_bytes(b"")
-    with pytest.raises(CheckpointError, match="final: unreadable") as e:
-        lj.load(tmp_path / "damaged")
-    assert "\n" not in str(e.value) and len(str(e.value)) < 500  # not tensorstore's spec dump
     shutil.rmtree(tmp_path / "ck" / "params" / "layer_001")
     with pytest.raises(CheckpointError, match="layer_001: weight group missing"):
         lj.load(tmp_path / "ck")
     with pytest.raises(CheckpointError, match="params are float16"):
         lj.save(tmp_path / "f16", CFG, jax.tree.map(lambda a: a.astype(jnp.float16), lj.init_params(
             CFG, jax.random.key(0), jnp.float32)))
+
+
+# tensorstore's reader leaves an asyncio callback behind when a read fails ("Event loop is
+# closed", raised where nothing can catch it): not ours to fix, and it changes no result.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_damaged_weights_are_one_short_line(tmp_path):
+    lj.save(tmp_path / "ck", CFG, lj.init_params(CFG, jax.random.key(0), jnp.float32))
+    for f in (tmp_path / "ck" / "params" / "final").rglob("d/*"):
+        f.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="final: unreadable") as e:
+        lj.load(tmp_path / "ck")
+    assert "\n" not in str(e.value) and len(str(e.value)) < 500  # not tensorstore's spec dump
 
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
