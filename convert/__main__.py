@@ -1,4 +1,5 @@
 """python -m convert SRC DST [--dtype bfloat16|float32] [--fp8-ffn [--fp8-skip 0]] [--force]
+    [--quiet]
 
 Ctrl-C (and SIGTERM, what `timeout` and job schedulers send): the handler installed first
 thing only records the signal; the conversion stops at its next safe point (between weight
@@ -14,6 +15,7 @@ conversion (exit -2, seen under CI's parallel test run); an ignored signal stays
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -51,8 +53,8 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
         return 143 if terminated else 130
     finally:
         for sig, handler in previous.items():
-            if handler is not None and not keep_handler:
-                signal.signal(sig, handler)
+            if not keep_handler:  # None: a handler not set from Python; the default stands in
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def cli() -> None:
@@ -69,7 +71,8 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
         description="Convert a Hugging Face LLaDA checkpoint (config.json + safetensors, or a "
                     "PyTorch state dict) into a lacache_jax checkpoint directory.")
     parser.add_argument("src", help="HF LLaDA directory")
-    parser.add_argument("dst", help="output checkpoint directory (must not exist)")
+    parser.add_argument("dst", help="output checkpoint directory (must not exist, unless "
+                                    "--force)")
     # The keys of convert.llada.DTYPES, not imported here: jax comes with it.
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                         help="stored weight dtype (default: bfloat16)")
@@ -79,7 +82,10 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
     parser.add_argument("--fp8-skip", default=None,
                         help="comma-separated layers kept in bf16 with --fp8-ffn (default: 0, "
                              "as LaCache); '' quantises every layer")
-    parser.add_argument("--force", action="store_true", help="replace an existing DST")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing DST that is a checkpoint (or an empty "
+                             "directory; anything else is refused), once the new one is "
+                             "complete")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress bar (there is none when stderr is not a terminal)")
     args = parser.parse_args(argv)
@@ -87,6 +93,9 @@ def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
     from convert.llada import ConvertWarning, convert  # jax, orbax: seconds of imports
     from convert.sources import ConvertError
     interrupt.check()
+    # orbax's writer threads log a failed write (a full disk) with its traceback, twice,
+    # before the same error reaches `convert` and becomes its one line: not printed here.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     try:
         skip = None
         if args.fp8_skip is not None and not args.fp8_ffn:

@@ -174,7 +174,7 @@ def cmd_generate(args) -> int:
 
     check = args.interrupt.check
     check()
-    _device()
+    _start_backend()
     config, params = lj.load(ckpt, dtype=args.dtype, progress=False if args.quiet else None)
     if args.fp8_ffn and not lj.quant.has_fp8_ffn(params):
         _note(args, "[quantising the FFN weights to FP8 at load; `python -m convert --fp8-ffn` "
@@ -215,12 +215,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _device():
-    """jax's default device; a backend that fails to start (JAX_PLATFORMS naming one that is
-    not installed: a bare AssertionError from jax) is one line naming the setting."""
+def _start_backend() -> None:
+    """Start jax's backend: one that fails to (JAX_PLATFORMS naming one that is not
+    installed: a bare AssertionError from jax) is one line naming the setting."""
     import jax
     try:
-        return jax.devices()[0]
+        jax.devices()
     except Exception as e:  # noqa: BLE001 (jax raises AssertionError or RuntimeError here)
         platforms = os.environ.get("JAX_PLATFORMS")
         named = f" (JAX_PLATFORMS={platforms})" if platforms else ""
@@ -242,10 +242,12 @@ def run_batch(params, config, prompts: list[list[int]], gen, key,
     t0 = time.perf_counter()
     if progress is not None:  # a terminal: say what the seconds before the bar are
         print("compiling the generation program ...", end="\r", file=sys.stderr, flush=True)
-    run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress,
-                              slots=slots)
-    if progress is not None:
-        print(" " * 40, end="\r", file=sys.stderr, flush=True)
+    try:
+        run = lj.compile_generate(params, config, prompts, gen, key=key, progress=progress,
+                                  slots=slots)
+    finally:
+        if progress is not None:
+            print(" " * 40, end="\r", file=sys.stderr, flush=True)
     compile_s = time.perf_counter() - t0
     check()
     t0 = time.perf_counter()

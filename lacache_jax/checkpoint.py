@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -185,9 +186,10 @@ def write_group(ckpt_dir: Path, name: str, arrays: Mapping[str, Any]) -> None:
             checkpointer.save(Path(ckpt_dir) / PARAMS_DIR / name,
                               args=ocp.args.StandardSave(dict(arrays)))
     except ValueError as e:  # tensorstore's I/O failures (a full disk: RESOURCE_EXHAUSTED)
-        if "os_error_code" not in str(e):
+        code = re.search(r"os_error_code='?(\d+)", str(e))
+        if code is None:
             raise
-        raise OSError(f"{name}: {str(e).splitlines()[0][:400]}") from None
+        raise OSError(int(code[1]), f"{name}: {os.strerror(int(code[1]))}") from None
 
 
 def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
@@ -238,9 +240,13 @@ def read_meta(path: str | os.PathLike) -> tuple[ModelConfig, str, list[int]]:
         raise CheckpointError(f"{meta_file}: bad config ({e})") from None
     if any(not 0 <= i < cfg.n_layers for i in fp8_layers):
         raise CheckpointError(f"{meta_file}: fp8_ffn_layers {fp8_layers} outside the model")
-    if meta.get("dtype") not in WEIGHT_DTYPES:
-        raise CheckpointError(f"{meta_file}: weight dtype {meta.get('dtype')!r}; "
-                              f"checkpoints hold {' or '.join(WEIGHT_DTYPES)}")
+    try:
+        floating = jnp.issubdtype(jnp.dtype(meta.get("dtype")), jnp.floating)
+    except TypeError:
+        floating = False
+    if not floating:
+        raise CheckpointError(f"{meta_file}: weight dtype {meta.get('dtype')!r} is not a "
+                              "floating type")
     return cfg, meta["dtype"], fp8_layers
 
 
@@ -256,9 +262,9 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     """
     config, stored_dtype, fp8_layers = read_meta(path)
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
-    if dtype.name not in WEIGHT_DTYPES:
+    if dtype.name not in WEIGHT_DTYPES:  # also a stored float16 (lj.save once took it)
         raise CheckpointError(f"dtype {dtype.name}: weights load as "
-                              f"{' or '.join(WEIGHT_DTYPES)}")
+                              f"{' or '.join(WEIGHT_DTYPES)} (pass dtype=)")
     if mesh is not None:
         sharding_lib.check_mesh(mesh, config)
         specs = sharding_lib.group_specs(config, mesh.shape[sharding_lib.MODEL])
@@ -279,11 +285,15 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     fp8_dtypes = {"gate_up": jnp.uint8, "down": jnp.uint8}
     dtype_of = lambda name, k: (fp8_dtypes.get(k, jnp.float32) if name.startswith("fp8_")
                                 else dtype)
-    stored_groups = {p.name for p in (Path(path) / PARAMS_DIR).glob("*") if p.is_dir()}
-    if extra := sorted(stored_groups - set(shapes)):  # a config that says fewer layers
+    # Weight groups the metadata does not know: a config that says fewer layers (loading
+    # would silently drop layers) or FP8 copies it does not list. Other entries are not ours.
+    stored = {p.name for p in (Path(path) / PARAMS_DIR).iterdir()
+              if re.fullmatch(r"(fp8_)?layer_\d{3}", p.name)}
+    if extra := sorted(stored - set(shapes)):
+        known = (f"its config has {config.n_layers} layers" if extra[0].startswith("layer_")
+                 else f"{META_FILE} lists FP8 FFN copies for layers {fp8_layers}")
         raise CheckpointError(f"{Path(path) / PARAMS_DIR}: holds {', '.join(extra[:3])}"
-                              f"{' ...' if len(extra) > 3 else ''}, which its config "
-                              f"({config.n_layers} layers) does not")
+                              f"{' ...' if len(extra) > 3 else ''}, but {known}")
     for name in tqdm(shapes, desc="loading", unit="group", leave=False,
                      disable=None if progress is None else not progress):
         item = Path(path).absolute() / PARAMS_DIR / name

@@ -472,12 +472,17 @@ class GenerationConfig:
 
 
 def _python_scalars(config: Any) -> None:
-    """NumPy scalars (np.int64(24), np.float32(0.9): what arithmetic on arrays hands out)
-    stored as the Python numbers they are, so checks and hashing see plain ints and floats."""
+    """NumPy scalars (np.int64(24), np.float32(0.5): what arithmetic on arrays hands out)
+    stored as the Python numbers they are, so checks and hashing see plain ints and floats.
+    A float keeps the value it holds: np.float32(0.9) is 0.8999999761581421, not 0.9."""
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)
-        if isinstance(v, np.generic) and isinstance(v, (np.bool_, np.integer, np.floating)):
-            object.__setattr__(config, f.name, v.item())
+        if isinstance(v, np.bool_):
+            object.__setattr__(config, f.name, bool(v))
+        elif isinstance(v, np.integer):
+            object.__setattr__(config, f.name, int(v))
+        elif isinstance(v, np.floating):
+            object.__setattr__(config, f.name, float(v))
 
 
 def _positive_int(v: Any, name: str, error: type[ValueError] = ValueError) -> None:
@@ -486,7 +491,11 @@ def _positive_int(v: Any, name: str, error: type[ValueError] = ValueError) -> No
 
 
 def _number(v: Any, name: str, lo: float | None = None) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    try:
+        finite = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    except OverflowError:  # an int beyond float's range
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be a finite number, got {v!r}")
     if lo is not None and v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")

@@ -38,7 +38,8 @@ class GenerateOutput:
     steps: jax.Array           # [B] decoding steps the row took part in
     revealed: jax.Array        # [B] tokens the sampler revealed (not the EOS fill)
     gen_lengths: jax.Array     # [B] generated tokens before the first EOS
-    gen_length: int = dataclasses.field(default=0, metadata=dict(static=True))  # the run's
+    # the run's gen_length (generate sets it; 0: not known, answers() then needs it)
+    gen_length: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @property
     def tokens_per_step(self) -> jax.Array:
@@ -51,6 +52,8 @@ class GenerateOutput:
             raise ValueError(f"answers({gen_length}): this output has gen_length "
                              f"{self.gen_length}")
         gen_length = gen_length or self.gen_length
+        if not gen_length:
+            raise ValueError("answers(gen_length): this output does not know its gen_length")
         toks, lens = np.asarray(self.tokens), np.asarray(self.gen_lengths)
         start = toks.shape[1] - gen_length
         return [toks[b, start:start + lens[b]].tolist() for b in range(toks.shape[0])]

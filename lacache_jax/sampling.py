@@ -193,7 +193,9 @@ def dpad_block_keys(keys_B: jax.Array, block: int | jax.Array) -> jax.Array:
 
 def dpad_keep_probs(dpad: DPadConfig, n: int) -> list[float]:
     """Keep probability of each of the first n suffix distances (0 past the window), as
-    `dpad_keep` draws them; uniform: the share `keep / window` (its count is fixed anyway)."""
+    `dpad_keep` draws them for gaussian DPad (`dpad_capacity` reads them); uniform: the share
+    `keep / window` (its count is fixed anyway, and a suffix of at most `keep` columns is kept
+    whole, which this does not describe)."""
     out = []
     for d in range(n):
         if d >= dpad.window:

@@ -71,19 +71,27 @@ def test_load_errors(tmp_path):
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "format": 99}))
     with pytest.raises(CheckpointError, match="unknown checkpoint format 99"):
         lj.load(tmp_path / "ck")
-    (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "dtype": "float16"}))
-    with pytest.raises(CheckpointError, match="weight dtype 'float16'; checkpoints hold "
-                                              "bfloat16 or float32"):
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "dtype": "int8"}))
+    with pytest.raises(CheckpointError, match="weight dtype 'int8' is not a floating type"):
         lj.load(tmp_path / "ck")
+    # a float16 checkpoint (lj.save took one before it refused them) loads converted only
+    (tmp_path / "ck" / "lacache.json").write_text(json.dumps({**meta, "dtype": "float16"}))
+    with pytest.raises(CheckpointError, match=r"dtype float16: weights load as bfloat16 or "
+                                              r"float32 \(pass dtype=\)"):
+        lj.load(tmp_path / "ck")
+    assert lj.load(tmp_path / "ck", dtype="float32")[1].dtype == jnp.float32
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="dtype int8: weights load as bfloat16 or float32"):
         lj.load(tmp_path / "ck", dtype="int8")
     fewer = {**meta, "config": {**meta["config"], "n_layers": CFG.n_layers - 1}}
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps(fewer))
-    with pytest.raises(CheckpointError, match=f"holds layer_00{CFG.n_layers - 1}, which its "
-                                              f"config \\({CFG.n_layers - 1} layers\\) does not"):
+    with pytest.raises(CheckpointError, match=f"holds layer_00{CFG.n_layers - 1}, but its "
+                                              f"config has {CFG.n_layers - 1} layers"):
         lj.load(tmp_path / "ck")
     (tmp_path / "ck" / "lacache.json").write_text(json.dumps(meta))
+    (tmp_path / "ck" / "params" / ".ipynb_checkpoints").mkdir()  # not a weight group: ignored
+    (tmp_path / "ck" / "params" / "notes.txt").write_text("x")
+    assert lj.load(tmp_path / "ck")[0] == CFG
     shutil.rmtree(tmp_path / "ck" / "params" / "layer_001")
     with pytest.raises(CheckpointError, match="layer_001: weight group missing"):
         lj.load(tmp_path / "ck")

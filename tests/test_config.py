@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 
+import numpy as np
 import pytest
 
 import lacache_jax as lj
@@ -118,12 +120,6 @@ def test_config_is_hashable_for_jit():
 def test_numpy_scalars_are_plain_numbers_and_infinities_refused():
     """Settings computed with NumPy (np.int64, np.float32) are accepted and stored as Python
     numbers, so configs built either way are equal and hash alike; inf is refused by name."""
-    import math
-
-    import numpy as np
-    import pytest
-
-    import lacache_jax as lj
     plain = lj.GenerationConfig(gen_length=24, block_length=8, steps=24, threshold=0.5,
                                 dpad=lj.DPadConfig(window=np.int64(16), keep=np.int32(4)))
     numpy = lj.GenerationConfig(gen_length=np.int64(24), block_length=np.int32(8),
@@ -135,8 +131,11 @@ def test_numpy_scalars_are_plain_numbers_and_infinities_refused():
     assert type(numpy.stop_at_eos) is bool and type(plain.dpad.window) is int
     assert lj.FlashConfig(window=np.int64(4), gamma=np.float64(0.5)) == lj.FlashConfig(
         window=4, gamma=0.5)
-    for field in ("temperature", "cfg_scale"):
-        with pytest.raises(ValueError, match=f"{field} must be a finite number, got inf"):
-            lj.GenerationConfig(**{field: math.inf})
+    # a float keeps the value it holds: float32's 0.9 is not 0.9
+    assert lj.GenerationConfig(threshold=np.float32(0.9)).threshold == float(np.float32(0.9))
+    for field, value in (("temperature", math.inf), ("cfg_scale", math.inf),
+                         ("temperature", 10 ** 400)):  # beyond float: OverflowError inside
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            lj.GenerationConfig(**{field: value})
     with pytest.raises(ValueError, match="flash.gamma must be a finite number"):
         lj.FlashConfig(gamma=math.inf)

@@ -116,10 +116,13 @@ def test_exact_gaussian_overflow_runs_the_masked_canvas_with_the_same_tokens(par
 
 
 def test_dpad_capacity():
-    """Uniform: exactly min(keep, window, n). Gaussian: the (1 - tail) quantile of the kept
-    count, checked against dpad_keep's own draws."""
+    """Uniform: exactly min(keep, window), or n where n <= keep (DPad keeps a short suffix
+    whole). Gaussian: the (1 - tail) quantile of the kept count, checked against dpad_keep's
+    own draws."""
     for n in (0, 3, 8, 30):
         assert sampling.dpad_capacity(UNIFORM, n) == min(4, 10, n)
+    wide = lj.DPadConfig(strategy="uniform", window=4, keep=12)  # keep above the window
+    assert [sampling.dpad_capacity(wide, n) for n in (3, 12, 13, 30)] == [3, 12, 4, 4]
     dpad = lj.DPadConfig(window=64)
     keys = jax.random.split(jax.random.key(1), 4000)
     counts = np.asarray(sampling.dpad_keep(dpad, keys, jnp.int32(10), 100))[:, 10:].sum(1)

@@ -327,6 +327,10 @@ def test_stop_at_eos(models):
     assert out.answers(G) == out.answers()  # the run's own length, named or not
     with pytest.raises(ValueError, match=f"answers\\(32\\): this output has gen_length {G}"):
         out.answers(32)
+    unknown = dataclasses.replace(out, gen_length=0)  # built by hand: no length of its own
+    with pytest.raises(ValueError, match="does not know its gen_length"):
+        unknown.answers()
+    assert unknown.answers(G) == out.answers()
     ref, ref_nfe = reference_generate(ref_model, prompts[0], gen_length=G, block_length=BL,
                                       steps=G, mask_id=CFG.mask_id, eos_id=eos, stop_at_eos=True)
     np.testing.assert_array_equal(toks[0, P - len(prompts[0]):], ref)

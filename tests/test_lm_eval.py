@@ -270,8 +270,8 @@ def test_command_line_runs_the_registered_model(demo_ckpt, monkeypatch, capsys):
     assert "|lacache_arith_mc|" in table and "|acc   |" in table
 
 
-def test_command_line_checks_model_args_first_and_passes_our_batch_size(demo_ckpt,
-                                                                      monkeypatch, capsys):
+def test_command_line_checks_model_args_first_and_passes_our_batch_size(
+        demo_ckpt, monkeypatch, capsys, tmp_path):
     """Mistakes in the model args are one line and exit 1 before lm-eval starts; with no
     --batch_size, lm-eval gets the model's (its default 1 would override the model arg's)."""
     from lacache_jax.lm_eval.__main__ import main
@@ -288,14 +288,24 @@ def test_command_line_checks_model_args_first_and_passes_our_batch_size(demo_ckp
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
     assert not seen
     base = ["--model", "lacache_jax", "--tasks", "t", "--model_args"]
-    assert main([*base, f"checkpoint={demo_ckpt},gen_length=64"]) == 0
-    assert main([*base, f"checkpoint={demo_ckpt}", "batch_size=4"]) == 0
-    assert main([*base, f"checkpoint={demo_ckpt}", "-b", "2"]) == 0
-    assert main(["--model", "hf", "--tasks", "t"]) == 0  # other models: untouched
-    assert seen == [[*base, f"checkpoint={demo_ckpt},gen_length=64", "--batch_size", "32"],
-                    [*base, f"checkpoint={demo_ckpt}", "batch_size=4", "--batch_size", "4"],
-                    [*base, f"checkpoint={demo_ckpt}", "-b", "2"],
-                    ["--model", "hf", "--tasks", "t"]]
+    yaml = tmp_path / "eval.yaml"  # lm-eval's --config: flags override it
+    yaml.write_text(f"model: lacache_jax\ntasks: [t]\nmodel_args:\n  checkpoint: {demo_ckpt}\n")
+    sized = tmp_path / "sized.yaml"
+    sized.write_text(yaml.read_text() + "batch_size: 8\n")
+    runs = [  # argv, what lm-eval is handed
+        ([*base, f"checkpoint={demo_ckpt},gen_length=64"], ["--batch_size", "32"]),
+        ([*base, f"checkpoint={demo_ckpt}", "batch_size=4"], ["--batch_size", "4"]),
+        ([*base, f"checkpoint={demo_ckpt}", "-b", "2"], []),
+        ([*base, f"checkpoint={demo_ckpt}", "--batch", "2"], []),  # lm-eval reads --batch
+        (["--model", "lacache_jax", "--tasks", "t", "--model_arg", f"checkpoint={demo_ckpt}",
+          f"tokenizer={demo_ckpt}"], ["--batch_size", "32"]),
+        (["--config", str(yaml)], ["--batch_size", "32"]),
+        (["--config", str(sized)], []),
+        (["--model", "hf", "--tasks", "t"], []),  # other models: untouched
+    ]
+    for argv, added in runs:
+        assert main(argv) == 0 and seen.pop() == argv + added, argv
+    assert main(["--config", str(tmp_path / "nope.yaml")]) == 0  # lm-eval says what is wrong
 
 
 def test_flash_answers_read_the_decoded_positions(demo_ckpt):
@@ -371,9 +381,13 @@ def test_generation_settings_and_answer_cleanup(demo_ckpt, caplog):
         chat.tok.chat_prompt("1+2=")
 
 
-def test_harness_batch_size_does_not_clash_with_model_args(demo_ckpt):
-    lm = LaCacheLM.create_from_arg_string(f"checkpoint={demo_ckpt},batch_size=8,cache=none",
-                                          {"batch_size": 1, "device": "cuda"})
+def test_harness_batch_size_does_not_clash_with_model_args(demo_ckpt, caplog):
+    with caplog.at_level("WARNING"):
+        lm = LaCacheLM.create_from_arg_string(f"checkpoint={demo_ckpt},batch_size=8,cache=none",
+                                              {"batch_size": 1, "device": "cuda:0"})
+        assert "not read" not in caplog.text  # lm-eval's default device: nothing asked for
+        LaCacheLM.create_from_arg_string(f"checkpoint={demo_ckpt}", {"device": "cuda:3"})
+    assert "--device cuda:3 is not read: lacache_jax runs on jax's default device" in caplog.text
     assert lm.settings.batch_size == 8 and lm.gen.cache == "none"
     assert LaCacheLM.create_from_arg_string(f"checkpoint={demo_ckpt}",
                                             {"batch_size": "3"}).settings.batch_size == 3

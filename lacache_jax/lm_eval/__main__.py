@@ -14,7 +14,6 @@ arg, default 32) is passed instead. `--help` adds the model args to lm-eval's he
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -47,6 +46,38 @@ def model_args_help() -> str:
     return "\n".join(lines)
 
 
+def as_lm_eval_reads(argv: list[str]) -> dict | None:
+    """The settings lm-eval will run `argv` with (its `--config` YAML under the flags, which
+    it reads abbreviated too), by lm-eval's own parser; None where that parser stops (help,
+    a usage error: lm-eval then reports it itself) or is not this version's."""
+    try:
+        from lm_eval._cli.harness import HarnessCLI
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+    except ImportError:
+        return None
+    saved = sys.argv
+    sys.argv = [PROG, *argv]
+    try:
+        ns = HarnessCLI().parse_args()
+    except SystemExit:
+        return None
+    finally:
+        sys.argv = saved
+    if getattr(ns, "command", None) != "run":
+        return None
+    settings = {}
+    if getattr(ns, "config", None):
+        try:
+            settings.update(EvaluatorConfig.load_yaml_config(ns.config))
+        except (OSError, TypeError, ValueError):
+            return None  # lm-eval reports the file itself
+    settings.update({k: v for k, v in vars(ns).items()
+                     if (v or v == 0) and k not in ("command", "func")})
+    if isinstance(settings.get("model_args"), str):
+        settings["model_args"] = model_args_of([settings["model_args"]])
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -61,23 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         print("error: lm-eval is not installed: pip install -e '.[eval]' (or "
               "'lacache_jax[eval]')", file=sys.stderr)
         return 1
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--model", "-M")
-    p.add_argument("--model_args", "-a", nargs="+", action="extend")
-    p.add_argument("--batch_size", "-b")
-    p.add_argument("--help", "-h", action="store_true")
-    known, _ = p.parse_known_args(argv)
-    if known.help:
+    if "-h" in argv or "--help" in argv:
         print(model_args_help() + "\n")
-    elif known.model == "lacache_jax":
+    settings = as_lm_eval_reads(argv)
+    if settings is not None and settings.get("model") == "lacache_jax":
+        args = dict(settings.get("model_args") or {})
         try:
-            args = model_args_of(known.model_args)
             preflight(args)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        if known.batch_size is None:
-            argv += ["--batch_size", str(parse(args).batch_size)]
+        if "batch_size" not in settings:  # neither a flag nor the YAML: lm-eval's 1 otherwise
+            argv += ["--batch_size", str(parse(
+                {k: v for k, v in args.items() if k != "tokenizer"}).batch_size)]
     sys.argv = [PROG, *argv]
     cli_evaluate()
     return 0

@@ -102,7 +102,7 @@ class LaCacheLM(LM):
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         if str(extra.get("batch_size", "")).startswith("auto"):
             raise ValueError("batch_size=auto is not supported: give a number of rows")
-        if "device" in extra:
+        if not _runs_on(extra.get("device", _LM_EVAL_DEVICE)):
             log.warning("--device %s is not read: lacache_jax runs on jax's default device "
                         "(%s; pick it with JAX_PLATFORMS or CUDA_VISIBLE_DEVICES)",
                         extra["device"], jax.devices()[0])
@@ -297,6 +297,22 @@ def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list
     return [row[:n].tolist() for row, n in zip(canvas, np.asarray(out.revealed))]
 
 
+_LM_EVAL_DEVICE = "cuda:0"  # what lm-eval passes when --device is not given
+
+
+def _runs_on(device: str) -> bool:
+    """Whether lm-eval's `device` names what jax runs on (lm-eval's own default counts as
+    asked for nothing)."""
+    if device == _LM_EVAL_DEVICE:
+        return True
+    actual = jax.devices()[0]
+    kind, _, index = str(device).partition(":")
+    if kind == "cpu":
+        return actual.platform == "cpu"
+    return kind in ("cuda", "gpu") and actual.platform == "gpu" and (index or "0") == str(
+        actual.id)
+
+
 def preflight(model_args: dict[str, Any]) -> None:
     """What constructing the model checks before its weights load (the model args, the
     checkpoint's metadata and tokenizer, the ids against its vocabulary) and, where
@@ -304,11 +320,13 @@ def preflight(model_args: dict[str, Any]) -> None:
     refused at the first generate_until request; log-likelihood tasks do not generate).
     Raises ValueError naming the problem (the command line's one-line errors)."""
     from lacache_jax.checkpoint import read_meta
+    model_args = dict(model_args)
+    tokenizer = model_args.pop("tokenizer", None)  # a keyword of LaCacheLM, not a model arg
     settings = parse(model_args)
     if settings.checkpoint is None:
         raise ValueError("checkpoint is required: the directory written by `python -m convert`")
     config, _, _ = read_meta(settings.checkpoint)
-    Tokenizer(settings.checkpoint)
+    Tokenizer(tokenizer or settings.checkpoint)
     gen = settings.gen.resolve(config)
     if "gen_length" in model_args and gen.gen_length >= config.max_seq_len:
         raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in the "
