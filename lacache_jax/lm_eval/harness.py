@@ -7,7 +7,8 @@
                            prompts, longest first (or slot refill with `slots`); each row's
                            whole generated canvas decoded with its special tokens, cut at the
                            `until` strings, then the special tokens removed, so text after an
-                           EOS stays, as in the reference.
+                           EOS stays, as in the reference (with `flash`, the first n positions,
+                           n the tokens decoded, as Flash-dLLM's harness reads them).
     loglikelihood          the Monte-Carlo ELBO of REFERENCE.md §9 (elbo.py), is_greedy by
                            LLaDA's greedy check.
     loglikelihood_rolling  the same ELBO over each document, chunked by lm-eval's rolling
