@@ -14,6 +14,8 @@ arg, default 32) is passed instead. `--help` adds the model args to lm-eval's he
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 
@@ -58,7 +60,8 @@ def as_lm_eval_reads(argv: list[str]) -> dict | None:
     saved = sys.argv
     sys.argv = [PROG, *argv]
     try:
-        ns = HarnessCLI().parse_args()
+        with contextlib.redirect_stderr(io.StringIO()):  # lm-eval says it again, once
+            ns = HarnessCLI().parse_args()
     except SystemExit:
         return None
     finally:
@@ -92,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: lm-eval is not installed: pip install -e '.[eval]' (or "
               "'lacache_jax[eval]')", file=sys.stderr)
         return 1
-    if "-h" in argv or "--help" in argv:
+    helping = "-h" in argv or "--help" in argv
+    if helping:  # ours, then lm-eval's (its parser prints it: not read here as well)
         print(model_args_help() + "\n")
-    settings = as_lm_eval_reads(argv)
+    settings = None if helping else as_lm_eval_reads(argv)
     if settings is not None and settings.get("model") == "lacache_jax":
         args = dict(settings.get("model_args") or {})
         try:
