@@ -337,9 +337,12 @@ def _encode(tok, prompt: Prompt, chat: bool) -> list[int]:
     from lacache_jax.tokenizer import TokenizerError
     try:
         ids = tok.encode(prompt.text)  # alone first: an error's position is in the user's text
-        return tok.encode(tok.chat_prompt(prompt.text)) if chat else ids
+        ids = tok.encode(tok.chat_prompt(prompt.text)) if chat else ids
     except TokenizerError as e:
         raise CLIError(f"{prompt.where}: {e}") from None
+    if not ids:
+        raise CLIError(f"{prompt.where}: the prompt is empty (no token to condition on)")
+    return ids
 
 
 def _note(args, message: str) -> None:

@@ -139,6 +139,8 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
     assert "block_length=4 does not divide gen_length=10" in error(
         "--checkpoint", ck, "--prompt", "x", "--gen-length", "10", "--block-length", "4")
     assert "no prompt: pass --prompt" in error("--checkpoint", ck)
+    assert "--prompt 2: the prompt is empty" in error("--checkpoint", ck, "--prompt", "1",
+                                                      "--prompt", "")
     assert "--out /nonexistent/o.txt: directory /nonexistent does not exist" in error(
         "--checkpoint", ck, "--prompt", "x", "--out", "/nonexistent/o.txt")
     (tmp_path / "o_dir").mkdir()
