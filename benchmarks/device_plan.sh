@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twenty-fifth session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-sixth session of 2026-12-04
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. The twenty-fifth
 # and twenty-sixth sessions were lent no device. Done in the twenty-fourth: 30 (XLA's command buffers: no lever,
