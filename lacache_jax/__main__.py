@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,8 +164,13 @@ def cmd_generate(args) -> int:
         if eot_id is None:
             raise CLIError("--confidence-eos-eot-inf needs --eot-id: this tokenizer has no "
                            "<|eot_id|>")
-    gen = generation_config(args, eot_id)
-    gen.resolve(config)  # the ids against the vocabulary (--eot-id), before the weights load
+    try:
+        gen = generation_config(args, eot_id)
+        gen.resolve(config)  # the ids against the vocabulary (--eot-id), before the weights load
+    except CLIError:
+        raise
+    except ValueError as e:  # the library's words for a setting are its fields' names
+        raise CLIError(in_flags(str(e))) from None
     ids = [_encode(tok, p, args.chat) for p in prompts]
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if len(ids[longest]) + gen.gen_length > config.max_seq_len:
@@ -512,6 +518,22 @@ FLASH_OPTIONS = tuple(f.name for f in dataclasses.fields(lj_config.FlashConfig))
 # Each has its `--dpad-NAME` flag; `--dpad STRATEGY` switches DPad on.
 DPAD_OPTIONS = tuple(f.name for f in dataclasses.fields(lj_config.DPadConfig)
                      if f.name != "strategy")
+
+
+def in_flags(message: str) -> str:
+    """A GenerationConfig error in the command line's words, for settings that have a flag:
+    `block_length=4` as `--block-length 4`, `dpad.scale` as `--dpad-scale`, and the setting
+    a message starts with (`temperature must be ...`)."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {o for a in sub.choices["generate"]._actions for o in a.option_strings}
+
+    def word(m: re.Match) -> str:
+        name, eq = m[1], m[2]
+        as_flag = "--" + name.replace("_", "-").replace(".", "-")
+        if as_flag not in flags or not (eq or "." in name or m.start() == 0):
+            return m[0]
+        return as_flag + (" " if eq else "")
+    return re.sub(r"(?<![-\w.])((?:flash\.|dpad\.)?[a-z][a-z_]*)(=?)", word, message)
 
 
 def generation_config(args, eot_id: int | None):

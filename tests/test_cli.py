@@ -136,7 +136,7 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
     for f in ("lacache.json", "params"):
         (tmp_path / f).symlink_to(checkpoint / f)
     assert "tokenizer.json: missing" in error("--checkpoint", str(tmp_path), "--prompt", "x")
-    assert "block_length=4 does not divide gen_length=10" in error(
+    assert "--block-length 4 does not divide --gen-length 10" in error(
         "--checkpoint", ck, "--prompt", "x", "--gen-length", "10", "--block-length", "4")
     assert "no prompt: pass --prompt" in error("--checkpoint", ck)
     assert "--prompt 2: the prompt is empty" in error("--checkpoint", ck, "--prompt", "1",
@@ -150,9 +150,9 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
         "--checkpoint", ck, "--prompt", "x", "--slots", "0")
     assert "--dpad-k, --dpad-keep without --dpad" in error(
         "--checkpoint", ck, "--prompt", "x", "--dpad-k", "2", "--dpad-keep", "8")
-    assert "dpad.scale must be a positive number, got -1.0" in error(
+    assert "--dpad-scale must be a positive number, got -1.0" in error(
         "--checkpoint", ck, "--prompt", "x", "--dpad", "gaussian", "--dpad-scale", "-1")
-    assert "eot_id=9999 is outside the model's vocabulary" in error(
+    assert "--eot-id 9999 is outside the model's vocabulary" in error(
         "--checkpoint", ck, "--prompt", "x", "--eot-id", "9999", "--confidence-eos-eot-inf")
     assert "--eot-id without --confidence-eos-eot-inf" in error(
         "--checkpoint", ck, "--prompt", "x", "--eot-id", "5")
@@ -226,7 +226,7 @@ def test_generate_flash_flags(checkpoint, capsys):
         "--threshold", "0.5", "--flash-window", "16", "--flash-gamma", "0.8")
     assert "--flash-verify without --flash" in error("--flash-verify")
     assert "--flash-track without --flash" in error("--flash-track", "0")
-    assert "flash.window must be a positive integer, got 0" in error(
+    assert "--flash-window must be a positive integer, got 0" in error(
         "--threshold", "0.5", "--flash", "--flash-window", "0")
     assert "--flash-gamma, --flash-accept without --flash-verify" in error(
         "--threshold", "0.5", "--flash", "--flash-gamma", "0.7", "--flash-accept", "agree")
@@ -234,7 +234,7 @@ def test_generate_flash_flags(checkpoint, capsys):
         "--threshold", "0.5", "--flash", "--block-length", "32")
     assert "--steps does not apply with --flash" in error(
         "--threshold", "0.5", "--flash", "--steps", "16")
-    assert "threshold is required with flash" in error("--flash")
+    assert "--threshold is required with flash" in error("--flash")
     with pytest.raises(SystemExit) as done:
         main(["generate", "--checkpoint", str(checkpoint), "--prompt", "x", "--flash",
               "--flash-track", "some"])
