@@ -20,13 +20,13 @@ from tqdm.auto import tqdm
 from convert.sources import ConvertError, Entry, find_sources
 from lacache_jax import checkpoint as ckpt
 from lacache_jax import safetensors_file as stf
-from lacache_jax.config import HF_KEYS_READ, ConfigError, ModelConfig
+from lacache_jax.config import HF_KEYS_READ, WEIGHT_DTYPES, ConfigError, ModelConfig
 from lacache_jax.hf_export import PREFIX, hf_shapes, key_plan
 from lacache_jax.quant import check_fp8_ffn_dims, quantize_ffn_layer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json")
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DTYPES = {name: jnp.dtype(name) for name in WEIGHT_DTYPES}
 _FLOAT_SOURCES = {np.dtype(n) for n in ("float16", "float32", "float64")} | {
     stf.DTYPES["BF16"]}
 

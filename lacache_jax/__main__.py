@@ -138,14 +138,8 @@ def cmd_generate(args) -> int:
     ckpt = Path(args.checkpoint)
     if not ckpt.is_dir():
         raise CLIError(f"--checkpoint {ckpt}: directory does not exist")
-    if args.out is not None and not Path(args.out).absolute().parent.is_dir():
-        raise CLIError(f"--out {args.out}: directory {Path(args.out).absolute().parent} "
-                       "does not exist")
-    if args.out is not None and Path(args.out).is_dir():
-        raise CLIError(f"--out {args.out} is a directory: name a file")
-    if args.out is not None and not os.access(Path(args.out).absolute().parent, os.W_OK):
-        raise CLIError(f"--out {args.out}: directory {Path(args.out).absolute().parent} is "
-                       "not writable")
+    if args.out is not None:
+        _check_out(args.out)
     if args.slots is not None and args.slots < 1:
         raise CLIError(f"--slots must be a positive integer, got {args.slots}")
     prompts = [Prompt(p, f"--prompt {i}") for i, p in enumerate(args.prompt or [], 1)]
@@ -156,21 +150,7 @@ def cmd_generate(args) -> int:
 
     config, _, _ = read_meta(ckpt)  # cheap: every check below runs before the weights load
     tok = Tokenizer(ckpt, reserved_ids={config.eos_id, config.mask_id, config.pad_id})
-    eot_id = args.eot_id
-    if eot_id is not None and not args.confidence_eos_eot_inf:
-        raise CLIError("--eot-id without --confidence-eos-eot-inf, the only setting that uses it")
-    if args.confidence_eos_eot_inf and eot_id is None:
-        eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
-        if eot_id is None:
-            raise CLIError("--confidence-eos-eot-inf needs --eot-id: this tokenizer has no "
-                           "<|eot_id|>")
-    try:
-        gen = generation_config(args, eot_id)
-        gen.resolve(config)  # the ids against the vocabulary (--eot-id), before the weights load
-    except CLIError:
-        raise
-    except ValueError as e:  # the library's words for a setting are its fields' names
-        raise CLIError(in_flags(str(e))) from None
+    gen = _settings(args, config, tok)
     ids = [_encode(tok, p, args.chat) for p in prompts]
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if len(ids[longest]) + gen.gen_length > config.max_seq_len:
@@ -219,6 +199,38 @@ def cmd_generate(args) -> int:
                 f"tokens per step; compile {compile_s:.1f} s; {jax.default_backend()}]"
                 + (f"; wrote {args.out}" if args.out is not None else ""))
     return 0
+
+
+def _check_out(out: str) -> None:
+    """--out names a file in a writable directory (checked before anything runs)."""
+    parent = Path(out).absolute().parent
+    if not parent.is_dir():
+        raise CLIError(f"--out {out}: directory {parent} does not exist")
+    if Path(out).is_dir():
+        raise CLIError(f"--out {out} is a directory: name a file")
+    if not os.access(parent, os.W_OK):
+        raise CLIError(f"--out {out}: directory {parent} is not writable")
+
+
+def _settings(args, config, tok):
+    """The generate command's GenerationConfig, resolved against the model (its ids checked
+    against the vocabulary before the weights load); the library's errors in flag names."""
+    eot_id = args.eot_id
+    if eot_id is not None and not args.confidence_eos_eot_inf:
+        raise CLIError("--eot-id without --confidence-eos-eot-inf, the only setting that uses it")
+    if args.confidence_eos_eot_inf and eot_id is None:
+        eot_id = tok.token_id("<|eot_id|>")  # LLaDA's end of turn
+        if eot_id is None:
+            raise CLIError("--confidence-eos-eot-inf needs --eot-id: this tokenizer has no "
+                           "<|eot_id|>")
+    try:
+        gen = generation_config(args, eot_id)
+        gen.resolve(config)
+    except CLIError:
+        raise
+    except ValueError as e:  # the library's words for a setting are its fields' names
+        raise CLIError(in_flags(str(e))) from None
+    return gen
 
 
 def _start_backend() -> None:
@@ -397,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     g.add_argument("--fp8-ffn", action="store_true",
                    help="LaCache FP8 FFN (quantised at load unless the checkpoint stores it)")
-    g.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
+    g.add_argument("--dtype", default=None, choices=lj_config.WEIGHT_DTYPES,
                    help="weight dtype (default: as stored)")
     p.set_defaults(run=cmd_generate)
     return parser

@@ -37,13 +37,12 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from lacache_jax import sharding as sharding_lib
-from lacache_jax.config import ConfigError, ModelConfig
+from lacache_jax.config import WEIGHT_DTYPES, ConfigError, ModelConfig
 from lacache_jax.model import Layer, Params, outer_shapes, param_shapes
 from lacache_jax.quant import FP8, FP8FFN, ffn8_shapes
 
 FORMAT = 1
 META_FILE = "lacache.json"
-WEIGHT_DTYPES = ("bfloat16", "float32")  # what checkpoints store and load as
 PARAMS_DIR = "params"
 
 
@@ -197,9 +196,7 @@ def save(path: str | os.PathLike, config: ModelConfig, params: Params, *,
     """Write `params` as a checkpoint that `load` reads; atomic (see `atomic_dir`). FP8 FFN
     copies (`lj.quantize_ffn`) are stored too, so loading needs no re-quantisation."""
     _check_shapes(params_to_groups(params), config, where="params")
-    if jnp.dtype(params.dtype).name not in WEIGHT_DTYPES:
-        raise CheckpointError(f"params are {jnp.dtype(params.dtype).name}: checkpoints hold "
-                              f"{' or '.join(WEIGHT_DTYPES)}")
+    _check_weight_dtype(params.dtype, "params are {}: checkpoints hold {}")
     fp8 = {i: fp8_to_group(layer.ffn8) for i, layer in enumerate(params.layers)
            if layer.ffn8 is not None}
     with atomic_dir(path, force) as tmp:
@@ -262,9 +259,8 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
     """
     config, stored_dtype, fp8_layers = read_meta(path)
     dtype = jnp.dtype(stored_dtype if dtype is None else dtype)
-    if dtype.name not in WEIGHT_DTYPES:  # also a stored float16 (lj.save once took it)
-        raise CheckpointError(f"dtype {dtype.name}: weights load as "
-                              f"{' or '.join(WEIGHT_DTYPES)} (pass dtype=)")
+    # also a stored float16 (lj.save once took it)
+    _check_weight_dtype(dtype, "dtype {}: weights load as {} (pass dtype=)")
     if mesh is not None:
         sharding_lib.check_mesh(mesh, config)
         specs = sharding_lib.group_specs(config, mesh.shape[sharding_lib.MODEL])
@@ -287,9 +283,9 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
                                 else dtype)
     # Weight groups the metadata does not know: a config that says fewer layers (loading
     # would silently drop layers) or FP8 copies it does not list. Other entries are not ours.
-    stored = {p.name for p in (Path(path) / PARAMS_DIR).iterdir()
-              if re.fullmatch(r"(fp8_)?layer_\d{3}", p.name)}
-    if extra := sorted(stored - set(shapes)):
+    on_disk = {p.name for p in (Path(path) / PARAMS_DIR).iterdir()
+               if re.fullmatch(r"(fp8_)?layer_\d{3}", p.name)}
+    if extra := sorted(on_disk - set(shapes)):
         known = (f"its config has {config.n_layers} layers" if extra[0].startswith("layer_")
                  else f"{META_FILE} lists FP8 FFN copies for layers {fp8_layers}")
         raise CheckpointError(f"{Path(path) / PARAMS_DIR}: holds {', '.join(extra[:3])}"
@@ -315,6 +311,12 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
         params.layers[i] = dataclasses.replace(params.layers[i],
                                                ffn8=group_to_fp8(groups[fp8_group_name(i)]))
     return config, params
+
+
+def _check_weight_dtype(dtype: Any, message: str) -> None:
+    """`message.format(dtype name, the allowed ones)` unless `dtype` is bfloat16 or float32."""
+    if jnp.dtype(dtype).name not in WEIGHT_DTYPES:
+        raise CheckpointError(message.format(jnp.dtype(dtype).name, " or ".join(WEIGHT_DTYPES)))
 
 
 def _first_line(e: Exception) -> str:

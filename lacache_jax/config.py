@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 
 
+WEIGHT_DTYPES = ("bfloat16", "float32")  # what checkpoints store and weights load as
+
+
 class ConfigError(ValueError):
     """A config value is missing, malformed or describes a model we do not implement."""
 

@@ -165,7 +165,8 @@ def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int)
     at most `keep` columns, beyond the window too: DPad's sampler returns its input whole
     there (`UniformSampler.sample`: `if self.number >= src.shape[0]: return src`)."""
     per_row = jnp.ndim(block_end) == 1
-    d = jnp.arange(T) - (block_end[:, None] if per_row else block_end)
+    end = block_end[:, None] if per_row else block_end
+    d = jnp.arange(T) - end
     in_window = (d >= 0) & (d < dpad.window)
     # One draw per suffix distance (not per column), so left padding cannot shift the draws.
     u = jax.vmap(lambda k: jax.random.uniform(k, (dpad.window,)))(keys_B)
@@ -180,7 +181,7 @@ def dpad_keep(dpad: DPadConfig, keys_B: jax.Array, block_end: jax.Array, T: int)
         rank = jnp.argsort(jnp.argsort(score, axis=-1), axis=-1)
         kept = in_window & (rank < dpad.keep)
         # DPad's quirk, kept: a suffix no longer than `keep` is kept whole, window or not.
-        whole = dpad.keep >= T - (block_end[:, None] if per_row else block_end)
+        whole = dpad.keep >= T - end
         kept = jnp.where(whole, d >= 0, kept)
     return (d < 0) | kept
 

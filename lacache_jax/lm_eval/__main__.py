@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
 
         import lacache_jax.lm_eval  # noqa: F401  (registers the model)
         from lacache_jax.lm_eval.harness import preflight
-        from lacache_jax.lm_eval.model_args import parse
     except ImportError as e:
         if (e.name or "").split(".")[0] != "lm_eval" and "lm-eval" not in str(e):
             raise
@@ -100,15 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         print(model_args_help() + "\n")
     settings = None if helping else as_lm_eval_reads(argv)
     if settings is not None and settings.get("model") == "lacache_jax":
-        args = dict(settings.get("model_args") or {})
         try:
-            preflight(args)
+            ours = preflight(settings.get("model_args") or {})
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
         if "batch_size" not in settings:  # neither a flag nor the YAML: lm-eval's 1 otherwise
-            argv += ["--batch_size", str(parse(
-                {k: v for k, v in args.items() if k != "tokenizer"}).batch_size)]
+            argv += ["--batch_size", str(ours.batch_size)]
     sys.argv = [PROG, *argv]
     cli_evaluate()
     return 0

@@ -314,12 +314,13 @@ def _runs_on(device: str) -> bool:
         actual.id)
 
 
-def preflight(model_args: dict[str, Any]) -> None:
+def preflight(model_args: dict[str, Any]) -> EvalSettings:
     """What constructing the model checks before its weights load (the model args, the
     checkpoint's metadata and tokenizer, the ids against its vocabulary) and, where
     `gen_length` is given, that it leaves room for a prompt in the model's length (otherwise
     refused at the first generate_until request; log-likelihood tasks do not generate).
-    Raises ValueError naming the problem (the command line's one-line errors)."""
+    Raises ValueError naming the problem (the command line's one-line errors); returns the
+    parsed settings."""
     from lacache_jax.checkpoint import read_meta
     model_args = dict(model_args)
     tokenizer = model_args.pop("tokenizer", None)  # a keyword of LaCacheLM, not a model arg
@@ -332,3 +333,4 @@ def preflight(model_args: dict[str, Any]) -> None:
     if "gen_length" in model_args and gen.gen_length >= config.max_seq_len:
         raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in the "
                          f"model's max_sequence_length {config.max_seq_len}")
+    return settings

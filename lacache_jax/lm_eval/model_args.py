@@ -24,7 +24,7 @@ import types
 import typing
 from typing import Any
 
-from lacache_jax.config import GenerationConfig
+from lacache_jax.config import WEIGHT_DTYPES, GenerationConfig
 
 # name -> (type, default, help); types: int, float, bool, str, or "int?"-style optional.
 EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
@@ -84,8 +84,8 @@ def parse(args: dict[str, Any]) -> EvalSettings:
     if mc_batch <= 0 or ev["mc_num"] % mc_batch:
         raise ValueError(f"mc_batch={mc_batch} must be a positive divisor of "
                          f"mc_num={ev['mc_num']}")
-    if ev["dtype"] not in (None, "bfloat16", "float32"):
-        raise ValueError(f"dtype must be bfloat16 or float32, got {ev['dtype']!r}")
+    if ev["dtype"] is not None and ev["dtype"] not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype must be {' or '.join(WEIGHT_DTYPES)}, got {ev['dtype']!r}")
     gen_length = gen_kwargs.get("gen_length", GenerationConfig.gen_length)
     if gen_kwargs.get("flash") is None:  # Flash-dLLM has no blocks and no step schedule
         gen_kwargs.setdefault("steps", gen_length)
