@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as PS
 
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-exported)
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
-from kernels.fused_quant import (GROUP, group_scale, quantize_groups, rms_normed,
+from kernels.fused_quant import (GROUP, ROWS, group_scale, quantize_groups, rms_normed,
                                  rmsnorm_quant, swiglu_quant, to_fp8)
 from lacache_jax import sharding
 from lacache_jax.sharding import DATA, MODEL, shard_kernel
@@ -173,6 +173,15 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
     return run(x_BLD, norm_D, w)
 
 
+# The FFN's rows are padded once to this multiple: the quantisation kernels' row tile
+# (fused_quant.ROWS), itself a multiple of the 8 rows cuBLASLt's GEMM needs. Unpadded, each
+# kernel pads its own input and slices its output, and outside a kernel XLA cannot fuse
+# either: at a canvas of 633 rows (DPad's compact canvas at prompt 512) that is ~50 us of
+# copies a layer (the gate/up output alone, 31 MB, is copied twice). The output's slice back
+# to M rows fuses into the residual add.
+ROW_ALIGN = ROWS
+
+
 def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups: int,
                   out_dtype, axis_name: str | None = None) -> jax.Array:
     """One shard's FFN on rows x [M, D]: its gate/up rows hold `groups` column groups
@@ -187,6 +196,8 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
         M = gu_M2F.shape[0]
         return gu_M2F.reshape(M, groups, 2, -1).swapaxes(1, 2).reshape(M, -1)
 
+    M = x.shape[0]
+    x = jnp.pad(x, ((0, -M % ROW_ALIGN), (0, 0)))  # zero rows: zero out, row by row
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
         gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
@@ -197,4 +208,4 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
         gate, up = jnp.split(gate_up, 2, -1)
         aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity,
                                axis_name)
-    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)
+    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)[:M]

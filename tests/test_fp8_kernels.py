@@ -279,6 +279,40 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     assert rel_err(out.astype(jnp.float32), ref.astype(jnp.float32)) <= 2.0 ** -8
 
 
+def test_ffn_kernels_see_rows_padded_once(monkeypatch):
+    """At a row count the kernels' tiles do not divide (a canvas of 633 columns), `ffn_fp8`
+    pads the rows once, so every kernel gets whole tiles and none pads and slices its own
+    operands (copies XLA cannot fuse into a kernel); the padding rows never reach the output."""
+    from lacache_jax import quant
+    seen = []
+
+    def recording(fn):
+        def run(a, *args, **kw):
+            seen.append((fn.__name__, a.shape[0]))
+            return fn(a, *args, **kw)
+        run.__name__ = fn.__name__
+        return run
+
+    for name in ("fp8_matmul", "rmsnorm_quant", "swiglu_quant"):
+        monkeypatch.setattr(quant, name, recording(getattr(quant, name)))
+    k = jax.random.split(jax.random.key(5), 3)
+    D, F = 256, 384
+    w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
+                                 jax.random.normal(k[1], (F, D)) * F ** -0.5)
+    x = jax.random.normal(k[2], (1, 633, D)).astype(jnp.bfloat16)
+    norm = jnp.ones((D,), jnp.bfloat16)
+    out = quant.ffn_fp8(x, norm, 1e-5, w)
+    assert out.shape == x.shape
+    assert [n for n, _ in seen] == ["rmsnorm_quant", "fp8_matmul", "swiglu_quant", "fp8_matmul"]
+    assert {m for _, m in seen} == {640}, seen
+    # Rows are independent: the first 633 rows of a 640-row batch give the same output (the
+    # reference path on the CPU: one XLA dot per GEMM, each row's sum in one order).
+    more = jnp.concatenate([x, jax.random.normal(k[0], (1, 7, D)).astype(x.dtype)], axis=1)
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.asarray(quant.ffn_fp8(more, norm, 1e-5, w)[:, :633],
+                                             np.float32))
+
+
 def test_mgpu_gemm_lowers_for_hopper():
     """The Mosaic GPU kernel cannot run here (TMA has no interpreter); lowering it for CUDA
     still checks its layouts, wgmma operand shapes and shared-memory budget. Numerics:
