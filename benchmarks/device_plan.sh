@@ -1,26 +1,21 @@
 #!/usr/bin/env bash
-# The device calls the GPU-side work left open after the twenty-sixth session of 2026-12-04
+# The device calls the GPU-side work left open after the twenty-seventh session of 2026-12-05
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
-# checkout's stale HEAD), each a time-boxed stage list under 10 minutes. The twenty-fifth
-# and twenty-sixth sessions were lent no device. Done in the twenty-fourth: 30 (XLA's command buffers: no lever,
-# the traced "idle" was the profiler's), 29 (the paper-style table), 22 (all 44 GPU tests at
-# 6f5d600); in the twenty-third: 27 (the column split won: tabled), 25, 26 at M 32, 28 (the
-# split-keys block attention: default); in the twenty-second: 25, 26 at M 768 and 1280, 23
-# with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and 22; in the
-# nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test. Left, in
-# priority order: 31 (exact's step on the GPU kernels, whole and compact canvas: the GPU tests
-# added since 6f5d600; batch 8's full-canvas step kernel by kernel, the goal's 1.27x there has
-# never been traced; where the 125 memsets a full-canvas FP8 step come from: one per cuBLASLt
-# call is the suspicion, 4 calls a layer), 29 again (exact + DPad runs DPad's compact canvas
-# since d957733: the table's DPad + LaCache rows; `python3 -m benchmarks.generate --batch 1
-# --prompt 512 --modes none,exact --decoding fixed --fp8-ffn both --dpad both --iters 1` at
-# least runs it), the four-shape end to end (`python3 -m benchmarks.fp8_e2e --iters 1 --runs
-# "1:512:none:fixed:0,1:512:exact:fixed:1,1:1024:none:fixed:0,1:1024:exact:fixed:1,
-# 8:512:none:fixed:0:64,8:512:exact:fixed:1:64,8:1024:none:fixed:0:64,8:1024:exact:fixed:1:64"`),
-# 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
-# QUANT_TILES=16x1x4,1x32x8,2x32x8: whether RMSNorm's separate statistics pass, 0.04 ms a
-# full-canvas step, can go there too), 32 (the prefix step traced: never done), 22 (PART=1,
-# PART=2: 47 GPU tests now), 24, 3, 5:
+# checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
+# twenty-seventh: 31, 32, 29 and the four-shape end to end (RESULTS.md); the twenty-fifth and
+# twenty-sixth were lent no device. Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at
+# 6f5d600); in the twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
+# and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
+# 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
+# Left, in priority order: 33 and 34 (the FP8 FFN's rows padded once, 9b88de3, against the
+# per-kernel padding before it: DPad's compact canvas and an unaligned prompt), 22 (PART=1,
+# PART=2: all 47 GPU tests), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
+# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5:
+#  34  issue 23: the same at a 756-row canvas (prompt 500, no DPad); the down and gate/up
+#      GEMMs' column split at 672 rows (whether SPLITS' 768-row entries fit every row count
+#      of six 128-row tiles, as DPad's compact canvases are)
+#  33  issue 23: exact + FP8 on DPad's compact canvas, the FFN's rows padded once (as now)
+#      against each kernel padding its own (quant.ROW_ALIGN = 1: the code before 9b88de3)
 #  32  issue 20: the prefix step kernel by kernel (bf16 and FP8 FFN)
 #  31  issue 23: exact's step on the GPU kernels (GPU test), batch 8's step kernel by kernel,
 #      the launches (memsets included) of one cuBLASLt split call, batch 8's FFN rows alone
@@ -72,7 +67,34 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
+# generate.py with the FFN's rows padded to $ROW_ALIGN (quant.ROW_ALIGN; 1: each kernel pads
+# its own, the code before 9b88de3)
+ALIGNED="import os, runpy, sys; import lacache_jax.quant as q; \
+q.ROW_ALIGN = int(os.environ['ROW_ALIGN']); sys.argv = ['generate'] + sys.argv[1:]; \
+runpy.run_module('benchmarks.generate', run_name='__main__')"
 case "${1:-1}" in
+34)
+  # issue 23: a canvas of 756 rows (prompt 500 + gen 256), none bf16 beside exact + FP8; then
+  # the column split at 672 rows (the compact canvas of 665 columns, padded)
+  for align in 1 16; do
+    echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_p500.log"
+    ROW_ALIGN=$align timeout -k 5 ${GEN_S:-150} python3 -c "$ALIGNED" --batch 1 --prompt 500 --modes none,exact \
+      --decoding fixed --fp8-ffn both --iters 1 2>&1 | tee -a "$OUT/generate_row_align_p500.log" \
+      | quiet | grep "^B=\|ceilings"
+  done
+  timeout -k 5 ${SPLIT_S:-200} python3 -m benchmarks.fp8_gemm --cublaslt-split \
+    down:672:2816,gate_up:672:22528 --top 2 --rounds 3 2>&1 \
+    | tee "$OUT/fp8_gemm_split_672.log" | quiet | tail -8 ;;
+33)
+  # issue 23: exact + FP8 on DPad's compact canvas (633-768 columns at prompt 512): the
+  # FFN's rows padded once to 16 (9b88de3) against each kernel padding its own (the paper
+  # table's + DPad + LaCache: 16.19 ms against 15.57 without DPad, twenty-seventh session)
+  for align in 1 16; do
+    echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_dpad.log"
+    ROW_ALIGN=$align timeout -k 5 ${GEN_S:-270} python3 -c "$ALIGNED" --batch 1 --prompt 512 --modes exact \
+      --decoding fixed --fp8-ffn on --dpad on --iters 1 2>&1 \
+      | tee -a "$OUT/generate_row_align_dpad.log" | quiet | grep "^B=\|ceilings"
+  done ;;
 32)
   # issue 20: the prefix step kernel by kernel (never traced; 1.40x its floor against the
   # goal's 1.20x): how much is the projection GEMMs at 32-256 rows, where a GEMM takes about
