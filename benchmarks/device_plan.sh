@@ -8,9 +8,12 @@
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 33 and 34 (the FP8 FFN's rows padded once, 9b88de3, against the
-# per-kernel padding before it: DPad's compact canvas and an unaligned prompt), 22 (PART=1,
+# per-kernel padding before it: DPad's compact canvas and an unaligned prompt), 35 (the
+# split-keys attention in 64-row tiles for the prefix step's larger blocks), 22 (PART=1,
 # PART=2: all 47 GPU tests), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
 # 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5:
+#  35  issue 20: the split-keys attention in 64-row tiles at 96-256 query rows against
+#      cuDNN, its GPU tests, the prefix step with it taking up to 256 rows against 64
 #  34  issue 23: the same at a 756-row canvas (prompt 500, no DPad); the down and gate/up
 #      GEMMs' column split at 672 rows (whether SPLITS' 768-row entries fit every row count
 #      of six 128-row tiles, as DPad's compact canvases are)
@@ -73,6 +76,24 @@ ALIGNED="import os, runpy, sys; import lacache_jax.quant as q; \
 q.ROW_ALIGN = int(os.environ['ROW_ALIGN']); sys.argv = ['generate'] + sys.argv[1:]; \
 runpy.run_module('benchmarks.generate', run_name='__main__')"
 case "${1:-1}" in
+35)
+  # issue 20: the split-keys attention with 64-row tiles at the prefix step's 96-256 rows
+  # against cuDNN (27 us a call there, twenty-seventh session), GPU tests; then the prefix step
+  # with the kernel taking up to 256 rows (short_attention.MAX_ROWS) against 64 (as now)
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "short_attention" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_short_rows_gpu.log" \
+    | grep -v -i warn | tail -3
+  timeout -k 5 ${ATT_S:-150} python3 -m benchmarks.short_attention --shapes \
+    1:32:768,1:96:768,1:160:768,1:256:768,8:256:768 --splits 2,4 2>&1 \
+    | tee "$OUT/short_attention_rows.log" | quiet | tail -30
+  for rows in 64 256; do
+    echo "MAX_ROWS=$rows" | tee -a "$OUT/generate_prefix_rows.log"
+    timeout -k 5 ${GEN_S:-150} python3 -c "import runpy, sys; \
+import kernels.short_attention as s; s.MAX_ROWS = $rows; sys.argv = ['generate'] + \
+sys.argv[1:]; runpy.run_module('benchmarks.generate', run_name='__main__')" --batch 1 \
+      --prompt 512 --modes prefix --decoding fixed --fp8-ffn both --iters 2 2>&1 \
+      | tee -a "$OUT/generate_prefix_rows.log" | quiet | grep "^B=\|ceilings"
+  done ;;
 34)
   # issue 23: a canvas of 756 rows (prompt 500 + gen 256), none bf16 beside exact + FP8; then
   # the column split at 672 rows (the compact canvas of 665 columns, padded)

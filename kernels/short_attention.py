@@ -4,10 +4,11 @@ keys, with the keys split over many programs (flash-decoding).
 cuDNN gives each (batch, head) one program per 64 query rows: at batch 1 a 32-row block over
 768 keys is 32 programs on 132 SMs, each streaming every key tile in turn (25.8 us on the
 H200, against 3.6 us to read q, K and V and 8.4 us for this kernel: RESULTS.md,
-twenty-third session). Here programs (b, h, j) each take the j-th share of the key tiles
-(`stream_keys`, the online softmax of FACache's kernel) and write its partial state;
-`merge_partials` combines them in log2 space. Base-2 online softmax in fp32, probabilities
-rounded to the inputs' type before P @ V, as in FACache's Triton kernel.
+twenty-third session). Here programs (b, h, i, j) each take the i-th tile of `ROW_TILE`
+query rows (one tile up to 64 rows) and the j-th share of the key tiles (`stream_keys`, the
+online softmax of FACache's kernel) and write its partial state; `merge_partials` combines
+them in log2 space. Base-2 online softmax in fp32, probabilities rounded to the inputs'
+type before P @ V, as in FACache's Triton kernel.
 
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
 (masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
@@ -28,7 +29,9 @@ from jax.experimental import pallas as pl
 
 from kernels.cached_attention import LOG2E, empty_state, merge_partials, stream_keys
 
-MAX_ROWS = 64   # query rows it takes (more: cuDNN's grid grows; 128 and 256 not yet timed)
+MAX_ROWS = 64   # query rows `takes` gives it (more: cuDNN's; ROW_TILE tiles up to 256 not yet
+                # timed in a step: the prefix step's 96-256-row blocks, 27 us a cuDNN call)
+ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
 PROGRAMS = 264  # aimed-at programs: two per SM of the H200's 132
 
@@ -53,7 +56,7 @@ def takes(q_BLHK, k_BSGK) -> bool:
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
             n_k_tiles):
-    lo = pl.program_id(2) * per
+    lo = pl.program_id(3) * per
     acc, m, l = stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
                             jnp.minimum(lo + per, n_k_tiles), "all",
                             empty_state(q_ref.shape[0], q_ref.shape[1]), scale=scale,
@@ -65,8 +68,8 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
                            splits: int | None = None, interpret: bool = False):
     """The split-keys kernel; at most `splits` (default: about `PROGRAMS` programs in all)
-    shares of the key tiles per (batch, head), each of ceil(tiles / splits) tiles, so fewer
-    where that leaves a share empty."""
+    shares of the key tiles per (batch, head, tile of `ROW_TILE` query rows), each of
+    ceil(tiles / splits) tiles, so fewer where that leaves a share empty."""
     B, L, H, K = q_BLHK.shape
     S, G = k_BSGK.shape[1], k_BSGK.shape[2]
     if k_BSGK.shape != v_BSGK.shape or k_BSGK.shape[0] != B or k_BSGK.shape[3] != K:
@@ -81,26 +84,27 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
     if splits is not None and splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     n_k_tiles = pl.cdiv(S, block_k)  # a ragged last tile re-reads the one before, masked
-    per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H))))
-    n = pl.cdiv(n_k_tiles, per)  # no program without keys
     # Triton's dots take power-of-two rows from 16: the padded rows are dropped afterwards.
-    R = max(16, 1 << (L - 1).bit_length())
-    q = jnp.pad(q_BLHK, ((0, 0), (0, R - L), (0, 0), (0, 0)))
+    R = max(16, 1 << (L - 1).bit_length()) if L <= ROW_TILE else ROW_TILE
+    r = pl.cdiv(L, R)
+    per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H * r))))
+    n = pl.cdiv(n_k_tiles, per)  # no program without keys
+    q = jnp.pad(q_BLHK, ((0, 0), (0, r * R - L), (0, 0), (0, 0)))
     rep = H // G
-    kv_spec = pl.BlockSpec((None, S, None, K), lambda b, h, j: (b, 0, h // rep, 0))
-    row_spec = pl.BlockSpec((None, None, None, R), lambda b, h, j: (j, b, h, 0))
+    kv_spec = pl.BlockSpec((None, S, None, K), lambda b, h, i, j: (b, 0, h // rep, 0))
+    row_spec = pl.BlockSpec((None, None, None, R), lambda b, h, i, j: (j, b, h, i))
     from jax.experimental.pallas import triton as plgpu
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_k=block_k, per=per,
                           n_k_tiles=n_k_tiles),
-        grid=(B, H, n),
-        in_specs=[pl.BlockSpec((None, R, None, K), lambda b, h, j: (b, 0, h, 0)), kv_spec,
-                  kv_spec, pl.BlockSpec((None, S), lambda b, h, j: (b, 0))],
-        out_specs=[pl.BlockSpec((None, None, R, None, K), lambda b, h, j: (j, b, 0, h, 0)),
+        grid=(B, H, r, n),
+        in_specs=[pl.BlockSpec((None, R, None, K), lambda b, h, i, j: (b, i, h, 0)), kv_spec,
+                  kv_spec, pl.BlockSpec((None, S), lambda b, h, i, j: (b, 0))],
+        out_specs=[pl.BlockSpec((None, None, R, None, K), lambda b, h, i, j: (j, b, i, h, 0)),
                    row_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct((n, B, R, H, K), jnp.float32),
-                   jax.ShapeDtypeStruct((n, B, H, R), jnp.float32),
-                   jax.ShapeDtypeStruct((n, B, H, R), jnp.float32)],
+        out_shape=[jax.ShapeDtypeStruct((n, B, r * R, H, K), jnp.float32),
+                   jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32),
+                   jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32)],
         interpret=interpret, name="short_attention",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
     )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))

@@ -87,8 +87,9 @@ def test_facache_kernel_on_gpu(dtype):
 
 
 def test_short_attention_on_gpu():
-    """The split-keys kernel at a dual step's shape (32 rows over 768 keys, LLaDA's heads):
-    against the dense reference, and `model.attention` dispatching to it near cuDNN."""
+    """The split-keys kernel at a dual step's shape (32 rows over 768 keys, LLaDA's heads)
+    and at a prefix step's (200 and 256 rows, in 64-row tiles): against the dense reference,
+    and `model.attention` dispatching to it near cuDNN."""
     from kernels.short_attention import short_attention_pallas, short_attention_ref
     from lacache_jax import model
     from tests.test_short_attention import inputs
@@ -106,6 +107,12 @@ def test_short_attention_on_gpu():
     out = short_attention_pallas(q, k, v, mask)
     ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
     assert rel_err(out.astype(jnp.float32), ref) <= 1e-2
+    # a prefix step's largest block, 256 rows in four 64-row tiles, and 200 (one padded)
+    for L in (256, 200):
+        q = inputs(1, 2, L, 740, 32, 32, 128, [0, 100], jnp.bfloat16)[0]
+        out = short_attention_pallas(q, k, v, mask)
+        ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
+        assert rel_err(out.astype(jnp.float32), ref) <= 1e-2, L
 
 
 def test_facache_mosaic_kernel_on_gpu():

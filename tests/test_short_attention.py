@@ -16,6 +16,8 @@ CASES = [  # B, L, S, H, G, K, pads, splits
     (1, 64, 320, 2, 2, 32, [0], 3),          # shares of unequal length (5 tiles over 3)
     (2, 32, 200, 2, 2, 16, [0, 30], None),   # keys no whole number of tiles (200 = 3 x 64 + 8)
     (1, 8, 70, 2, 2, 16, [2], 2),            # the ragged tile alone in the second share
+    (1, 100, 256, 2, 2, 16, [0], None),      # two row tiles (the second padded), 4 shares
+    (2, 130, 320, 2, 1, 16, [0, 50], 2),     # three row tiles, two shares of keys
 ]
 
 
@@ -62,6 +64,32 @@ def test_masked_keys_get_no_weight():
     np.testing.assert_array_equal(np.asarray(again), np.asarray(out))
 
 
+def _pallas_call(jaxpr):
+    """The first pallas_call equation in a jaxpr, looking into nested jaxprs (jit)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            return eqn
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", None)
+            found = inner is not None and _pallas_call(getattr(inner, "jaxpr", inner))
+            if found:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("L,grid_rows", [(32, 1), (64, 1), (100, 2), (256, 4)])
+def test_query_rows_in_tiles_of_64(L, grid_rows):
+    """Beyond 64 rows (a prefix step's blocks) each program takes a 64-row tile, so its fp32
+    accumulator stays 64 x K (a 256-row one spills registers), and the row tiles add programs."""
+    from kernels.short_attention import ROW_TILE
+    q, k, v, mask = inputs(0, 1, L, 768, 2, 2, 16, [0], jnp.float32)
+    eqn = _pallas_call(jax.make_jaxpr(
+        lambda *a: short_attention_pallas(*a, interpret=True))(q, k, v, mask).jaxpr)
+    grid = eqn.params["grid_mapping"].grid
+    q_rows = eqn.params["grid_mapping"].block_mappings[0].block_shape[1].block_size
+    assert grid[2] == grid_rows and q_rows == min(ROW_TILE, max(16, L)), (grid, q_rows)
+
+
 def test_takes_and_bad_arguments():
     q, k, v, mask = inputs(0, 1, 32, 128, 2, 2, 16, [0], jnp.float32)
     assert takes(q, k)
@@ -80,10 +108,10 @@ def test_takes_and_bad_arguments():
         short_attention_pallas(q, k, v, mask[:, :64], interpret=True)
 
 
-@pytest.mark.parametrize("L,S", [(32, 256), (24, 200)])
+@pytest.mark.parametrize("L,S", [(32, 256), (24, 200), (256, 768)])
 def test_kernel_lowers_to_valid_triton_ir(L, S, monkeypatch):
-    """Whole key tiles, and a ragged last tile with query rows padded to a power of two, at
-    LLaDA's head width, in bf16."""
+    """Whole key tiles, a ragged last tile with query rows padded to a power of two, and a
+    prefix step's 256 rows in row tiles, at LLaDA's head width, in bf16."""
     q, k, v, mask = inputs(0, 1, L, S, 2, 2, 128, [0], jnp.bfloat16)
     assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m), q, k, v, mask,
                         monkeypatch=monkeypatch)
