@@ -158,27 +158,33 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
         raise ValueError(f"FP8 FFN weights in the layout of {w.tp} column groups cannot run "
                          f"on a model axis of {n}: place them with sharding.shard_params")
     if n == 1:
-        fn = lambda x, nrm, w: _ffn_fp8_rows(x.reshape(-1, D), nrm, eps, w, w.tp, x.dtype)
+        fn = lambda x_MD, nrm, w: _ffn_fp8_rows(x_MD, nrm, eps, w, w.tp, x_MD.dtype)
         specs = PS()
     else:
-        def fn(x, nrm, w):
+        def fn(x_MD, nrm, w):
             # This shard's share of the down product, summed over the shards in fp32: the
             # single-device GEMM accumulates all of K in fp32 before its one rounding.
-            part = _ffn_fp8_rows(x.reshape(-1, D), nrm, eps, w, w.tp // n, jnp.float32,
-                                 MODEL)
-            return jax.lax.psum(part, MODEL).astype(x.dtype)
+            part = _ffn_fp8_rows(x_MD, nrm, eps, w, w.tp // n, jnp.float32, MODEL)
+            return jax.lax.psum(part, MODEL).astype(x_MD.dtype)
         specs = dataclasses.replace(w, **sharding.fp8_specs())
-    run = shard_kernel(lambda x, nrm, w: fn(x, nrm, w).reshape(x.shape),
-                       (rows, PS(), specs), rows)
+
+    def padded(x, nrm, w):
+        # Zero rows up to a multiple of ROW_ALIGN (see there); the slice back to M rows
+        # fuses into the residual add.
+        x_MD = x.reshape(-1, D)
+        M = x_MD.shape[0]
+        return fn(jnp.pad(x_MD, ((0, -M % ROW_ALIGN), (0, 0))), nrm, w)[:M].reshape(x.shape)
+
+    run = shard_kernel(padded, (rows, PS(), specs), rows)
     return run(x_BLD, norm_D, w)
 
 
-# The FFN's rows are padded once to this multiple: the quantisation kernels' row tile
-# (fused_quant.ROWS), itself a multiple of the 8 rows cuBLASLt's GEMM needs. Unpadded, each
-# kernel pads its own input and slices its output, and outside a kernel XLA cannot fuse
-# either: at a canvas of 633 rows (DPad's compact canvas at prompt 512) that is ~50 us of
-# copies a layer (the gate/up output alone, 31 MB, is copied twice). The output's slice back
-# to M rows fuses into the residual add.
+# `ffn_fp8` pads its rows once to this multiple: the quantisation kernels' row tile
+# (fused_quant.ROWS; its BIG_TILES, unset, would need their rows here too), itself a multiple
+# of the 8 rows cuBLASLt's GEMM needs. Unpadded, each kernel pads its own input and slices its
+# output, and XLA fuses neither into a custom call: at a canvas of 633 rows (DPad's compact
+# canvas at prompt 512) that is ~50 us of copies a layer (the 31 MB gate/up output alone is
+# copied twice). Zero rows give zero outputs and change no scale (norm_eps > 0).
 ROW_ALIGN = ROWS
 
 
@@ -196,8 +202,6 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
         M = gu_M2F.shape[0]
         return gu_M2F.reshape(M, groups, 2, -1).swapaxes(1, 2).reshape(M, -1)
 
-    M = x.shape[0]
-    x = jnp.pad(x, ((0, -M % ROW_ALIGN), (0, 0)))  # zero rows: zero out, row by row
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
         gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
@@ -208,4 +212,4 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
         gate, up = jnp.split(gate_up, 2, -1)
         aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity,
                                axis_name)
-    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)[:M]
+    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)
