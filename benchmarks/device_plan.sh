@@ -9,9 +9,13 @@
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 33 and 34 (the FP8 FFN's rows padded once, 9b88de3, against the
 # per-kernel padding before it: DPad's compact canvas and an unaligned prompt), 35 (the
-# split-keys attention in 64-row tiles for the prefix step's larger blocks), 22 (PART=1,
+# split-keys attention in 64-row tiles for the prefix step's larger blocks), 36 (the clocks
+# through batch 8's FP8 step), 22 (PART=1,
 # PART=2: all 47 GPU tests), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
 # 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5:
+#  36  issue 23: the SM clock, power and throttle reasons through batch 8's bf16 and FP8
+#      steps (is the FP8 GEMMs' in-step 1,107 TFLOP/s the clocks?), the GEMMs alone at 4608
+#      rows in short and long bursts
 #  35  issue 20: the split-keys attention in 64-row tiles at 96-256 query rows against
 #      cuDNN, its GPU tests, the prefix step with it taking up to 256 rows against 64
 #  34  issue 23: the same at a 756-row canvas (prompt 500, no DPad); the down and gate/up
@@ -76,6 +80,22 @@ ALIGNED="import os, runpy, sys; import lacache_jax.quant as q; \
 q.ROW_ALIGN = int(os.environ['ROW_ALIGN']); sys.argv = ['generate'] + sys.argv[1:]; \
 runpy.run_module('benchmarks.generate', run_name='__main__')"
 case "${1:-1}" in
+36)
+  # issue 23: whether the FP8 GEMMs run slower inside batch 8's step (1,107 TFLOP/s) than in
+  # the harness (1,284-1,333) because the clocks drop under FP8's power: SM clock, power and
+  # throttle reasons sampled every 100 ms through the bf16 and the FP8 step
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,\
+clocks_throttle_reasons.active --format=csv -lms 100 > "$OUT/clocks_b8.csv" 2>&1 &
+  smi=$!
+  timeout -k 5 ${GEN_S:-240} python3 -m benchmarks.generate --batch 8 --prompt 512 --gen 64 \
+    --modes none,exact --decoding fixed --fp8-ffn both --iters 2 2>&1 \
+    | tee "$OUT/generate_b8_clocks.log" | quiet | grep "^B=\|ceilings"
+  kill $smi
+  # the GEMMs alone at batch 8's rows in cuBLASLt's own harness: bursts of 5 calls (a cool
+  # GPU's clocks) against 500 (its power limit's)
+  timeout -k 5 ${GEMM_S:-150} python3 -m benchmarks.fp8_gemm --cublaslt-harness \
+    gate_up:4608,down:4608 --reps 5,500 --rounds 3 2>&1 | tee "$OUT/fp8_gemm_4608.log" \
+    | quiet | tail -12 ;;
 35)
   # issue 20: the split-keys attention with 64-row tiles at the prefix step's 96-256 rows
   # against cuDNN (27 us a call there, twenty-seventh session), GPU tests; then the prefix step
