@@ -170,10 +170,12 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.A
 
     def padded(x, nrm, w):
         # Zero rows up to a multiple of ROW_ALIGN (see there); the slice back to M rows
-        # fuses into the residual add.
+        # fuses into the residual add. Aligned rows: the program as before, no pad op.
         x_MD = x.reshape(-1, D)
-        M = x_MD.shape[0]
-        return fn(jnp.pad(x_MD, ((0, -M % ROW_ALIGN), (0, 0))), nrm, w)[:M].reshape(x.shape)
+        M, pad = x_MD.shape[0], -x_MD.shape[0] % ROW_ALIGN
+        if not pad:
+            return fn(x_MD, nrm, w).reshape(x.shape)
+        return fn(jnp.pad(x_MD, ((0, pad), (0, 0))), nrm, w)[:M].reshape(x.shape)
 
     run = shard_kernel(padded, (rows, PS(), specs), rows)
     return run(x_BLD, norm_D, w)
