@@ -74,11 +74,14 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
-# generate.py with the FFN's rows padded to $ROW_ALIGN (quant.ROW_ALIGN; 1: each kernel pads
-# its own, the code before 9b88de3)
-ALIGNED="import os, runpy, sys; import lacache_jax.quant as q; \
-q.ROW_ALIGN = int(os.environ['ROW_ALIGN']); sys.argv = ['generate'] + sys.argv[1:]; \
-runpy.run_module('benchmarks.generate', run_name='__main__')"
+# generate.py with one module setting changed first ($SET = module:NAME=int), to time a
+# setting both ways in one call: the FFN's row padding (lacache_jax.quant:ROW_ALIGN=1, each
+# kernel padding its own: the code before 9b88de3), the split-keys attention's rows
+# (kernels.short_attention:MAX_ROWS)
+WITH_SET="import importlib, os, runpy, sys; mod, _, kv = os.environ['SET'].partition(':'); \
+name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, int(value)); \
+sys.argv = ['generate'] + sys.argv[1:]; runpy.run_module('benchmarks.generate', \
+run_name='__main__')"
 case "${1:-1}" in
 36)
   # issue 23: whether the FP8 GEMMs run slower inside batch 8's step (1,107 TFLOP/s) than in
@@ -108,10 +111,9 @@ clocks_throttle_reasons.active --format=csv -lms 100 > "$OUT/clocks_b8.csv" 2>&1
     | tee "$OUT/short_attention_rows.log" | quiet | tail -30
   for rows in 64 256; do
     echo "MAX_ROWS=$rows" | tee -a "$OUT/generate_prefix_rows.log"
-    timeout -k 5 ${GEN_S:-150} python3 -c "import runpy, sys; \
-import kernels.short_attention as s; s.MAX_ROWS = $rows; sys.argv = ['generate'] + \
-sys.argv[1:]; runpy.run_module('benchmarks.generate', run_name='__main__')" --batch 1 \
-      --prompt 512 --modes prefix --decoding fixed --fp8-ffn both --iters 2 2>&1 \
+    SET=kernels.short_attention:MAX_ROWS=$rows timeout -k 5 ${GEN_S:-150} \
+      python3 -c "$WITH_SET" --batch 1 --prompt 512 --modes prefix --decoding fixed \
+      --fp8-ffn both --iters 2 2>&1 \
       | tee -a "$OUT/generate_prefix_rows.log" | quiet | grep "^B=\|ceilings"
   done ;;
 34)
@@ -121,7 +123,8 @@ sys.argv[1:]; runpy.run_module('benchmarks.generate', run_name='__main__')" --ba
   for align in 1 16; do
     modes=exact fp8=on; [ $align = 16 ] && modes=none,exact fp8=both
     echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_p500.log"
-    ROW_ALIGN=$align timeout -k 5 ${GEN_S:-150} python3 -c "$ALIGNED" --batch 1 --prompt 500 \
+    SET=lacache_jax.quant:ROW_ALIGN=$align timeout -k 5 ${GEN_S:-150} \
+      python3 -c "$WITH_SET" --batch 1 --prompt 500 \
       --modes $modes --decoding fixed --fp8-ffn $fp8 --iters 1 2>&1 \
       | tee -a "$OUT/generate_row_align_p500.log" | quiet | grep "^B=\|ceilings"
   done
@@ -134,7 +137,8 @@ sys.argv[1:]; runpy.run_module('benchmarks.generate', run_name='__main__')" --ba
   # table's + DPad + LaCache: 16.19 ms against 15.57 without DPad, twenty-seventh session)
   for align in 1 16; do
     echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_dpad.log"
-    ROW_ALIGN=$align timeout -k 5 ${GEN_S:-270} python3 -c "$ALIGNED" --batch 1 --prompt 512 \
+    SET=lacache_jax.quant:ROW_ALIGN=$align timeout -k 5 ${GEN_S:-270} \
+      python3 -c "$WITH_SET" --batch 1 --prompt 512 \
       --modes exact --decoding fixed --fp8-ffn on --dpad on --iters 1 2>&1 \
       | tee -a "$OUT/generate_row_align_dpad.log" | quiet | grep "^B=\|ceilings"
   done ;;
