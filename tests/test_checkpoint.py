@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import signal
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +118,32 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
         with atomic_dir(tmp_path / "out") as tmp:
             (tmp / "partial").write_text("x")
             raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_outlasts_writers_still_in_flight(tmp_path):
+    """A failed orbax item leaves tensorstore writes running that recreate their directories
+    after the first removal (seen: one failed conversion in eight under load left
+    `.out.tmp-*/params/...`). Here a thread plays such a writer: it waits for the temporary
+    directory to go, then 0.1 s later (well inside the 0.5 s settle) creates a path under it
+    again; nothing may be left beside `out` once the writer is done."""
+    writer_done = threading.Event()
+
+    def writer(tmp):
+        try:
+            deadline = time.monotonic() + 5
+            while tmp.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.1)
+            (tmp / "params" / "layer_000.orbax-checkpoint-tmp").mkdir(parents=True)
+        finally:
+            writer_done.set()
+
+    with pytest.raises(OSError):
+        with atomic_dir(tmp_path / "out") as tmp:
+            threading.Thread(target=writer, args=(tmp,), daemon=True).start()
+            raise OSError(27, "File too large")
+    assert writer_done.wait(5)
     assert list(tmp_path.iterdir()) == []
 
 
