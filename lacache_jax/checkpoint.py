@@ -151,19 +151,17 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False,
 SETTLE_S, SETTLE_LIMIT_S = 0.5, 10.0
 
 
-def remove_settled(path: Path, settle_s: float | None = None,
-                   limit_s: float | None = None) -> None:
+def remove_settled(path: Path, settle_s: float = SETTLE_S,
+                   limit_s: float = SETTLE_LIMIT_S) -> None:
     """Remove the tree at `path`, again whenever it reappears, until it has stayed gone for
     `settle_s` (at most `limit_s` in all).
 
     When tensorstore fails one write of an orbax item (a full disk, a file-size limit), orbax
     raises at once while the item's other writes run on in tensorstore's own threads, and
-    those create their directories again (mkdir -p) after a plain rmtree: under load one
-    failed conversion in eight left `.DST.tmp-*/params/layer_000.orbax-checkpoint-tmp/...`
+    those create their directories again (mkdir -p) after a plain rmtree: under load about one
+    failed conversion in ten left `.DST.tmp-*/params/layer_000.orbax-checkpoint-tmp/...`
     behind. Nothing in orbax's API waits for them, so this waits for the tree to stay gone.
     """
-    settle_s = SETTLE_S if settle_s is None else settle_s
-    limit_s = SETTLE_LIMIT_S if limit_s is None else limit_s
     start = gone_since = time.monotonic()
     shutil.rmtree(path, ignore_errors=True)
     while (now := time.monotonic()) - gone_since < settle_s and now - start < limit_s:

@@ -123,7 +123,7 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
 
 def test_atomic_dir_outlasts_writers_still_in_flight(tmp_path):
     """A failed orbax item leaves tensorstore writes running that recreate their directories
-    after the first removal (seen: one failed conversion in eight under load left
+    after the first removal (seen: about one failed conversion in ten under load left
     `.out.tmp-*/params/...`). Here a thread plays such a writer: it waits for the temporary
     directory to go, then 0.1 s later (well inside the 0.5 s settle) creates a path under it
     again; nothing may be left beside `out` once the writer is done."""
