@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -135,6 +136,20 @@ def llada_8b_setup(n_layers: int | None = None):
     return cfg, ceilings, lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
 
 
+def load_demo_model():
+    """(cfg, params, tokenizer) of the shipped `demo_model/`, converted into a temporary
+    directory that is gone once they are loaded (both load whole into memory)."""
+    import lacache_jax as lj
+    from convert.__main__ import main as convert_main
+    from lacache_jax.tokenizer import Tokenizer
+    with tempfile.TemporaryDirectory(prefix="lacache_demo_") as d:
+        ck = Path(d) / "demo_ckpt"
+        if convert_main([str(ROOT / "demo_model"), str(ck), "--quiet"]) != 0:
+            raise SystemExit(f"converting {ROOT / 'demo_model'} failed")
+        cfg, params = lj.load(ck)
+        return cfg, params, Tokenizer(ck)
+
+
 def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
     """max(compute time, memory time) in ms at the given ceilings."""
     return max(flops / ceilings["bf16_matmul_tflops"] / 1e9,
@@ -163,13 +178,13 @@ class Trace:
 
 def trace(run) -> Trace:
     """Trace `run()` (which must wait for its work) under jax's profiler."""
-    d = tempfile.mkdtemp()
-    with jax.profiler.trace(d):
-        t0 = time.perf_counter()
-        run()
-        wall = time.perf_counter() - t0
-    (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    data = jax.profiler.ProfileData.from_file(path)
+    with tempfile.TemporaryDirectory(prefix="lacache_trace_") as d:
+        with jax.profiler.trace(d):
+            t0 = time.perf_counter()
+            run()
+            wall = time.perf_counter() - t0
+        (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
     out = Trace(wall, collections.Counter(), [], collections.Counter())
     for plane in data.planes:
         for line in plane.lines:

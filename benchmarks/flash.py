@@ -49,9 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import tempfile
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +57,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               measure_ceilings, time_run, write_result)
+                               load_demo_model, measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
 from kernels import flash_cache_mgpu as fcm
 from kernels import window_attention as wa
@@ -388,16 +386,11 @@ def part_verify(args, cfg, ceil, params, rows):
 def task_model(args):
     """(cfg, params, tokenizer) of the task model: `--checkpoint`, or the shipped demo model
     converted to a temporary directory."""
-    from convert.__main__ import main as convert_main
     from lacache_jax.tokenizer import Tokenizer
-    ck = args.checkpoint
-    if ck is None:
-        ck = Path(tempfile.mkdtemp(prefix="flash_gamma_")) / "demo_ckpt"
-        demo = Path(__file__).resolve().parent.parent / "demo_model"
-        if convert_main([str(demo), str(ck), "--quiet"]) != 0:
-            raise SystemExit(f"converting {demo} failed")
-    cfg, params = lj.load(ck)
-    return cfg, params, Tokenizer(ck)
+    if args.checkpoint is None:
+        return load_demo_model()
+    cfg, params = lj.load(args.checkpoint)
+    return cfg, params, Tokenizer(args.checkpoint)
 
 
 def part_gamma(args, cfg, ceil, params, rows):

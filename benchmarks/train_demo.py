@@ -203,9 +203,9 @@ class CharEncoder:
 
 @functools.cache
 def _encoder(task: str) -> CharEncoder:
-    d = tempfile.mkdtemp()
-    tasks.get(task).write_tokenizer(d)
-    return CharEncoder(d)
+    with tempfile.TemporaryDirectory(prefix="lacache_tok_") as d:  # loads whole
+        tasks.get(task).write_tokenizer(d)
+        return CharEncoder(d)
 
 
 def numbered_batch(task: str, batch: int, eos_id: int, seed: int, i: int):

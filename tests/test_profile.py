@@ -1,6 +1,7 @@
 """benchmarks.common's trace summary: the idle-gap arithmetic, and `profile` read back from a
 real trace in a fresh process (a trace's threads depend on what the process ran before: in the
-full suite an in-process trace once held no python-thread events)."""
+full suite an in-process trace once held no python-thread events); the benchmarks' helpers
+leave no temporary files behind."""
 
 import subprocess
 import sys
@@ -24,15 +25,17 @@ def test_idle_gaps(spans, min_ns, want):
     assert idle_gaps(spans, min_ns) == want
 
 
-def run_fresh(code: str) -> subprocess.CompletedProcess:
-    """`code` in a fresh CPU-only python (a trace's threads depend on the process's past)."""
+def run_fresh(code: str, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    """`code` in a fresh CPU-only python (a trace's threads depend on the process's past),
+    its temporary files under `tmpdir` if given."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT),
-                                                       "PATH": "/usr/bin:/bin",
-                                                       "JAX_PLATFORMS": "cpu"})
+                          text=True, timeout=300,
+                          env={**env, "TMPDIR": str(tmpdir)} if tmpdir else env)
 
 
-def test_profile_reads_a_trace_back():
+def test_profile_reads_a_trace_back(tmp_path):
+    """... and removes the trace it wrote (each run used to leave one in /tmp)."""
     code = (
         "import jax, jax.numpy as jnp, numpy as np\n"
         "from benchmarks.common import profile\n"
@@ -40,8 +43,9 @@ def test_profile_reads_a_trace_back():
         "x = np.ones((128, 128), np.float32)\n"
         "f(x).block_until_ready()\n"
         "print(profile(lambda: [jax.device_get(f(x)) for _ in range(4)], 4))\n")
-    r = run_fresh(code)
+    r = run_fresh(code, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
     head, *rest = r.stdout.rstrip().splitlines()
     assert head.startswith("  trace: wall ") and "ms/step, device kernels" in head
     # The CPU client runs the program on its own thread: the host lines always include it.
@@ -80,3 +84,20 @@ def test_device_chained_arithmetic(monkeypatch):
     # (7 - 1) ms / 2; 4 ms / 2; the 2 ms gap / 2; the GEMM's 3 ms / 2; 1 s / 2; launches / 2
     assert t == {"n": 2, "wall_ms": 500.0, "span_ms": 3.0, "kernels_ms": 2.0, "idle_ms": 1.0,
                  "largest": ("gemm", 1.5), "launches": {"gemm": 2.0, "Memset": 1.0}}
+
+
+def test_demo_model_and_task_tokenizers_load_without_leaving_files(tmp_path, monkeypatch):
+    """`load_demo_model` (serve's and flash's demo runs) converts demo_model/ into a temporary
+    checkpoint and `train_demo`'s encoders write a task's tokenizer: both load whole, so
+    nothing is left in the temporary directory (each run used to leave a checkpoint or a
+    tokenizer there)."""
+    import tempfile
+
+    from benchmarks import common, train_demo
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg, params, tok = common.load_demo_model()
+    assert cfg.n_layers == 8 and len(params.layers) == 8
+    assert tok.decode(tok.encode("12+3=")) == "12+3="
+    encoder = train_demo._encoder.__wrapped__("arith")
+    assert encoder.tokenizer.encode("12+3=") == tok.encode("12+3=")
+    assert list(tmp_path.iterdir()) == []
