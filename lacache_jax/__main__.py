@@ -48,7 +48,11 @@ class Interrupt:
         if self.pending:
             raise KeyboardInterrupt
         self.pending = True
-        print("stopping at the next safe point (Ctrl-C again: at once)", file=sys.stderr)
+        message = "stopping at the next safe point (Ctrl-C again: at once)"
+        try:
+            print(message, file=sys.stderr, flush=True)
+        except RuntimeError:  # the press landed inside a write to stderr (the progress bar's):
+            os.write(2, f"\n{message}\n".encode())  # "reentrant call"; the descriptor takes it
 
     def check(self, last: bool = False) -> None:
         if self.pending:

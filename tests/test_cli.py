@@ -267,6 +267,22 @@ def test_ctrl_c_stops_at_the_next_safe_point(checkpoint, capsys, monkeypatch, tm
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_a_press_inside_a_write_to_stderr_is_still_recorded(monkeypatch, capfd):
+    """Python runs a signal handler between bytecodes, possibly inside another write to
+    stderr (the progress bar's), where printing raises "reentrant call" from the handler:
+    the press must still be recorded, its line go to the descriptor, and no error escape."""
+    class Busy(io.StringIO):
+        def write(self, text):
+            raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+    monkeypatch.setattr(sys, "stderr", Busy())
+    interrupt = cli.Interrupt()
+    interrupt(2, None)
+    assert interrupt.pending
+    assert "stopping at the next safe point" in capfd.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+        interrupt.check()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
 def test_ctrl_c_after_the_answers_changes_nothing(checkpoint, tmp_path):
     """SIGINT every millisecond from the moment the output file is in place until the process
