@@ -136,18 +136,20 @@ def llada_8b_setup(n_layers: int | None = None):
     return cfg, ceilings, lj.init_params(cfg, jax.random.key(0), jnp.bfloat16)
 
 
-def load_demo_model():
-    """(cfg, params, tokenizer) of the shipped `demo_model/`, converted into a temporary
-    directory that is gone once they are loaded (both load whole into memory)."""
+def load_model(checkpoint=None):
+    """(cfg, params, tokenizer) of `checkpoint`, or of the shipped `demo_model/` converted
+    into a temporary directory that is gone once they are loaded (both load whole)."""
     import lacache_jax as lj
     from convert.__main__ import main as convert_main
     from lacache_jax.tokenizer import Tokenizer
+    if checkpoint is not None:
+        cfg, params = lj.load(checkpoint)
+        return cfg, params, Tokenizer(checkpoint)
     with tempfile.TemporaryDirectory(prefix="lacache_demo_") as d:
         ck = Path(d) / "demo_ckpt"
         if convert_main([str(ROOT / "demo_model"), str(ck), "--quiet"]) != 0:
             raise SystemExit(f"converting {ROOT / 'demo_model'} failed")
-        cfg, params = lj.load(ck)
-        return cfg, params, Tokenizer(ck)
+        return load_model(ck)
 
 
 def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:

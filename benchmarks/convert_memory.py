@@ -64,24 +64,25 @@ def main():
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     rows = []
-    with contextlib.ExitStack() as cleanup:  # the 8B-sized files go even on failure
-        work = Path(args.workdir or cleanup.enter_context(
-            tempfile.TemporaryDirectory(prefix="convert_mem_")))
+    workdir = (contextlib.nullcontext(args.workdir) if args.workdir else
+               tempfile.TemporaryDirectory(prefix="convert_mem_"))
+    with workdir as work:
         for n in map(int, args.layers.split(",")):
             cfg = dataclasses.replace(lj.llada_8b(), n_layers=n)
-            src, dst = work / f"hf{n}", work / f"ck{n}"
-            cleanup.callback(shutil.rmtree, dst, ignore_errors=True)
-            cleanup.callback(shutil.rmtree, src, ignore_errors=True)
-            nbytes = write_checkpoint(src, cfg)
-            t0 = time.perf_counter()
-            peak_gb = _peak_rss_gib([sys.executable, "-m", "convert", str(src), str(dst),
-                                     "--quiet"])
+            src, dst = Path(work) / f"hf{n}", Path(work) / f"ck{n}"
+            try:
+                nbytes = write_checkpoint(src, cfg)
+                t0 = time.perf_counter()
+                peak_gb = _peak_rss_gib([sys.executable, "-m", "convert", str(src), str(dst),
+                                         "--quiet"])
+                seconds = time.perf_counter() - t0
+            finally:  # the 8B-sized files go before the next size, and on failure
+                shutil.rmtree(src, ignore_errors=True)
+                shutil.rmtree(dst, ignore_errors=True)
             rows.append({"layers": n, "checkpoint_gb": nbytes / 1e9, "peak_rss_gib": peak_gb,
-                         "seconds": time.perf_counter() - t0})
+                         "seconds": seconds})
             print(f"{n} layers: checkpoint {nbytes / 1e9:.2f} GB, converter peak RSS "
                   f"{peak_gb:.2f} GiB, {rows[-1]['seconds']:.0f} s", flush=True)
-            shutil.rmtree(src)
-            shutil.rmtree(dst)
     print(f"-> {write_result('convert_memory', {'rows': rows})}")
 
 

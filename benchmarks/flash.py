@@ -11,7 +11,8 @@
 
 - step: one later flash step (window + look-ahead + tracked query rows, the default budget
   16 + 48 + 64) timed alone, state donated, as the library dispatches it, with both Pallas
-  kernels (cache update, attention) forced and with both references forced; end-to-end latency / NFE of the whole generation; the step's floor
+  kernels (cache update, attention) forced and with both references forced; end-to-end
+  latency / NFE of the whole generation; the step's floor
   max(FLOPs / matmul peak, bytes / copy bandwidth) for those query rows, ceilings measured in
   this run (and the reference ceilings of DESIGN.md).
 - dual: threshold decoding with the dual cache (block 32) at the same shapes, ms per step.
@@ -57,7 +58,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               load_demo_model, measure_ceilings, time_run, write_result)
+                               load_model, measure_ceilings, time_run, write_result)
 from kernels import flash_cache as fc
 from kernels import flash_cache_mgpu as fcm
 from kernels import window_attention as wa
@@ -386,11 +387,7 @@ def part_verify(args, cfg, ceil, params, rows):
 def task_model(args):
     """(cfg, params, tokenizer) of the task model: `--checkpoint`, or the shipped demo model
     converted to a temporary directory."""
-    from lacache_jax.tokenizer import Tokenizer
-    if args.checkpoint is None:
-        return load_demo_model()
-    cfg, params = lj.load(args.checkpoint)
-    return cfg, params, Tokenizer(args.checkpoint)
+    return load_model(args.checkpoint)
 
 
 def part_gamma(args, cfg, ceil, params, rows):

@@ -76,7 +76,7 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks import arith
-from benchmarks.common import exit_on_sigterm, load_demo_model, profile, write_result
+from benchmarks.common import exit_on_sigterm, load_model, profile, write_result
 from lacache_jax import flash_slots
 from lacache_jax import slots as slot_refill
 from lacache_jax import sharding
@@ -166,12 +166,7 @@ def _warm(programs: dict, params, S: int, gen, keys, cfg, mesh=None) -> None:
 
 def demo(args, out: dict) -> None:
     from benchmarks.train_demo import GEN_LEN
-    from lacache_jax.tokenizer import Tokenizer
-    if args.checkpoint is None:
-        cfg, params, tok = load_demo_model()
-    else:
-        cfg, params = lj.load(args.checkpoint)
-        tok = Tokenizer(args.checkpoint)
+    cfg, params, tok = load_model(args.checkpoint)
     problems = arith.sample("test", args.n, seed=0)
     prompts = [tok.encode(arith.prompt_text(a, b)) for a, b in problems]
     keys = jax.random.split(jax.random.key(0), len(prompts))

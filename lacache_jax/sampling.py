@@ -222,9 +222,10 @@ def dpad_capacity(dpad: DPadConfig, n_suffix: int, tail: float | None = None) ->
 
     Uniform keeps exactly min(keep, window), or the whole suffix where it holds at most
     `keep` columns: the bound is exact. Gaussian keeps a sum of independent draws, so any
-    count up to min(window, n_suffix) can occur; the bound is the count's (1 - tail) quantile (`DPAD_TAIL` by default) from its exact distribution (a
-    convolution over the distances, float64). A block whose count exceeds it falls back to
-    the masked full canvas (compact.py): tokens never depend on the bound.
+    count up to min(window, n_suffix) can occur; the bound is the count's (1 - tail)
+    quantile (`DPAD_TAIL` by default) from its exact distribution (a convolution over the
+    distances, float64). A block whose count exceeds it falls back to the masked full canvas
+    (compact.py): tokens never depend on the bound.
     """
     n = dpad_most_kept(dpad, n_suffix)
     if dpad.strategy == "uniform":

@@ -87,15 +87,15 @@ def test_device_chained_arithmetic(monkeypatch):
 
 
 def test_demo_model_and_task_tokenizers_load_without_leaving_files(tmp_path, monkeypatch):
-    """`load_demo_model` (serve's and flash's demo runs) converts demo_model/ into a temporary
-    checkpoint and `train_demo`'s encoders write a task's tokenizer: both load whole, so
-    nothing is left in the temporary directory (each run used to leave a checkpoint or a
-    tokenizer there)."""
+    """`load_model` without a checkpoint (serve's and flash's demo runs) converts demo_model/
+    into a temporary checkpoint and `train_demo`'s encoders write a task's tokenizer: both
+    load whole, so nothing is left in the temporary directory (each run used to leave a
+    checkpoint or a tokenizer there)."""
     import tempfile
 
     from benchmarks import common, train_demo
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    cfg, params, tok = common.load_demo_model()
+    cfg, params, tok = common.load_model()
     assert cfg.n_layers == 8 and len(params.layers) == 8
     assert tok.decode(tok.encode("12+3=")) == "12+3="
     encoder = train_demo._encoder.__wrapped__("arith")
