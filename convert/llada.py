@@ -7,7 +7,9 @@ tensor lands where) lives in `lacache_jax.hf_export`, shared with the exporter.
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -102,6 +104,7 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     total = sum(int(np.prod(entries[n].shape)) * entries[n].dtype.itemsize for n in plan)
     out_dtype = np.dtype(DTYPES[dtype])
     _check_space(dst, cfg, out_dtype, len(fp8_layers))
+    _warn_leftovers(dst)
     if not (src / "tokenizer.json").is_file():
         warnings.warn(f"{src} has no tokenizer.json: `python -m lacache_jax generate` and "
                       "lm-eval need one beside the checkpoint (copy it into DST)",
@@ -151,13 +154,36 @@ def _check_space(dst: Path, cfg: ModelConfig, out_dtype: np.dtype, n_fp8: int) -
         free = shutil.disk_usage(parent).free
     except OSError:
         return  # no parent: the write itself reports it
-    said = (f"{parent}: {free / 2**30:.2f} GiB free for {need / 2**30:.2f} GiB of weights "
+    said = (f"{parent}: {_size(free)} free for {_size(need)} of weights "
             "(orbax compresses them by about a fifth)")
     if free < SURELY_TOO_LITTLE * need:
         raise ConvertError(said)
     if free < need:
         warnings.warn(f"{said}: the conversion may run out of space", ConvertWarning,
                       stacklevel=3)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} bytes"
+
+
+def _warn_leftovers(dst: Path) -> None:
+    """Temporary directories of conversions killed outright (SIGKILL, the OOM killer, power
+    loss) stay beside DST, as large as the weights written so far: say so, delete nothing
+    (one may belong to a conversion still running)."""
+    dst = Path(os.path.realpath(dst))
+    if not dst.parent.is_dir():
+        return
+    left = sorted(dst.parent.glob(f".{glob.escape(dst.name)}.tmp-*"))
+    if left:
+        size = sum(f.stat().st_size for d in left for f in d.rglob("*") if f.is_file())
+        warnings.warn(f"{len(left)} temporary director{'y' if len(left) == 1 else 'ies'} of "
+                      f"an earlier conversion to {dst.name} ({_size(size)}): "
+                      f"{', '.join(str(d) for d in left)}; delete unless a conversion is "
+                      "still running", ConvertWarning, stacklevel=3)
 
 
 def _normalise_names(entries: dict[str, Entry]) -> dict[str, Entry]:

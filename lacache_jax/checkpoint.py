@@ -117,9 +117,10 @@ def atomic_dir(dst: str | os.PathLike, force: bool = False,
     untouched. With `force`, an existing `dst` is replaced only after the new one is complete,
     and only if it is what this writes (a directory holding `marker`: `lacache.json` for a
     checkpoint) or an empty directory: anything else is refused, never deleted.
-    A Ctrl-C during the final renames is delivered after them, with `dst` complete.
+    A Ctrl-C during the final renames is delivered after them, with `dst` complete. A `dst`
+    that is a symbolic link (dangling or not) is written where it points; the link stays.
     """
-    dst = Path(dst).absolute()
+    dst = Path(os.path.realpath(dst))
     if dst.exists() and not force:
         raise FileExistsError(f"{dst} already exists (force / --force replaces it)")
     if dst.exists() and not (dst.is_dir() and ((dst / marker).is_file()

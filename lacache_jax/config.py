@@ -54,13 +54,17 @@ class ModelConfig:
             raise ConfigError(f"head_dim={self.head_dim} must be even for rotate-half RoPE")
         for name in ("rope_theta", "norm_eps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"{name} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < math.inf):
+                raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
         for name in ("mask_id", "eos_id", "pad_id"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not (
                     0 <= value < self.vocab_size):
                 raise ConfigError(f"{name}={value!r} is not a token id in [0, {self.vocab_size})")
+        if self.mask_id in (self.eos_id, self.pad_id):
+            raise ConfigError(f"mask_id={self.mask_id} must differ from eos_id={self.eos_id} "
+                              f"and pad_id={self.pad_id}")
 
     @property
     def head_dim(self) -> int:
@@ -127,15 +131,18 @@ class ModelConfig:
         return cls(**d)
 
 
-# Keys whose value must be exactly this (the only variant implemented). A missing key is
-# accepted: LLaDA's code defaults of these keys are the values below.
+# Keys whose value must be exactly this (the only variant implemented). The first four must
+# be present: LLaDA's code defaults of them (configuration_llada.ModelConfig: "sequential",
+# "swiglu", "default" (a LayerNorm), rope False) describe another model. A missing key of
+# the rest is accepted: LLaDA's code default is the value below.
+_SUPPORTED_REQUIRED = ("block_type", "activation_type", "layer_norm_type", "rope")
 _SUPPORTED_FIXED: dict[str, Any] = {
     "block_type": "llama",
     "activation_type": "silu",
     "layer_norm_type": "rms",
+    "rope": True,
     "layer_norm_with_affine": True,
     "alibi": False,
-    "rope": True,
     "rope_full_precision": True,
     "include_bias": False,
     "include_qkv_bias": False,
@@ -158,11 +165,37 @@ def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
     return value
 
 
+# LLaDA's code defaults (configuration_llada.ModelConfig) of the keys that must be present
+# because these defaults are not what we implement; named in the error.
+_LLADA_DEFAULTS = {"block_type": "sequential", "activation_type": "swiglu",
+                   "layer_norm_type": "default", "rope": False, "embedding_size": 50304,
+                   "weight_tying": True}
+
+
+def _kv_heads(hf: dict[str, Any], n_heads: int) -> int:
+    """LLaDA's `effective_n_kv_heads`: n_kv_heads, else 1 with multi_query_attention, else
+    n_heads; both set must agree (n_kv_heads 1 with it true, n_heads with it false)."""
+    mqa = hf.get("multi_query_attention")
+    if mqa is not None and not isinstance(mqa, bool):
+        raise ConfigError(f"key 'multi_query_attention' has value {mqa!r} of the wrong type")
+    if hf.get("n_kv_heads") is None:
+        return 1 if mqa else n_heads
+    n_kv_heads = _require(hf, "n_kv_heads", int)
+    if mqa is not None and n_kv_heads != (1 if mqa else n_heads):
+        raise ConfigError(f"multi_query_attention={mqa} contradicts n_kv_heads={n_kv_heads} "
+                          f"(with n_heads={n_heads}); LLaDA's code refuses this too")
+    return n_kv_heads
+
+
 def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
     if "d_model" not in hf and "hidden_size" in hf:  # transformers' naming: not LLaDA's
         kind = hf.get("model_type") or (hf.get("architectures") or ["?"])[0]
         raise ConfigError(f"a {kind} config (hidden_size, not LLaDA's d_model): only LLaDA "
                           "checkpoints (model_type llada, LLaDAModelLM) convert")
+    for key in _SUPPORTED_REQUIRED:
+        if key not in hf:
+            raise ConfigError(f"missing required key {key!r} (LLaDA's code default, "
+                              f"{_LLADA_DEFAULTS[key]!r}, is not implemented)")
     for key, want in _SUPPORTED_FIXED.items():
         # bias_for_layer_norm may be null in LLaDA configs (falls back to include_bias).
         if key in hf and not (hf[key] is None and key == "bias_for_layer_norm") and (
@@ -174,27 +207,25 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
 
     d_model = _require(hf, "d_model", int)
     n_heads = _require(hf, "n_heads", int)
-    if hf.get("multi_query_attention"):
-        n_kv_heads = 1
-    elif hf.get("n_kv_heads") is None:
-        n_kv_heads = n_heads
-    else:
-        n_kv_heads = _require(hf, "n_kv_heads", int)
+    n_kv_heads = _kv_heads(hf, n_heads)
     if hf.get("mlp_hidden_size") is not None:
         d_ff = _require(hf, "mlp_hidden_size", int)
     else:
         d_ff = _require(hf, "mlp_ratio", int) * d_model
     vocab = _require(hf, "vocab_size", int)
-    if hf.get("embedding_size") is not None:
+    for key in ("embedding_size", "weight_tying"):  # LLaDA's defaults: 50304, true
+        if key not in hf:
+            raise ConfigError(f"missing required key {key!r} (LLaDA's code default, "
+                              f"{_LLADA_DEFAULTS[key]!r}, would apply)")
+    if hf["embedding_size"] is not None:  # null: LLaDA's code uses vocab_size
         embedding_size = _require(hf, "embedding_size", int)
         if embedding_size < vocab:
             raise ConfigError(f"embedding_size={embedding_size} is smaller than vocab_size={vocab}")
         vocab = embedding_size
-    weight_tying = hf.get("weight_tying", False)
+    weight_tying = hf["weight_tying"]
     if not isinstance(weight_tying, bool):
         raise ConfigError(f"key 'weight_tying' has value {weight_tying!r} of the wrong type")
     eos_id = _require(hf, "eos_token_id", int)
-    pad_id = hf.get("pad_token_id")
     return dict(
         d_model=d_model, n_layers=_require(hf, "n_layers", int), n_heads=n_heads,
         n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=vocab,
@@ -202,7 +233,7 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
         norm_eps=float(_require(hf, "rms_norm_eps", (int, float))),
         max_seq_len=_require(hf, "max_sequence_length", int),
         mask_id=_require(hf, "mask_token_id", int), eos_id=eos_id,
-        pad_id=eos_id if pad_id is None else _require(hf, "pad_token_id", int),
+        pad_id=_require(hf, "pad_token_id", int),
         tie_embeddings=weight_tying,
     )
 

@@ -79,6 +79,15 @@ def read_header(path: str | Path) -> dict[str, TensorInfo]:
             raise FormatError(f"{path}: truncated: {name!r} ends at byte {base + end}, "
                               f"file has {size}")
         infos[name] = TensorInfo(path, dtype, shape, base + begin, nbytes)
+    # As the reference reader: the tensors tile the data area, no overlap and no gap.
+    end = base
+    for name, info in sorted(infos.items(), key=lambda kv: (kv[1].offset, kv[1].nbytes)):
+        if info.offset != end:
+            raise FormatError(f"{path}: corrupt header: {name!r} starts at byte {info.offset}, "
+                              f"the data before it ends at {end} (overlap or gap)")
+        end += info.nbytes
+    if end != size:
+        raise FormatError(f"{path}: {size - end} bytes after the last tensor's data")
     return infos
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lacache_jax as lj
-from lacache_jax.checkpoint import CheckpointError, atomic_dir, interrupts_deferred
+from lacache_jax.checkpoint import META_FILE, CheckpointError, atomic_dir, interrupts_deferred
 
 CFG = lj.tiny(n_kv_heads=2)
 
@@ -119,6 +119,24 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
             (tmp / "partial").write_text("x")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_dir_writes_where_a_symlink_points(tmp_path):
+    """`--force` onto a link to a checkpoint replaced the link by the new directory, then
+    failed on rmtree of the renamed link (exit 1 after a complete write, `.link.old-*` left);
+    a dangling link failed only after the whole write. Now both write at the link's target."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / META_FILE).write_text("{}")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with atomic_dir(tmp_path / "link", force=True) as tmp:
+        (tmp / "new").write_text("x")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "new").is_file()
+    assert not (tmp_path / "real" / META_FILE).exists()  # the old checkpoint was replaced
+    (tmp_path / "dangling").symlink_to(tmp_path / "target")
+    with atomic_dir(tmp_path / "dangling") as tmp:
+        (tmp / "new").write_text("x")
+    assert (tmp_path / "dangling" / "new").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "link", "real", "target"]
 
 
 def test_atomic_dir_outlasts_writers_still_in_flight(tmp_path):

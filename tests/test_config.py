@@ -58,12 +58,28 @@ def test_unsupported_values_are_refused_by_name(key, value):
 
 @pytest.mark.parametrize("key", ["d_model", "n_heads", "n_layers", "rope_theta", "rms_norm_eps",
                                  "max_sequence_length", "vocab_size", "mask_token_id",
-                                 "eos_token_id"])
+                                 "eos_token_id", "pad_token_id", "block_type", "activation_type",
+                                 "layer_norm_type", "rope", "embedding_size", "weight_tying"])
 def test_missing_required_key(key):
+    """Every key whose LLaDA code default (configuration_llada.ModelConfig: rope_theta 10000,
+    pad 50256, block_type "sequential", activation "swiglu", a LayerNorm, no RoPE, 50304
+    embeddings, tied weights) is not LLaDA-8B's value is required: a config.json without it
+    describes another model to LLaDA's own code."""
     hf = dict(LLADA_8B_HF)
     del hf[key]
     with pytest.raises(ConfigError, match=f"missing required key '{key}'"):
         ModelConfig.from_hf(hf)
+
+
+@pytest.mark.parametrize("key", ["alibi", "include_bias", "include_qkv_bias",
+                                 "attention_layer_norm", "layer_norm_with_affine",
+                                 "rope_full_precision", "bias_for_layer_norm", "input_emb_norm",
+                                 "scale_logits", "block_group_size", "multi_query_attention",
+                                 "n_kv_heads"])
+def test_keys_whose_llada_default_is_ours_may_be_missing(key):
+    hf = dict(LLADA_8B_HF)
+    del hf[key]
+    assert ModelConfig.from_hf(hf) == lj.llada_8b()
 
 
 def test_wrong_types_and_values():
@@ -78,19 +94,33 @@ def test_wrong_types_and_values():
                              "eos_token_id": 1, "pad_token_id": 1})
     with pytest.raises(ConfigError, match="weight_tying"):
         ModelConfig.from_hf({**LLADA_8B_HF, "weight_tying": "no"})
+    for key, value in (("rope_theta", float("nan")), ("rms_norm_eps", float("inf"))):
+        name = {"rope_theta": "rope_theta", "rms_norm_eps": "norm_eps"}[key]
+        with pytest.raises(ConfigError, match=f"{name} must be a positive finite number"):
+            ModelConfig.from_hf({**LLADA_8B_HF, key: value})
+    with pytest.raises(ConfigError, match="mask_id=126081 must differ from eos_id=126081"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "mask_token_id": 126081})
 
 
 def test_gqa_mqa_and_defaults():
     assert ModelConfig.from_hf({**LLADA_8B_HF, "n_kv_heads": 8}).n_kv_heads == 8
     assert ModelConfig.from_hf({**LLADA_8B_HF, "n_kv_heads": None}).n_kv_heads == 32
-    assert ModelConfig.from_hf({**LLADA_8B_HF, "multi_query_attention": True}).n_kv_heads == 1
+    # multi_query_attention as LLaDA's effective_n_kv_heads reads it: used when n_kv_heads is
+    # unset, and refused when it contradicts n_kv_heads.
+    mqa = {**LLADA_8B_HF, "multi_query_attention": True, "n_kv_heads": None}
+    assert ModelConfig.from_hf(mqa).n_kv_heads == 1
+    assert ModelConfig.from_hf({**mqa, "n_kv_heads": 1}).n_kv_heads == 1
+    assert ModelConfig.from_hf({**mqa, "multi_query_attention": False}).n_kv_heads == 32
+    for flag, n_kv in ((True, 32), (False, 8)):
+        with pytest.raises(ConfigError, match=f"multi_query_attention={flag} contradicts "
+                                              f"n_kv_heads={n_kv}"):
+            ModelConfig.from_hf({**mqa, "multi_query_attention": flag, "n_kv_heads": n_kv})
     hf = {**LLADA_8B_HF, "mlp_hidden_size": None, "mlp_ratio": 2}
     assert ModelConfig.from_hf(hf).d_ff == 8192
     hf = {**LLADA_8B_HF, "embedding_size": 126500}
     assert ModelConfig.from_hf(hf).vocab_size == 126500
-    hf = dict(LLADA_8B_HF)
-    del hf["pad_token_id"]
-    assert ModelConfig.from_hf(hf).pad_id == 126081
+    hf = {**LLADA_8B_HF, "embedding_size": None}  # null: LLaDA's code uses vocab_size
+    assert ModelConfig.from_hf(hf).vocab_size == 126464
 
 
 def test_from_file_errors(tmp_path):

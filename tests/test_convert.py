@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -145,6 +146,33 @@ def _set_config(hf: Path, **kv):
     (hf / "config.json").write_text(json.dumps({**cfg, **kv}))
 
 
+def _del_config(hf: Path, key: str):
+    cfg = json.loads((hf / "config.json").read_text())
+    del cfg[key]
+    (hf / "config.json").write_text(json.dumps(cfg))
+
+
+def _set_shard(hf: Path, name: str, shard: str):
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    index["weight_map"][name] = shard
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _overlap(path: Path):
+    """Point a shard's second tensor at its first one's bytes (the file's size unchanged)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    first, second = sorted((k for k in header if k != "__metadata__"),
+                           key=lambda k: header[k]["data_offsets"][0])[:2]
+    size = header[second]["data_offsets"][1] - header[second]["data_offsets"][0]
+    header[second]["data_offsets"] = [0, size]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (n - len(head))
+    assert len(head) == n, "the edited header must keep its length"
+    path.write_bytes(raw[:8] + head + raw[8 + n:])
+
+
 def _truncate(hf: Path, nbytes: int = 100):
     path = hf / "model-00003-of-00003.safetensors"
     os.truncate(path, path.stat().st_size - nbytes)
@@ -179,6 +207,18 @@ BAD_INPUTS = {
                               "separate LM head"),
     "no_weights": (lambda hf: [p.unlink() for p in hf.glob("model*")], "no weights found"),
     "fp8_skip_alone": (lambda hf: None, "--fp8-skip without --fp8-ffn", ("--fp8-skip", "1")),
+    "missing_config_key": (lambda hf: _del_config(hf, "layer_norm_type"),
+                           "missing required key 'layer_norm_type' (LLaDA's code default, "
+                           "'default', is not implemented)"),
+    "nan_rope_theta": (lambda hf: _set_config(hf, rope_theta=float("nan")),
+                       "rope_theta must be a positive finite number, got nan"),
+    "single_file_beside_index": (
+        lambda hf: stf.write_file(hf / "model.safetensors", {"x": np.ones(2, np.float32)}),
+        "holds both model.safetensors and model.safetensors.index.json"),
+    "shard_outside_source": (lambda hf: _set_shard(hf, Q1, "../model-00001-of-00003.safetensors"),
+                             "shard '../model-00001-of-00003.safetensors' is not a file name in"),
+    "overlapping_tensors": (lambda hf: _overlap(hf / "model-00002-of-00003.safetensors"),
+                            "model-00002-of-00003.safetensors: corrupt header: "),
     "llama_config": (lambda hf: (hf / "config.json").write_text(json.dumps(
         {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})),
         "a llama config (hidden_size, not LLaDA's d_model)"),
@@ -258,6 +298,20 @@ def test_missing_tokenizer_warns(tmp_path, hf_dir, capsys):
         "and lm-eval need one beside the checkpoint (copy it into DST)\n")
 
 
+def test_leftovers_of_a_killed_conversion_are_named(tmp_path, hf_dir, capsys):
+    """A conversion killed outright (SIGKILL: no handler runs) leaves its `.DST.tmp-*`
+    directory, as large as the weights written; the next conversion names it, deletes
+    nothing, and converts."""
+    left = tmp_path / ".out.tmp-0123abcd"
+    (left / "params").mkdir(parents=True)
+    (left / "params" / "w").write_bytes(b"x" * 3000)
+    assert _run(hf_dir, tmp_path / "out") == 0
+    err = capsys.readouterr().err
+    assert ("convert: warning: 1 temporary directory of an earlier conversion to out "
+            f"(2.93 KiB): {left}; delete unless a conversion is still running") in err, err
+    assert left.is_dir() and lj.load(tmp_path / "out")[0] == CFG
+
+
 def test_free_space_is_checked_before_writing(tmp_path, hf_dir, capsys, monkeypatch):
     """Under 70% of the uncompressed weights free: one line, nothing written; under 100%
     (orbax's compression may still make it fit): a warning, and the conversion runs."""
@@ -270,7 +324,8 @@ def test_free_space_is_checked_before_writing(tmp_path, hf_dir, capsys, monkeypa
         monkeypatch.setattr("shutil.disk_usage", lambda p: usage(10**12, 10**12 - free, free))
         assert _run(hf_dir, tmp_path / "out") == rc
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "GiB free for" in err, err
+        # a tiny model's sizes in KiB, not "0.00 GiB free for 0.00 GiB"
+        assert err.count("\n") == 1 and re.search(r"\d\.\d\d KiB free for \d", err), err
         if rc:
             assert err.startswith("convert: error: ")
             assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
