@@ -49,11 +49,14 @@ class Tokenizer:
         self._reserved = (set(reserved_ids) | roles) - {None}
         self._warned = False
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text` (no special tokens added). A character the vocabulary lacks
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`, as `transformers`' `tokenizer(text)` gives them (what LLaDA's
+        generate.py and eval harness call): with the special tokens tokenizer.json's
+        post-processor adds, if it has one (the shipped tokenizers have none), unless
+        `add_special_tokens` is off. A character the vocabulary lacks
         raises TokenizerError naming it and its position, unless the tokenizer has an unknown
         token distinct from every reserved id (then: one TokenizerWarning per tokenizer)."""
-        enc = self._tok.encode(text, add_special_tokens=False)
+        enc = self._tok.encode(text, add_special_tokens=add_special_tokens)
         covered = [False] * len(text)
         for token_id, (a, b) in zip(enc.ids, enc.offsets):
             if token_id == self._unk_id and text[a:b] != self._unk_text:

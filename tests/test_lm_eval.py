@@ -6,7 +6,11 @@ accuracy as benchmarks/accuracy.py; multiple choice: the right answer scores bes
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import functools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -81,7 +85,8 @@ PAIRS = [  # lengths spread over two canvas buckets, continuations of 1 to 21 to
     ([8] * 30, [12, 44, 13, 90, 91, 92, 93, 94, 95, 96, 97, 98, 2, 4, 6, 8, 10, 12, 14, 16,
                 18]),
     ([250, 1, 2], [60, 61]),
-]
+    ([], [9, 33, 120]),  # an empty context, as the reference scores it (lm-eval's
+]                        # loglikelihood requests may have one)
 
 
 @pytest.mark.parametrize("cfg_scale", [0.0, 0.5])
@@ -111,7 +116,70 @@ def test_greedy_check_matches_pytorch_reference(models):
     pairs = [(c, g) for c, g in zip(ctxs, greedy)] + [(c, w) for c, w in zip(ctxs, wrong)]
     got = elbo.loglikelihoods(params, GEN_CFG, pairs, mc_num=2, draws=Recorder(2, 2),
                               batch_size=3, mask_id=GEN_CFG.mask_id)
+    # (No empty context here: its all-mask canvas gives mirror positions equal confidences,
+    # an exact tie whose order is the implementation's, as for torch.topk: README.)
     assert [g for _, g in got] == [True, True, False, False]
+
+
+def test_greedy_check_fails_when_the_argmax_is_the_mask_token(models):
+    """LLaDA's check runs exactly one pass per continuation token; a pass whose argmax is the
+    mask token leaves the position masked. Ours looped until nothing was masked, forever in
+    that case (and with it the whole batch). Here the one-token continuation's argmax t is
+    made the mask token's (its head column 3x t's, t's logit being the largest and > 0)."""
+    params, ref_model = models
+    ctx = [5, 17, 99, 3]
+    t = reference_greedy(ref_model, ctx, 1, GEN_CFG.mask_id)[0]
+    mask_id = GEN_CFG.mask_id
+    check = functools.partial(elbo.loglikelihoods, cfg=GEN_CFG, pairs=[(ctx, [t])],
+                              mc_num=2, draws=Recorder(2, 2), batch_size=2, mask_id=mask_id)
+    assert check(params)[0][1] is True
+    masking = dataclasses.replace(params, head=params.head.at[:, mask_id].set(
+        3 * params.head[:, t]))
+    assert check(masking)[0][1] is False
+
+
+def _merging_tokenizer(directory: Path) -> Path:
+    """A BPE over x, a, b, y and space that merges 'ab', with a post-processor adding <bos>
+    (as a Llama-style tokenizer.json does)."""
+    from tokenizers import Tokenizer as HFTokenizer, models, processors
+    directory.mkdir()
+    vocab = {t: i for i, t in enumerate(["<bos>", "<eos>", "x", "a", "b", "y", " ", "ab"])}
+    tok = HFTokenizer(models.BPE(vocab, [("a", "b")]))
+    tok.add_special_tokens(["<bos>", "<eos>"])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                       special_tokens=[("<bos>", 0)])
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>"}))
+    return directory
+
+
+def test_pairs_are_encoded_as_the_reference_harness_does(tmp_path, models):
+    """The reference's `_encode_pair`: `tokenizer(text)` (so with the post-processor's BOS),
+    trailing context spaces moved to the continuation, and the continuation the whole
+    text's ids after as many as the context's, even where a token spans the boundary ('xa'
+    + 'by': 'y' alone); an empty context stays empty. Before, ids had no BOS, a spanning
+    token made us encode the continuation alone, and an empty context became [EOS]."""
+    from transformers import PreTrainedTokenizerFast
+    directory = _merging_tokenizer(tmp_path / "tok")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"))
+
+    def reference(context, continuation):
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        whole, ctx = hf(context + continuation)["input_ids"], hf(context)["input_ids"]
+        return ctx, whole[len(ctx):]
+
+    params, _ = models
+    lm = LaCacheLM(config=GEN_CFG, params=params, tokenizer=directory)
+    for pair in (("xa", "by"), ("x a ", "b"), ("", "ab"), ("xab", "y"), ("yx", " ab")):
+        assert lm._encode_pair(*pair) == reference(*pair), pair
+    assert lm._encode_pair("", "ab") == ([0], [7])
+    # 'xa' + 'b' is one token more than 'xa': the reference's continuation is empty (and its
+    # ELBO then fails); ours falls back to the continuation alone.
+    assert reference("xa", "b")[1] == [] and lm._encode_pair("xa", "b") == ([0, 2, 3], [4])
+    assert lm._encode_context("xab", 10) == hf("xab")["input_ids"]
 
 
 def test_mask_counts_are_llada_stratification():
@@ -138,8 +206,6 @@ def test_bad_draws_and_pairs_are_refused(models):
         run([([1], [2, 3])], lambda i, c, n: np.ones((3, n), bool))
     with pytest.raises(ValueError, match="no masked token"):
         run([([1], [2, 3])], lambda i, c, n: np.zeros((2, n), bool))
-    with pytest.raises(ValueError, match="empty context"):
-        run([([], [2])], Recorder(2, 2))
     with pytest.raises(ValueError, match="mask id"):
         run([([1, GEN_CFG.mask_id], [2])], Recorder(2, 2))
     with pytest.raises(ValueError, match="max_seq_len"):
@@ -170,6 +236,9 @@ def test_model_args_are_typed_and_validated():
     assert (ref.checkpoint, ref.check_greedy, ref.gen.cfg_scale, ref.gen.cache) == (
         "ck", False, 0.5, "dual")
     assert parse({"use_cache": True}).gen.cache == "prefix"
+    # Fast-dLLM's eval commands pass show_speed (and save_dir): read, not refused.
+    fast = parse({"show_speed": "True", "save_dir": "out", "max_length": "2048"})
+    assert (fast.show_speed, fast.save_dir, fast.max_length) == (True, "out", 2048)
     assert parse({"use_cache": False, "dual_cache": True}).gen.cache == "none"
     assert parse({"dpad": True}).gen.dpad == lj.DPadConfig()
     assert parse({"dpad_window": 64}).gen.dpad == lj.DPadConfig(window=64)
@@ -188,7 +257,10 @@ def test_model_args_are_typed_and_validated():
              ({"temperatur": 0.5}, "unknown model args"),
              ({"model_path": "a", "checkpoint": "b"}, "model_path and checkpoint"),
              ({"use_cache": True, "cache": "dual"}, "use_cache/dual_cache and cache"),
-             ({"dtype": "int8"}, "dtype must be")]
+             ({"dtype": "int8"}, "dtype must be"),
+             ({"max_length": 0}, "max_length must be a positive integer"),
+             ({"dropout": "gaussian", "sigma": 4}, r"\['dropout', 'sigma'\]: DPad's harness "
+                                                  "args are not read here; DPad is dpad=")]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             parse(args)
@@ -282,6 +354,7 @@ def test_command_line_checks_model_args_first_and_passes_our_batch_size(
             (f"checkpoint={demo_ckpt},gen_lenght=64", "unknown model args ['gen_lenght']"),
             (f"checkpoint={demo_ckpt},cache=exakt", "cache must be one of"),
             (f"checkpoint={demo_ckpt},gen_length=96", "gen_length=96 leaves no room for a prompt"),
+            (f"checkpoint={demo_ckpt},max_length=4096", "max_length=4096 exceeds the model's"),
             ("gen_length=64", "checkpoint is required")]:
         assert main(["--model", "lacache_jax", "--tasks", "t", "--model_args", model_args]) == 1
         err = capsys.readouterr().err
@@ -326,6 +399,39 @@ def test_flash_answers_read_the_decoded_positions(demo_ckpt):
     assert lm._postprocess(_answer_spans(out, flash)[0], ()) == "12"
     fixed = lj.GenerationConfig(gen_length=8, block_length=8, steps=8)
     assert lm._postprocess(_answer_spans(out, fixed)[0], ()) == "127"
+
+
+def test_save_dir_resumes_and_show_speed_reports(demo_ckpt, tmp_path, caplog):
+    """Fast-dLLM's `save_dir` and `show_speed` (once refused as unknown): each answer is
+    appended to SAVE_DIR/rank_0.jsonl with its batch; a rerun of the same requests and
+    settings reuses them and generates nothing; a line cut by a crash is skipped and its
+    request generated again; other settings reuse nothing. show_speed logs the totals."""
+    Request = collections.namedtuple("Request", "args")
+    requests = [Request((f"{a}+{b}=", {"until": [";"]})) for a, b in ((1, 2), (3, 4), (10, 5))]
+    args = dict(checkpoint=str(demo_ckpt), gen_length=32, block_length=32, steps=32,
+                batch_size=2, save_dir=str(tmp_path / "answers"))
+    with caplog.at_level("WARNING"):
+        first = LaCacheLM(**args, show_speed=True).generate_until(requests)
+    assert re.search(r"generate_until: \d+ tokens \(each row's up to its first EOS\) in "
+                     r"[\d.]+ s, [\d.]+ tokens/s, NFE \d+", caplog.text), caplog.text
+    path = tmp_path / "answers" / "rank_0.jsonl"
+    lines = path.read_text().splitlines()
+    assert sorted(json.loads(x)["answer"] for x in lines) == sorted(first)  # batch order
+
+    def counting(lm):
+        made, run = [], lm._generate
+        lm._generate = lambda prompts, ids, gen: made.append(sorted(ids)) or run(prompts, ids,
+                                                                                 gen)
+        return lm, made
+    again, made = counting(LaCacheLM(**args))
+    assert again.generate_until(requests) == first and made == []
+    cut = next(i for i, x in enumerate(lines) if json.loads(x)["answer"] == first[2])
+    path.write_text("".join(x + "\n" for j, x in enumerate(lines) if j != cut) + lines[cut][:9])
+    resumed, made = counting(LaCacheLM(**args))
+    assert resumed.generate_until(requests) == first and made == [[2]]
+    other, made = counting(LaCacheLM(**{**args, "steps": 16}))
+    other.generate_until(requests)
+    assert sorted(sum(made, [])) == [0, 1, 2]
 
 
 def test_rolling_windows_cover_the_document_once(demo_ckpt):
@@ -373,12 +479,15 @@ def test_generation_settings_and_answer_cleanup(demo_ckpt, caplog):
         assert lm._postprocess(case, tuple(until)) == reference_answer(
             demo_ckpt / "tokenizer.json", case, until)
     # chat=true wraps generation prompts only, as Fast-dLLM's harness; lm-eval's
-    # --apply_chat_template renders as transformers does (the same text as chat_prompt).
+    # --apply_chat_template renders as transformers does (the same text as chat_prompt), and
+    # with chat=true would wrap a prompt twice ('<|user|><|user|>1+2=...'): refused.
     chat = LaCacheLM(checkpoint=str(demo_ckpt), gen_length=64, block_length=32, chat=True)
     assert chat._encode_pair("1+2=", "3") == (chat.tok.encode("1+2="), chat.tok.encode("3"))
     assert chat._encode_context("1+2=", 60) == chat.tok.encode(chat.tok.chat_prompt("1+2="))
-    assert chat.apply_chat_template([{"role": "user", "content": "1+2="}]) == \
+    assert lm.apply_chat_template([{"role": "user", "content": "1+2="}]) == \
         chat.tok.chat_prompt("1+2=")
+    with pytest.raises(ValueError, match="chat=true .* --apply_chat_template .* give one"):
+        chat.apply_chat_template([{"role": "user", "content": "1+2="}])
 
 
 def test_harness_batch_size_does_not_clash_with_model_args(demo_ckpt, caplog):

@@ -93,8 +93,9 @@ def loglikelihoods(params: Params, cfg: ModelConfig,
     """(ELBO log-likelihood, is_greedy) of each (context ids, continuation ids) pair;
     is_greedy is False for all when `check_greedy` is off.
 
-    Every context must be non-empty and every pair must fit `cfg.max_seq_len`; an empty
-    continuation has log-likelihood 0 (and is greedy). `progress` shows a bar per pass.
+    Every pair must fit `cfg.max_seq_len`; a context may be empty (the continuation is then
+    scored alone, as the reference does), an empty continuation has log-likelihood 0 (and
+    is greedy). `progress` shows a bar per pass.
     """
     _check_pairs(pairs, cfg, mask_id)
     lls = _elbo(params, cfg, pairs, mc_num, draws, batch_size, mask_id, float(cfg_scale),
@@ -106,8 +107,6 @@ def loglikelihoods(params: Params, cfg: ModelConfig,
 
 def _check_pairs(pairs, cfg: ModelConfig, mask_id: int) -> None:
     for i, (ctx, cont) in enumerate(pairs):
-        if len(ctx) == 0:
-            raise ValueError(f"pairs[{i}] has an empty context: give at least one token")
         if len(ctx) + len(cont) > cfg.max_seq_len:
             raise ValueError(f"pairs[{i}]: context {len(ctx)} + continuation {len(cont)} "
                              f"tokens exceed max_seq_len={cfg.max_seq_len}")
@@ -265,7 +264,9 @@ def _masked_nll(params, cfg, x_RT, start_R, length_R, tgt_RJ, masked_RJ, weight_
 @functools.partial(jax.jit, static_argnames=("cfg", "mask_id", "cfg_scale"))
 def _greedy_match(params, cfg, x_RT, start_R, length_R, tgt_RJ, mask_id, cfg_scale):
     """Whether revealing the most confident argmax one position per pass reproduces each
-    row's continuation."""
+    row's continuation. A row gets exactly as many passes as its continuation has tokens, as
+    in LLaDA's check: a pass whose argmax is the mask token leaves its position masked, and
+    the row then fails (unbounded, such a row kept its whole batch looping)."""
     R, J = tgt_RJ.shape
     col = jnp.arange(x_RT.shape[1])
     slot_J = jnp.arange(J)
@@ -277,18 +278,23 @@ def _greedy_match(params, cfg, x_RT, start_R, length_R, tgt_RJ, mask_id, cfg_sca
     def still_masked(x):
         return (jnp.take_along_axis(x, cols_RJ, axis=1) == mask_id) & (slot_J < cont_R[:, None])
 
-    def step(x):
+    def step(state):
+        i, x = state
         h = _model_hidden(params, cfg, x, start_R, length_R, mask_id, cfg_scale)
         x0_RJ, conf_RJ = _head(params, cfg, _slots(h, start_R, J, cfg_scale), cfg_scale, _top)
         masked = still_masked(x)
         pick_R = jnp.argmax(jnp.where(masked, conf_RJ, -jnp.inf), axis=-1)
         tok_R = jnp.take_along_axis(x0_RJ, pick_R[:, None], axis=1)[:, 0]
         col_R = jnp.take_along_axis(cols_RJ, pick_R[:, None], axis=1)[:, 0]
-        write = masked.any(-1)
+        write = masked.any(-1) & (i < cont_R)
         cur = jnp.take_along_axis(x, col_R[:, None], axis=1)[:, 0]
-        return x.at[jnp.arange(R), col_R].set(jnp.where(write, tok_R, cur))
+        return i + 1, x.at[jnp.arange(R), col_R].set(jnp.where(write, tok_R, cur))
 
-    x = jax.lax.while_loop(lambda x: still_masked(x).any(), step, x)
+    def more(state):
+        i, x = state
+        return (still_masked(x) & (i < cont_R)[:, None]).any()
+
+    _, x = jax.lax.while_loop(more, step, (jnp.int32(0), x))
     got = jnp.take_along_axis(x, cols_RJ, axis=1)
     return ((got == tgt_RJ) | (slot_J >= cont_R[:, None])).all(-1)
 

@@ -22,8 +22,11 @@ Model args: model_args.py. Contexts too long for the model lose their oldest tok
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,7 @@ class LaCacheLM(LM):
         if settings.gen.fp8_ffn and not has_fp8_ffn(params):
             log.info("quantising the FFN weights to FP8 at load (fp8_ffn=true)")
             params = lj.quantize_ffn(params)
+        _check_max_length(settings, config)
         self.settings: EvalSettings = settings
         self.config, self.params, self.tok = config, params, Tokenizer(tokenizer)
         self.gen = settings.gen.resolve(config)
@@ -117,7 +121,7 @@ class LaCacheLM(LM):
 
     @property
     def max_length(self) -> int:
-        return self.config.max_seq_len
+        return self.settings.max_length or self.config.max_seq_len
 
     @property
     def tokenizer_name(self) -> str:
@@ -129,32 +133,52 @@ class LaCacheLM(LM):
     def apply_chat_template(self, chat_history: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str:
         """The whole conversation through the checkpoint's chat template, rendered as
-        `transformers` renders it (Tokenizer.render_chat)."""
+        `transformers` renders it (Tokenizer.render_chat). lm-eval calls it under
+        `--apply_chat_template`, which `chat=true` would wrap a second time: refused."""
+        if self.settings.chat:
+            raise ValueError("chat=true wraps each context in the chat template, which "
+                             "--apply_chat_template has done already: give one of them")
         return self.tok.render_chat(chat_history, add_generation_prompt)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         gen = self.gen
+        saved = AnswerLog(self.settings.save_dir, self.rank, self._run_id())
+        out: list[str | None] = [None] * len(requests)
         items = []
         for i, req in enumerate(requests):
             context, kwargs = req.args
             until = self._stop_strings(kwargs or {})
-            prompt = self._encode_context(context, self.config.max_seq_len - gen.gen_length)
+            if (answer := saved.get(i, context, until)) is not None:
+                out[i] = answer
+                self.cache_hook.add_partial("generate_until", req.args, answer)
+                continue
+            prompt = self._encode_context(context, self.max_length - gen.gen_length)
             items.append((i, prompt, until))
-        out: list[str | None] = [None] * len(requests)
+        if saved.reused:
+            log.warning("%d of %d answers reused from %s", saved.reused, len(requests),
+                        saved.path)
         items.sort(key=lambda it: -len(it[1]))  # similar lengths share a batch
         refill = self.settings.slots is not None  # slot refill: all requests in one call
         B = max(len(items), 1) if refill else self.settings.batch_size
         run = self._generate_slots if refill else self._generate
         bar = tqdm(total=-(-len(items) // B), desc="generate_until",
                    disable=disable_tqdm or self.rank)
+        start, tokens, nfe = time.perf_counter(), 0, 0
         for lo in range(0, len(items), B):
             chunk = items[lo:lo + B]
-            canvases = run([p for _, p, _ in chunk], [i for i, *_ in chunk], gen)
+            canvases, n_tokens, n_fe = run([p for _, p, _ in chunk], [i for i, *_ in chunk], gen)
+            tokens, nfe = tokens + n_tokens, nfe + n_fe
             for (i, _, until), ids in zip(chunk, canvases):
                 out[i] = self._postprocess(ids, until)
                 self.cache_hook.add_partial("generate_until", requests[i].args, out[i])
+            saved.add([(i, requests[i].args[0], until, out[i]) for i, _, until in chunk])
             bar.update()
         bar.close()
+        if self.settings.show_speed and items:
+            seconds = time.perf_counter() - start
+            log.warning("generate_until: %d tokens (each row's up to its first EOS) in %.1f s, "
+                        "%.1f tokens/s, NFE %d (%.1f a request)", tokens, seconds,
+                        tokens / seconds, nfe, nfe / len(items))
         return out
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
@@ -168,7 +192,7 @@ class LaCacheLM(LM):
         prefix = self._prefix_id()
         windows, owner = [], []
         for r, req in enumerate(requests):
-            tokens = self.tok.encode(req.args[0])
+            tokens = self.tok.encode(req.args[0], add_special_tokens=False)  # prefix: below
             for win in lm_utils.get_rolling_token_windows(
                     token_list=tokens, prefix_token=prefix,
                     max_seq_len=self.config.max_seq_len - 1, context_len=1):
@@ -215,7 +239,7 @@ class LaCacheLM(LM):
         # Each batch compiles for its own longest prompt; `slots=` compiles per power-of-two
         # bucket instead (slots.py).
         out = lj.generate(self.params, self.config, rows, gen, key=keys)
-        return _answer_spans(out, gen)[:n]
+        return _answer_spans(out, gen)[:n], *_speed(out, n)
 
     def _generate_slots(self, prompts: list[list[int]], request_ids: list[int],
                         gen: lj.GenerationConfig) -> list[list[int]]:
@@ -225,7 +249,14 @@ class LaCacheLM(LM):
             jnp.asarray(request_ids))
         out = lj.generate(self.params, self.config, prompts, gen, key=keys,
                           slots=self.settings.slots)
-        return _answer_spans(out, gen)
+        return _answer_spans(out, gen), *_speed(out, len(prompts))
+
+    def _run_id(self) -> str:
+        """What decides a generate_until answer besides its request: the checkpoint, the
+        settings that change tokens (not batch_size or slots: rows draw from their own
+        keys), and the request's position (it seeds its key)."""
+        s = self.settings
+        return repr((str(s.checkpoint), self.gen, s.seed, s.chat, self.max_length))
 
     def _postprocess(self, ids: list[int], until: tuple) -> str:
         """The reference's answer: the canvas decoded with its special tokens (so a special
@@ -246,8 +277,8 @@ class LaCacheLM(LM):
 
     def _encode_context(self, context: str, budget: int) -> list[int]:
         if budget < 1:
-            raise ValueError(f"no room for a prompt: the generation fills max_seq_len="
-                             f"{self.config.max_seq_len}")
+            raise ValueError(f"no room for a prompt: the generation fills max_length="
+                             f"{self.max_length}")
         ids = self.tok.encode(self.tok.chat_prompt(context) if self.settings.chat else context)
         ids = ids or [self._prefix_id()]
         if len(ids) > budget:
@@ -256,19 +287,22 @@ class LaCacheLM(LM):
         return ids[-budget:]
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        """lm-eval's convention: trailing spaces of the context move to the continuation;
-        the continuation's ids are those of the whole text after the context's."""
+        """The reference's `_encode_pair` (lm-eval's convention): trailing spaces of the
+        context move to the continuation, both texts are encoded as `tokenizer(text)` does,
+        and the continuation's ids are the whole text's after as many as the context has
+        (even where a token spans the boundary). An empty context stays empty, as there.
+        Where that leaves no continuation token (the reference then fails on an empty
+        target), the continuation is encoded alone."""
         n = len(context) - len(context.rstrip())
         if n:
             context, continuation = context[:-n], context[-n:] + continuation
         ctx = self.tok.encode(context)
-        whole = self.tok.encode(context + continuation)
-        cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self.tok.encode(continuation)
-        ctx = ctx or [self._prefix_id()]
-        room = self.config.max_seq_len - len(cont)
-        if room < 1:
-            raise ValueError(f"a continuation of {len(cont)} tokens leaves no room for its "
-                             f"context within max_seq_len={self.config.max_seq_len}")
+        cont = self.tok.encode(context + continuation)[len(ctx):]
+        cont = cont or self.tok.encode(continuation, add_special_tokens=False)
+        room = self.max_length - len(cont)
+        if room < 0:
+            raise ValueError(f"a continuation of {len(cont)} tokens does not fit "
+                             f"max_length={self.max_length}")
         if len(ctx) > room:
             self._warn_once("truncated", "contexts longer than the model allows lose their "
                             "oldest tokens")
@@ -285,6 +319,53 @@ def _special_tokens(path: Path) -> list[str]:
     from generated text; longest first so no special hides inside another."""
     added = json.loads(path.read_text()).get("added_tokens", [])
     return sorted({t["content"] for t in added if t.get("special")}, key=len, reverse=True)
+
+
+def _speed(out: lj.GenerateOutput, n: int) -> tuple[int, int]:
+    """Generated tokens up to each row's first EOS (REFERENCE.md §10) and forward passes,
+    summed over the first n rows (the rest pad the batch)."""
+    return int(np.asarray(out.gen_lengths)[:n].sum()), int(np.asarray(out.nfe)[:n].sum())
+
+
+class AnswerLog:
+    """`save_dir`'s answers: one JSON line per generate_until answer, appended (and synced)
+    after each batch, so a run that dies keeps what it made; a rerun reuses the answers
+    whose key (the run's id, the request's position, context and stop strings) matches.
+    An unreadable line (the last one, cut by a crash) is skipped. Without `save_dir`, a
+    no-op."""
+
+    def __init__(self, save_dir: str | None, rank: int, run_id: str):
+        self.path = None if save_dir is None else Path(save_dir) / f"rank_{rank}.jsonl"
+        self.run_id, self.reused, self.answers = run_id, 0, {}
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                    self.answers[entry["key"]] = entry["answer"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    log.warning("%s: skipping an unreadable line", self.path)
+
+    def _key(self, i: int, context: str, until: tuple) -> str:
+        raw = json.dumps([self.run_id, i, context, list(until)], ensure_ascii=False)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def get(self, i: int, context: str, until: tuple) -> str | None:
+        answer = self.answers.get(self._key(i, context, until))
+        self.reused += answer is not None
+        return answer
+
+    def add(self, done: list[tuple[int, str, tuple, str]]) -> None:
+        if self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            for i, context, until, answer in done:
+                f.write(json.dumps({"key": self._key(i, context, until), "answer": answer},
+                                   ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list[int]]:
@@ -330,7 +411,15 @@ def preflight(model_args: dict[str, Any]) -> EvalSettings:
     config, _, _ = read_meta(settings.checkpoint)
     Tokenizer(tokenizer or settings.checkpoint)
     gen = settings.gen.resolve(config)
-    if "gen_length" in model_args and gen.gen_length >= config.max_seq_len:
-        raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in the "
-                         f"model's max_sequence_length {config.max_seq_len}")
+    _check_max_length(settings, config)
+    limit = settings.max_length or config.max_seq_len
+    if "gen_length" in model_args and gen.gen_length >= limit:
+        raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in "
+                         f"{limit} tokens (max_length, else the model's max_sequence_length)")
     return settings
+
+
+def _check_max_length(settings: EvalSettings, config: lj.ModelConfig) -> None:
+    if settings.max_length is not None and settings.max_length > config.max_seq_len:
+        raise ValueError(f"max_length={settings.max_length} exceeds the model's "
+                         f"max_sequence_length {config.max_seq_len}")

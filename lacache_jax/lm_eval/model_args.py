@@ -40,7 +40,17 @@ EVAL_ARGS: dict[str, tuple[str, Any, str]] = {
     "check_greedy": ("bool", True, "compute is_greedy (one forward per continuation token)"),
     "chat": ("bool", False, "wrap each context as one user turn of the chat template"),
     "seed": ("int", 0, "seed of the mask draws and of sampling at temperature > 0"),
+    "max_length": ("int?", None, "most tokens of a context and its continuation or "
+                   "generation (default, and at most: the model's max_sequence_length)"),
+    "show_speed": ("bool", False, "after generate_until, log the tokens generated (up to "
+                   "each row's first EOS), seconds, tokens/s and NFE"),
+    "save_dir": ("str?", None, "append each generate_until answer to "
+                 "SAVE_DIR/rank_<rank>.jsonl as it is made; a rerun reuses those of the same "
+                 "request and settings (resume)"),
 }
+# Names of DPad's eval_llada.py whose meaning differs from ours: refused with a pointer.
+DPAD_NAMES = ("dropout", "sigma", "scale", "window", "preserved_tokens", "early_termination",
+              "from_scratch")
 # Harness-level settings lm-eval passes to every model; read or ignored, never an error.
 HARNESS_ARGS = ("max_batch_size", "device")
 # The reference harness's name -> ours (model_path must be a converted checkpoint here).
@@ -60,6 +70,9 @@ class EvalSettings:
     check_greedy: bool
     chat: bool
     seed: int
+    max_length: int | None
+    show_speed: bool
+    save_dir: str | None
 
 
 def parse(args: dict[str, Any]) -> EvalSettings:
@@ -70,13 +83,18 @@ def parse(args: dict[str, Any]) -> EvalSettings:
         kind = EVAL_ARGS[name][0]
         ev[name] = _coerce(args.pop(name), kind.rstrip("?"), kind.endswith("?"), name)
     gen_kwargs = _generation_kwargs(args)
+    if dpad := sorted(set(args) & set(DPAD_NAMES)):
+        raise ValueError(f"{dpad}: DPad's harness args are not read here; DPad is dpad=gaussian"
+                         "|uniform with dpad_window, dpad_k, dpad_scale, dpad_keep, and EOS "
+                         "early stop is stop_at_eos=true")
     if args:
         raise ValueError(f"unknown model args {sorted(args)}; known: {known_args()}")
     for name in ("batch_size", "mc_num"):
         if ev[name] <= 0:
             raise ValueError(f"{name} must be a positive integer, got {ev[name]}")
-    if ev["slots"] is not None and ev["slots"] <= 0:
-        raise ValueError(f"slots must be a positive integer, got {ev['slots']}")
+    for name in ("slots", "max_length"):
+        if ev[name] is not None and ev[name] <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {ev[name]}")
     mc_batch = ev["mc_batch"]
     if mc_batch is None:  # the reference stratifies over its batch_size (REFERENCE.md §9)
         mc_batch = max(d for d in range(1, min(ev["batch_size"], ev["mc_num"]) + 1)
@@ -94,7 +112,9 @@ def parse(args: dict[str, Any]) -> EvalSettings:
     return EvalSettings(gen=gen, checkpoint=ev["checkpoint"],
                         dtype=ev["dtype"], batch_size=ev["batch_size"], slots=ev["slots"],
                         mc_num=ev["mc_num"], mc_batch=mc_batch,
-                        check_greedy=ev["check_greedy"], chat=ev["chat"], seed=ev["seed"])
+                        check_greedy=ev["check_greedy"], chat=ev["chat"], seed=ev["seed"],
+                        max_length=ev["max_length"], show_speed=ev["show_speed"],
+                        save_dir=ev["save_dir"])
 
 
 def _our_names(args: dict[str, Any]) -> dict[str, Any]:
