@@ -149,7 +149,7 @@ def _check_space(dst: Path, cfg: ModelConfig, out_dtype: np.dtype, n_fp8: int) -
     """Before writing: refuse when DST's file system holds under 70% of the uncompressed
     weights, warn under 100% (a write failing midway is reported too, by `write_group`)."""
     need = cfg.n_params * out_dtype.itemsize + n_fp8 * 3 * cfg.d_model * cfg.d_ff
-    parent = dst.absolute().parent
+    parent = Path(os.path.realpath(dst)).parent  # where atomic_dir writes (a link's target)
     try:
         free = shutil.disk_usage(parent).free
     except OSError:

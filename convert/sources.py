@@ -31,10 +31,11 @@ class Entry:
 
 def find_sources(src: Path) -> dict[str, Entry]:
     """All tensors of the checkpoint in directory `src`, by name."""
-    if (src / "model.safetensors").is_file() and (src / "model.safetensors.index.json").is_file():
-        raise ConvertError(f"{src}: holds both model.safetensors and "
-                           "model.safetensors.index.json, which may list other weights "
-                           "(transformers reads model.safetensors); remove the stale one")
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (src / "model.safetensors").is_file() and (src / index_name).is_file():
+            raise ConvertError(f"{src}: holds both model.safetensors and {index_name}, which "
+                               "may list other weights (transformers reads "
+                               "model.safetensors); remove the stale one")
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (src / index_name).is_file():
             return _from_index(src, src / index_name)
@@ -58,9 +59,10 @@ def _from_index(src: Path, index_path: Path) -> dict[str, Entry]:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise ConvertError(f"{index_path}: not a valid index (no weight_map: {e})") from None
     entries: dict[str, Entry] = {}
+    root = src.resolve()
     for shard in weight_map.values():
-        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
-            raise ConvertError(f"{index_path}: shard {shard!r} is not a file name in {src}")
+        if not isinstance(shard, str) or not (src / shard).resolve().is_relative_to(root):
+            raise ConvertError(f"{index_path}: shard {shard!r} is not a file inside {src}")
     for shard in sorted(set(weight_map.values())):
         path = src / shard
         if not path.is_file():

@@ -169,7 +169,14 @@ def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
 # because these defaults are not what we implement; named in the error.
 _LLADA_DEFAULTS = {"block_type": "sequential", "activation_type": "swiglu",
                    "layer_norm_type": "default", "rope": False, "embedding_size": 50304,
-                   "weight_tying": True}
+                   "weight_tying": True, "pad_token_id": 50256}
+
+
+def _float(value: int | float, key: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        raise ConfigError(f"key {key!r} has value {value} out of range") from None
 
 
 def _kv_heads(hf: dict[str, Any], n_heads: int) -> int:
@@ -222,6 +229,9 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
         if embedding_size < vocab:
             raise ConfigError(f"embedding_size={embedding_size} is smaller than vocab_size={vocab}")
         vocab = embedding_size
+    if "pad_token_id" not in hf:  # null: no padding id, as LLaDA's code allows (EOS pads)
+        raise ConfigError(f"missing required key 'pad_token_id' (LLaDA's code default, "
+                          f"{_LLADA_DEFAULTS['pad_token_id']!r}, would apply)")
     weight_tying = hf["weight_tying"]
     if not isinstance(weight_tying, bool):
         raise ConfigError(f"key 'weight_tying' has value {weight_tying!r} of the wrong type")
@@ -229,11 +239,11 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
     return dict(
         d_model=d_model, n_layers=_require(hf, "n_layers", int), n_heads=n_heads,
         n_kv_heads=n_kv_heads, d_ff=d_ff, vocab_size=vocab,
-        rope_theta=float(_require(hf, "rope_theta", (int, float))),
-        norm_eps=float(_require(hf, "rms_norm_eps", (int, float))),
+        rope_theta=_float(_require(hf, "rope_theta", (int, float)), "rope_theta"),
+        norm_eps=_float(_require(hf, "rms_norm_eps", (int, float)), "rms_norm_eps"),
         max_seq_len=_require(hf, "max_sequence_length", int),
         mask_id=_require(hf, "mask_token_id", int), eos_id=eos_id,
-        pad_id=_require(hf, "pad_token_id", int),
+        pad_id=eos_id if hf["pad_token_id"] is None else _require(hf, "pad_token_id", int),
         tie_embeddings=weight_tying,
     )
 

@@ -98,6 +98,8 @@ def test_wrong_types_and_values():
         name = {"rope_theta": "rope_theta", "rms_norm_eps": "norm_eps"}[key]
         with pytest.raises(ConfigError, match=f"{name} must be a positive finite number"):
             ModelConfig.from_hf({**LLADA_8B_HF, key: value})
+    with pytest.raises(ConfigError, match="'rope_theta' has value 1000* out of range"):
+        ModelConfig.from_hf({**LLADA_8B_HF, "rope_theta": 10 ** 400})
     with pytest.raises(ConfigError, match="mask_id=126081 must differ from eos_id=126081"):
         ModelConfig.from_hf({**LLADA_8B_HF, "mask_token_id": 126081})
 
@@ -121,6 +123,7 @@ def test_gqa_mqa_and_defaults():
     assert ModelConfig.from_hf(hf).vocab_size == 126500
     hf = {**LLADA_8B_HF, "embedding_size": None}  # null: LLaDA's code uses vocab_size
     assert ModelConfig.from_hf(hf).vocab_size == 126464
+    assert ModelConfig.from_hf({**LLADA_8B_HF, "pad_token_id": None}).pad_id == 126081  # EOS
 
 
 def test_from_file_errors(tmp_path):

@@ -216,7 +216,7 @@ BAD_INPUTS = {
         lambda hf: stf.write_file(hf / "model.safetensors", {"x": np.ones(2, np.float32)}),
         "holds both model.safetensors and model.safetensors.index.json"),
     "shard_outside_source": (lambda hf: _set_shard(hf, Q1, "../model-00001-of-00003.safetensors"),
-                             "shard '../model-00001-of-00003.safetensors' is not a file name in"),
+                             "shard '../model-00001-of-00003.safetensors' is not a file inside"),
     "overlapping_tensors": (lambda hf: _overlap(hf / "model-00002-of-00003.safetensors"),
                             "model-00002-of-00003.safetensors: corrupt header: "),
     "llama_config": (lambda hf: (hf / "config.json").write_text(json.dumps(
@@ -310,6 +310,22 @@ def test_leftovers_of_a_killed_conversion_are_named(tmp_path, hf_dir, capsys):
     assert ("convert: warning: 1 temporary directory of an earlier conversion to out "
             f"(2.93 KiB): {left}; delete unless a conversion is still running") in err, err
     assert left.is_dir() and lj.load(tmp_path / "out")[0] == CFG
+
+
+def test_a_symlink_destination_is_written_and_measured_at_its_target(
+        tmp_path, hf_dir, monkeypatch):
+    """DST a link into another directory (another disk, typically): the checkpoint lands at
+    the target, and the free space checked is the target's file system, not the link's."""
+    import shutil as shutil_module
+    (tmp_path / "big").mkdir()
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "ck").symlink_to(tmp_path / "big" / "ck")
+    asked, usage = [], shutil_module.disk_usage
+    monkeypatch.setattr("shutil.disk_usage", lambda p: asked.append(Path(p)) or usage(p))
+    assert _run(hf_dir, tmp_path / "links" / "ck") == 0
+    assert asked == [tmp_path / "big"]
+    assert lj.load(tmp_path / "big" / "ck")[0] == CFG
+    assert (tmp_path / "links" / "ck").is_symlink()
 
 
 def test_free_space_is_checked_before_writing(tmp_path, hf_dir, capsys, monkeypatch):

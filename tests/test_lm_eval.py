@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import functools
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -211,6 +212,7 @@ def test_bad_draws_and_pairs_are_refused(models):
     with pytest.raises(ValueError, match="max_seq_len"):
         run([([1] * GEN_CFG.max_seq_len, [2])], Recorder(2, 2))
     assert run([([1], [])], Recorder(2, 2)) == [(0.0, False)]  # empty continuation: log 1
+    assert run([([], [])], Recorder(2, 2)) == [(0.0, False)]  # and with an empty context
 
 
 # --- model args ---------------------------------------------------------------------------
@@ -429,9 +431,34 @@ def test_save_dir_resumes_and_show_speed_reports(demo_ckpt, tmp_path, caplog):
     path.write_text("".join(x + "\n" for j, x in enumerate(lines) if j != cut) + lines[cut][:9])
     resumed, made = counting(LaCacheLM(**args))
     assert resumed.generate_until(requests) == first and made == [[2]]
-    other, made = counting(LaCacheLM(**{**args, "steps": 16}))
+    again, made = counting(LaCacheLM(**args))  # the answer written after the cut line reads
+    assert again.generate_until(requests) == first and made == []
+    for changed in ({"steps": 16}, {"dtype": "float32"}):  # other settings: nothing reused
+        other, made = counting(LaCacheLM(**{**args, **changed}))
+        other.generate_until(requests)
+        assert sorted(sum(made, [])) == [0, 1, 2], changed
+    meta = demo_ckpt / "lacache.json"  # a re-conversion in place: another checkpoint
+    os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 1))
+    other, made = counting(LaCacheLM(**args))
     other.generate_until(requests)
     assert sorted(sum(made, [])) == [0, 1, 2]
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ValueError, match="save_dir=.*a_file: cannot write there"):
+        LaCacheLM(**{**args, "save_dir": str(tmp_path / "a_file")})
+    lm = LaCacheLM(checkpoint=str(demo_ckpt))
+    with pytest.raises(ValueError, match="save_dir needs a checkpoint"):
+        LaCacheLM(config=lm.config, params=lm.params, tokenizer=demo_ckpt,
+                  save_dir=str(tmp_path / "answers"))
+
+
+def test_a_context_is_cut_to_the_room_left(demo_ckpt):
+    """max_length equal to the continuation leaves no context at all (ctx[-0:] kept it
+    whole, silently exceeding max_length)."""
+    lm = LaCacheLM(checkpoint=str(demo_ckpt), max_length=8)
+    ctx, cont = lm._encode_pair("1+2+3=", "12345678")
+    assert (ctx, len(cont)) == ([], 8)
+    ctx, cont = lm._encode_pair("1+2+3=", "1234567")
+    assert (ctx, len(cont)) == (lm.tok.encode("="), 7)
 
 
 def test_rolling_windows_cover_the_document_once(demo_ckpt):
@@ -454,6 +481,11 @@ def test_rolling_windows_cover_the_document_once(demo_ckpt):
     assert seen[0][0] == [lm.config.eos_id]  # the demo tokenizer has no BOS
     assert all(len(c) + n <= lm.config.max_seq_len for c, n in seen)
     assert np.isfinite(total) and total < 0
+    seen.clear()  # max_length bounds the windows too
+    short = LaCacheLM(checkpoint=str(demo_ckpt), mc_num=2, batch_size=8, mask_draws=draws,
+                      max_length=20)
+    short.loglikelihood_rolling([Req()])
+    assert sum(n for _, n in seen) == len(ids) and all(len(c) + n <= 20 for c, n in seen)
 
 
 def test_generation_settings_and_answer_cleanup(demo_ckpt, caplog):

@@ -110,8 +110,8 @@ def _check_pairs(pairs, cfg: ModelConfig, mask_id: int) -> None:
         if len(ctx) + len(cont) > cfg.max_seq_len:
             raise ValueError(f"pairs[{i}]: context {len(ctx)} + continuation {len(cont)} "
                              f"tokens exceed max_seq_len={cfg.max_seq_len}")
-        ids = np.asarray([*ctx, *cont])
-        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+        ids = np.asarray([*ctx, *cont], np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
             raise ValueError(f"pairs[{i}] has token ids outside [0, {cfg.vocab_size})")
         if (ids == mask_id).any():
             raise ValueError(f"pairs[{i}] contains the mask id {mask_id}")

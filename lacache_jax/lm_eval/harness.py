@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,13 @@ class LaCacheLM(LM):
         self.mask_draws = mask_draws or elbo.seeded_draws(settings.seed, settings.mc_num,
                                                           settings.mc_batch)
         self._specials = _special_tokens(Path(tokenizer) / "tokenizer.json")
+        self._tokenizer = tokenizer
+        if settings.save_dir is not None:
+            if settings.checkpoint is None:
+                raise ValueError("save_dir needs a checkpoint: answers are reused only for "
+                                 "the model they came from, and params passed in have no "
+                                 "identity to check")
+            AnswerLog.check(settings.save_dir)
         self._warned: set[str] = set()
 
     # --- construction from lm-eval's --model_args ---------------------------------------
@@ -195,7 +203,7 @@ class LaCacheLM(LM):
             tokens = self.tok.encode(req.args[0], add_special_tokens=False)  # prefix: below
             for win in lm_utils.get_rolling_token_windows(
                     token_list=tokens, prefix_token=prefix,
-                    max_seq_len=self.config.max_seq_len - 1, context_len=1):
+                    max_seq_len=self.max_length - 1, context_len=1):
                 windows.append(lm_utils.make_disjoint_window(win))
                 owner.append(r)
         totals = np.zeros(len(requests))
@@ -252,11 +260,14 @@ class LaCacheLM(LM):
         return _answer_spans(out, gen), *_speed(out, len(prompts))
 
     def _run_id(self) -> str:
-        """What decides a generate_until answer besides its request: the checkpoint, the
+        """What decides a generate_until answer besides its request (and its position, which
+        seeds its key: AnswerLog): the checkpoint (its path, metadata and files' sizes and
+        times, so a re-conversion in place counts as another), the tokenizer, and the
         settings that change tokens (not batch_size or slots: rows draw from their own
-        keys), and the request's position (it seeds its key)."""
+        keys)."""
         s = self.settings
-        return repr((str(s.checkpoint), self.gen, s.seed, s.chat, self.max_length))
+        return repr((checkpoint_fingerprint(s.checkpoint), str(Path(self._tokenizer).resolve()),
+                     s.dtype, self.gen, s.seed, s.chat, self.max_length))
 
     def _postprocess(self, ids: list[int], until: tuple) -> str:
         """The reference's answer: the canvas decoded with its special tokens (so a special
@@ -306,7 +317,7 @@ class LaCacheLM(LM):
         if len(ctx) > room:
             self._warn_once("truncated", "contexts longer than the model allows lose their "
                             "oldest tokens")
-        return ctx[-room:], cont
+        return ctx[len(ctx) - room:] if room < len(ctx) else ctx, cont
 
     def _warn_once(self, tag: str, message: str) -> None:
         if tag not in self._warned:
@@ -339,14 +350,30 @@ class AnswerLog:
         self.run_id, self.reused, self.answers = run_id, 0, {}
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.check(save_dir)
         if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            text = self.path.read_text(encoding="utf-8")
+            if text and not text.endswith("\n"):  # cut by a crash: the next line starts anew
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("\n")
+            for line in text.splitlines():
                 try:
                     entry = json.loads(line)
                     self.answers[entry["key"]] = entry["answer"]
                 except (json.JSONDecodeError, KeyError, TypeError):
                     log.warning("%s: skipping an unreadable line", self.path)
+
+    @staticmethod
+    def check(save_dir: str) -> None:
+        """Create `save_dir` if needed and make sure files can be written there (before the
+        model loads, not after the first batch); ValueError if not."""
+        try:
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=save_dir):
+                pass
+        except OSError as e:
+            raise ValueError(f"save_dir={save_dir}: cannot write there ({e.strerror or e})") \
+                from None
 
     def _key(self, i: int, context: str, until: tuple) -> str:
         raw = json.dumps([self.run_id, i, context, list(until)], ensure_ascii=False)
@@ -366,6 +393,17 @@ class AnswerLog:
                                    ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def checkpoint_fingerprint(checkpoint: str | None) -> tuple:
+    """A checkpoint's identity for reusing answers: its absolute path, metadata, and the
+    size and modification time of each of its files (a conversion in place changes them)."""
+    if checkpoint is None:
+        return (None,)
+    root = Path(checkpoint).resolve()
+    files = sorted(f for f in root.rglob("*") if f.is_file())
+    return (str(root), *((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
+                         for f in files))
 
 
 def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list[int]]:
@@ -412,6 +450,8 @@ def preflight(model_args: dict[str, Any]) -> EvalSettings:
     Tokenizer(tokenizer or settings.checkpoint)
     gen = settings.gen.resolve(config)
     _check_max_length(settings, config)
+    if settings.save_dir is not None:
+        AnswerLog.check(settings.save_dir)
     limit = settings.max_length or config.max_seq_len
     if "gen_length" in model_args and gen.gen_length >= limit:
         raise ValueError(f"gen_length={gen.gen_length} leaves no room for a prompt in "
