@@ -17,13 +17,50 @@ step within a block; a count of things is `n_` or `n` + the thing (`ncand_B`: pe
 predicted tokens (`x0_BQ`), never the embedding output (`emb`).
 """
 
-from lacache_jax.checkpoint import CheckpointError, load, save
-from lacache_jax.config import (ConfigError, DPadConfig, FlashConfig, GenerationConfig,
-                                ModelConfig, llada_8b, tiny)
-from lacache_jax.generate import GenerateOutput, compile_generate, generate
-from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
-from lacache_jax.quant import quantize_ffn
-from lacache_jax.sharding import make_mesh
+import signal as _signal
+import sys as _sys
+
+# `python -m lacache_jax ...` imports this package (and jax, a second or more) before its
+# command can install a handler: Python's own SIGINT handler then raises wherever the main
+# thread is, and a KeyboardInterrupt raised inside one of jax's garbage-collection callbacks
+# is only printed, the press lost (seen 3 of 3 times at 0.3 s). Under `-m` (argv[0] is "-m"
+# while the module is located) a press is recorded instead: our commands (`python -m
+# lacache_jax`, `python -m lacache_jax.lm_eval`) take it over (`take_early_interrupt`) once
+# their imports are done; for any other module it is raised when this package's imports end.
+_import_interrupted = False
+_COMMANDS = ("lacache_jax", "lacache_jax.lm_eval")
+
+
+def _record_interrupt(signum, frame) -> None:
+    global _import_interrupted
+    _import_interrupted = True
+
+
+def take_early_interrupt() -> bool:
+    """Whether Ctrl-C was pressed while `python -m` imported this package and its command;
+    hands SIGINT back to Python's handler if the recorder still holds it."""
+    if _signal.getsignal(_signal.SIGINT) is _record_interrupt:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    return _import_interrupted
+
+
+_guard = (_sys.argv[:1] == ["-m"]
+          and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler)
+if _guard:
+    _signal.signal(_signal.SIGINT, _record_interrupt)
+
+from lacache_jax.checkpoint import CheckpointError, load, save  # noqa: E402
+from lacache_jax.config import (ConfigError, DPadConfig, FlashConfig,  # noqa: E402
+                                GenerationConfig, ModelConfig, llada_8b, tiny)
+from lacache_jax.generate import GenerateOutput, compile_generate, generate  # noqa: E402
+from lacache_jax.model import LLaDA, Layer, Params, forward, init_params  # noqa: E402
+from lacache_jax.quant import quantize_ffn  # noqa: E402
+from lacache_jax.sharding import make_mesh  # noqa: E402
+
+_argv = getattr(_sys, "orig_argv", [])
+if _guard and (_argv[_argv.index("-m") + 1] if "-m" in _argv[:-1] else None) not in _COMMANDS:
+    if take_early_interrupt():  # no command of ours to honour it: Python reports it
+        raise KeyboardInterrupt
 
 __all__ = [
     "CheckpointError", "ConfigError", "DPadConfig", "FlashConfig", "GenerateOutput",

@@ -34,18 +34,25 @@ class Interrupt:
     """The SIGINT handler while a command runs: the first Ctrl-C is recorded and honoured at
     the next safe point (`check`: before loading, before compiling, before and after
     generating), never inside jax's tracing, compilation or a running program, where an
-    exception left the process to crash at exit (-11 on the CPU); a second raises at once.
-    After the last check (`check(last=True)`) the output is written whole: Ctrl-C is
-    ignored."""
+    exception left the process to crash at exit (-11 on the CPU); a second stops at once:
+    with `exit_at_once` (the process entry point) by ending the process, exit status 130,
+    since an exception raised there could crash it the same way or be swallowed (a
+    KeyboardInterrupt raised inside a garbage-collection callback is only printed); else
+    (`main` called in-process) by raising. After the last check (`check(last=True)`) the
+    output is written whole: Ctrl-C is ignored."""
 
-    def __init__(self):
+    def __init__(self, exit_at_once: bool = False):
         self.pending = False
         self.closed = False
+        self.exit_at_once = exit_at_once
 
     def __call__(self, signum, frame) -> None:
         if self.closed:
             return
         if self.pending:
+            if self.exit_at_once:  # nothing is half-written: the output is written last
+                os.write(2, b"\ninterrupted\n")
+                os._exit(130)
             raise KeyboardInterrupt
         self.pending = True
         message = "stopping at the next safe point (Ctrl-C again: at once)"
@@ -597,7 +604,9 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
     closed, installed after returning: restoring the default there opened a window in which a
     late Ctrl-C raised before `cli` could ignore it (exit -2, seen under CI's parallel run)."""
     args = build_parser().parse_args(argv)
-    args.interrupt = Interrupt()
+    args.interrupt = Interrupt(exit_at_once=keep_handler)
+    if keep_handler and _early_press():
+        args.interrupt.pending = True  # pressed while the package imported jax
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, args.interrupt) if in_main else None
     try:
@@ -614,6 +623,11 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
         args.interrupt.closed = True  # from here on a press is dropped, never raised
         if previous is not None and not keep_handler:
             signal.signal(signal.SIGINT, previous)
+
+
+def _early_press() -> bool:
+    import lacache_jax
+    return lacache_jax.take_early_interrupt()
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

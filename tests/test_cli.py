@@ -267,6 +267,64 @@ def test_ctrl_c_stops_at_the_next_safe_point(checkpoint, capsys, monkeypatch, tm
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_a_press_during_the_imports_is_honoured(checkpoint, capsys, monkeypatch):
+    """`python -m lacache_jax` records a Ctrl-C pressed while the package imports jax
+    (lacache_jax/__init__; Python's own handler lost it inside a gc callback, and the run
+    went on to exit 0): the command stops at its first safe point, before loading."""
+    import signal
+    import lacache_jax
+    monkeypatch.setattr(lacache_jax, "_import_interrupted", True)
+    monkeypatch.setattr(lj, "load", lambda *a, **k: pytest.fail("loaded"))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        rc = main(["generate", "--checkpoint", str(checkpoint), "--prompt", "12+30=",
+                   "--quiet"], keep_handler=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert rc == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+def test_the_second_press_ends_the_process(monkeypatch, capfd):
+    """The entry point's handler (`exit_at_once`) ends the process on a second press rather
+    than raise inside jax (a crash at exit, or an exception a gc callback swallows); `main`
+    called in-process raises as before."""
+    def fake_exit(code):
+        raise SystemExit(code)  # os._exit does not return
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    interrupt = cli.Interrupt(exit_at_once=True)
+    interrupt(2, None)
+    assert interrupt.pending
+    with pytest.raises(SystemExit) as done:
+        interrupt(2, None)
+    assert done.value.code == 130 and capfd.readouterr().err.endswith("\ninterrupted\n")
+    in_process = cli.Interrupt()
+    in_process(2, None)
+    with pytest.raises(KeyboardInterrupt):
+        in_process(2, None)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
+def test_two_presses_end_the_process_cleanly(checkpoint, tmp_path):
+    """Ctrl-C twice, early (here both may land while jax imports, or the second in
+    compilation: the timing is the machine's): exit 130, no output file, no traceback, never
+    the crash (-11) a second press raising inside jax caused."""
+    import signal
+    import time
+    out = tmp_path / "answers.txt"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "lacache_jax", "generate", "--checkpoint", str(checkpoint),
+         "--prompt", "12+30=", "--gen-length", "64", "--block-length", "8", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    time.sleep(0.5)  # past the interpreter's start-up, before its imports end
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and not out.exists(), (p.returncode, err)
+    assert err.rstrip().endswith("interrupted") and "Traceback" not in err, err
+
+
 def test_a_press_inside_a_write_to_stderr_is_still_recorded(monkeypatch, capfd):
     """Python runs a signal handler between bytecodes, possibly inside another write to
     stderr (the progress bar's), where printing raises "reentrant call" from the handler:

@@ -362,6 +362,17 @@ def test_command_line_checks_model_args_first_and_passes_our_batch_size(
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
     assert not seen
+    # chat=true with --apply_chat_template wraps twice: one line, before lm-eval starts
+    assert main(["--model", "lacache_jax", "--tasks", "t", "--apply_chat_template",
+                 "--model_args", f"checkpoint={demo_ckpt},chat=true"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: chat=true wraps" in err and not seen, err
+    # --device cuda:0 given on a machine without it: lm-eval's default value, so only the
+    # command line can tell it was asked for
+    assert main(["--model", "lacache_jax", "--tasks", "t", "--device", "cuda:0",
+                 "--model_args", f"checkpoint={demo_ckpt}"]) == 0
+    assert "warning: --device cuda:0 is not read" in capsys.readouterr().err
+    seen.clear()
     base = ["--model", "lacache_jax", "--tasks", "t", "--model_args"]
     yaml = tmp_path / "eval.yaml"  # lm-eval's --config: flags override it
     yaml.write_text(f"model: lacache_jax\ntasks: [t]\nmodel_args:\n  checkpoint: {demo_ckpt}\n")
@@ -449,6 +460,14 @@ def test_save_dir_resumes_and_show_speed_reports(demo_ckpt, tmp_path, caplog):
     with pytest.raises(ValueError, match="save_dir needs a checkpoint"):
         LaCacheLM(config=lm.config, params=lm.params, tokenizer=demo_ckpt,
                   save_dir=str(tmp_path / "answers"))
+
+
+def test_the_reference_harness_model_path_names_the_checkpoint(demo_ckpt):
+    """`model_path=` (eval_llada.py's name) was refused as naming the checkpoint twice."""
+    lm = LaCacheLM(model_path=str(demo_ckpt), gen_length=64)
+    assert lm.settings.checkpoint == str(demo_ckpt)
+    with pytest.raises(ValueError, match="model_path and checkpoint name the same setting"):
+        LaCacheLM(str(demo_ckpt), model_path=str(demo_ckpt))
 
 
 def test_a_context_is_cut_to_the_room_left(demo_ckpt):

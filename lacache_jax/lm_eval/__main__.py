@@ -86,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
 
+        import lacache_jax
         import lacache_jax.lm_eval  # noqa: F401  (registers the model)
-        from lacache_jax.lm_eval.harness import preflight
+        from lacache_jax.lm_eval.harness import LM_EVAL_DEVICE, names_jax_device, preflight
     except ImportError as e:
         if (e.name or "").split(".")[0] != "lm_eval" and "lm-eval" not in str(e):
             raise
         print("error: lm-eval is not installed: pip install -e '.[eval]' (or "
               "'lacache_jax[eval]')", file=sys.stderr)
         return 1
+    if lacache_jax.take_early_interrupt():  # pressed during the imports (lacache_jax/__init__)
+        print("interrupted", file=sys.stderr)
+        return 130
     helping = "-h" in argv or "--help" in argv
     if helping:  # ours, then lm-eval's (its parser prints it: not read here as well)
         print(model_args_help() + "\n")
@@ -101,9 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     if settings is not None and settings.get("model") == "lacache_jax":
         try:
             ours = preflight(settings.get("model_args") or {})
+            if ours.chat and settings.get("apply_chat_template"):
+                raise ValueError("chat=true wraps each context in the chat template, and so "
+                                 "does --apply_chat_template: give one of them")
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+        device = settings.get("device")
+        if any(a.startswith("--device") for a in argv) and device == LM_EVAL_DEVICE \
+                and not names_jax_device(device):  # the model takes lm-eval's default as unset
+            import jax
+            print(f"warning: --device {device} is not read: lacache_jax runs on jax's default "
+                  f"device ({jax.devices()[0]}; pick it with JAX_PLATFORMS or "
+                  "CUDA_VISIBLE_DEVICES)", file=sys.stderr)
         if "batch_size" not in settings:  # neither a flag nor the YAML: lm-eval's 1 otherwise
             argv += ["--batch_size", str(ours.batch_size)]
     sys.argv = [PROG, *argv]

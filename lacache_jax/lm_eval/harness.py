@@ -63,7 +63,9 @@ class LaCacheLM(LM):
                  params: lj.Params | None = None, tokenizer: str | Path | None = None,
                  mask_draws: elbo.MaskDraws | None = None, **model_args: Any):
         super().__init__()
-        settings = parse({"checkpoint": checkpoint, **model_args})
+        # `checkpoint` only when given: the reference's `model_path` names it too
+        settings = parse({**({} if checkpoint is None else {"checkpoint": checkpoint}),
+                          **model_args})
         if (config is None) != (params is None):
             raise ValueError("config and params come together (or neither, with checkpoint)")
         if config is None:
@@ -115,7 +117,7 @@ class LaCacheLM(LM):
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         if str(extra.get("batch_size", "")).startswith("auto"):
             raise ValueError("batch_size=auto is not supported: give a number of rows")
-        if not _runs_on(extra.get("device", _LM_EVAL_DEVICE)):
+        if not runs_on(extra.get("device", LM_EVAL_DEVICE)):
             log.warning("--device %s is not read: lacache_jax runs on jax's default device "
                         "(%s; pick it with JAX_PLATFORMS or CUDA_VISIBLE_DEVICES)",
                         extra["device"], jax.devices()[0])
@@ -417,14 +419,17 @@ def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list
     return [row[:n].tolist() for row, n in zip(canvas, np.asarray(out.revealed))]
 
 
-_LM_EVAL_DEVICE = "cuda:0"  # what lm-eval passes when --device is not given
+LM_EVAL_DEVICE = "cuda:0"  # what lm-eval passes when --device is not given
 
 
-def _runs_on(device: str) -> bool:
+def runs_on(device: str) -> bool:
     """Whether lm-eval's `device` names what jax runs on (lm-eval's own default counts as
-    asked for nothing)."""
-    if device == _LM_EVAL_DEVICE:
-        return True
+    asked for nothing: the model cannot tell it from a `--device` naming it; the command
+    line can, `__main__`)."""
+    return device == LM_EVAL_DEVICE or names_jax_device(device)
+
+
+def names_jax_device(device: str) -> bool:
     actual = jax.devices()[0]
     kind, _, index = str(device).partition(":")
     if kind == "cpu":
