@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
     previous = ({sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
                 if in_main else {})
     try:
+        if keep_handler:  # the process's; imported once the handler is in (it loads jax)
+            from lacache_jax.checkpoint import drop_late_tensorstore_errors
+            drop_late_tensorstore_errors()  # a failed write stays one line
         return _run(argv, interrupt)
     except KeyboardInterrupt:
         terminated = interrupt.pending == signal.SIGTERM
@@ -66,8 +70,9 @@ def cli() -> None:
 
 
 def _run(argv: list[str] | None, interrupt: _DeferredInterrupt) -> int:
+    script = os.path.basename(sys.argv[0])  # the `lacache-convert` console script names itself
     parser = argparse.ArgumentParser(
-        prog="python -m convert",
+        prog="python -m convert" if script in ("__main__.py", "-m", "") else script,
         description="Convert a Hugging Face LLaDA checkpoint (config.json + safetensors, or a "
                     "PyTorch state dict) into a lacache_jax checkpoint directory.")
     parser.add_argument("src", help="HF LLaDA directory")

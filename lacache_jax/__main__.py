@@ -163,6 +163,10 @@ def cmd_generate(args) -> int:
     tok = Tokenizer(ckpt, reserved_ids={config.eos_id, config.mask_id, config.pad_id})
     gen = _settings(args, config, tok)
     ids = [_encode(tok, p, args.chat) for p in prompts]
+    for p, row in zip(prompts, ids):  # (generate's own message names prompts[i] and a position)
+        if config.mask_id in row:
+            raise CLIError(f"{p.where}: holds the mask token (id {config.mask_id}), a position "
+                           "for the model to fill: remove it")
     longest = max(range(len(ids)), key=lambda i: len(ids[i]))
     if len(ids[longest]) + gen.gen_length > config.max_seq_len:
         raise CLIError(f"{prompts[longest].where}: {len(ids[longest])} prompt tokens + "
@@ -636,6 +640,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def cli() -> None:
     """`python -m lacache_jax`."""
+    from lacache_jax.checkpoint import drop_late_tensorstore_errors
+    drop_late_tensorstore_errors()  # an error stays one line
     rc = main(keep_handler=True)
     # Done: a late Ctrl-C (jax's atexit clean-up, the interpreter's shutdown, where a Python
     # handler is reset to the default and the signal killed the process) changes nothing.

@@ -21,10 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -325,9 +327,13 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
         target = {k: jax.ShapeDtypeStruct(shape, dtype_of(name, k), sharding=sharding(name, k))
                   for k, shape in shapes[name].items()}
         try:
-            stored = checkpointer.metadata(item).item_metadata.tree
+            with _absl_quiet():  # a damaged item also logs a WARNING line of its own
+                meta = checkpointer.metadata(item).item_metadata
         except Exception as e:  # orbax raises several types for a damaged item
             raise CheckpointError(f"{item}: unreadable ({_first_line(e)})") from None
+        if meta is None:  # orbax could not read it (and said so in a warning)
+            raise CheckpointError(f"{item}: unreadable (its metadata is damaged or missing)")
+        stored = meta.tree
         _check_group(str(item), {k: m.shape for k, m in stored.items()}, shapes[name])
         try:
             groups[name] = checkpointer.restore(item, args=ocp.args.StandardRestore(target))
@@ -338,6 +344,33 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
         params.layers[i] = dataclasses.replace(params.layers[i],
                                                ffn8=group_to_fp8(groups[fp8_group_name(i)]))
     return config, params
+
+
+@contextlib.contextmanager
+def _absl_quiet() -> Iterator[None]:
+    """orbax's absl warnings off (ERROR and above only) while the block runs."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def drop_late_tensorstore_errors() -> None:
+    """Process-wide, for the command lines: after an orbax read or write fails, tensorstore's
+    other callbacks complete into the closed asyncio loop, and Python prints each
+    `RuntimeError: Event loop is closed` as an unraisable exception, a traceback of a dozen
+    lines after the command's own one-line error (up to 133 lines seen). Those are dropped;
+    every other unraisable exception goes to the hook that was there."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+            previous(unraisable)
+    sys.unraisablehook = hook
 
 
 def _check_weight_dtype(dtype: Any, message: str) -> None:

@@ -424,7 +424,8 @@ class GenerationConfig:
             if not self.factor > 0:
                 raise ValueError(f"factor must be positive, got {self.factor}")
         if self.threshold is not None and self.factor is not None:
-            raise ValueError("threshold and factor are alternatives: set at most one")
+            raise ValueError(f"threshold={self.threshold} and factor={self.factor} are "
+                             "alternatives: set at most one")
         from lacache_jax.cache import POLICIES  # the policy table owns the names
         if not isinstance(self.cache, str) or self.cache not in POLICIES:  # [..]: unhashable
             raise ValueError(f"cache must be one of {tuple(POLICIES)}, got {self.cache!r}")

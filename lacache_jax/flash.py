@@ -51,6 +51,7 @@ from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
 from lacache_jax.model import Params, _attention_impl, finish_block, qkv, rms_norm
+from lacache_jax.sar import report_progress
 
 IMPORTANCE_FIRST_LAYER = 2  # the released kernel scores layers with index > 1
 
@@ -420,5 +421,5 @@ def run(params: Params, cfg: ModelConfig, gen: GenerationConfig, x_BT: jax.Array
         lambda st: ~st.done_B.all() & (st.steps_B.max() < gen.gen_length),
         lambda st: step(ctx, gen, budget, st, keys_B, prefill=False), st)
     if on_block is not None:
-        jax.debug.callback(on_block, jnp.int32(1))
+        report_progress(on_block, jnp.int32(1), st.x_BT)
     return st

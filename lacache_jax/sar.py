@@ -181,8 +181,15 @@ def run_block(loop: Loop, keys_B: jax.Array, on_block: Callable | None,
         st = dataclasses.replace(st, x_BT=jnp.where(fill, gen.eos_id, st.x_BT),
                                  done_B=st.done_B | finished)
     if on_block is not None:
-        jax.debug.callback(on_block, st.block + 1)
+        report_progress(on_block, st.block + 1, st.x_BT)
     return dataclasses.replace(st, block=st.block + 1)
+
+
+def report_progress(on_block: Callable, done: jax.Array, x_BT: jax.Array) -> None:
+    """`on_block(done)` from the device once the work that produced `x_BT` is done. The
+    callback also takes an element of the canvas: with only `done` (known when the block
+    starts) XLA ran it first, and the progress bar ran a block ahead of the work."""
+    jax.debug.callback(lambda d, _: on_block(d), done, x_BT[0, 0])
 
 
 def make_loop(params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B: jax.Array,

@@ -156,6 +156,10 @@ def test_generate_errors(tmp_path, checkpoint, capsys):
         "--checkpoint", ck, "--prompt", "x", "--eot-id", "9999", "--confidence-eos-eot-inf")
     assert "--eot-id without --confidence-eos-eot-inf" in error(
         "--checkpoint", ck, "--prompt", "x", "--eot-id", "5")
+    assert (f"--prompt 2: holds the mask token (id {CFG.mask_id}), a position for the model "
+            "to fill") in error("--checkpoint", ck, "--prompt", "1", "--prompt", "12<|mdm_mask|>=")
+    assert "--threshold 0.9 and --factor 1.0 are alternatives" in error(
+        "--checkpoint", ck, "--prompt", "x", "--threshold", "0.9", "--factor", "1")
     n = CFG.max_seq_len - 32 + 1  # one token too many: named before loading, with the prompt
     assert (f"--prompt 2: {n} prompt tokens + --gen-length 32 exceed the model's "
             f"max_sequence_length {CFG.max_seq_len}") in error(
@@ -265,6 +269,26 @@ def test_ctrl_c_stops_at_the_next_safe_point(checkpoint, capsys, monkeypatch, tm
     assert "stopping at the next safe point" in captured.err
     assert ran == ([True] if presses == 1 else [])  # the second press stops before compiling
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tensorstore's threads")
+def test_a_damaged_checkpoint_is_one_line(checkpoint, tmp_path):
+    """Data files of one weight group cut in half: the error names the group, in one line.
+    Before, an absl warning came first and up to 133 lines of tensorstore's late callbacks
+    into a closed event loop ('RuntimeError: Event loop is closed') followed."""
+    import shutil
+    damaged = tmp_path / "ck"
+    shutil.copytree(checkpoint, damaged)
+    for f in (damaged / "params" / "layer_001").rglob("d/*"):
+        os.truncate(f, f.stat().st_size // 2)
+    done = subprocess.run(
+        [sys.executable, "-m", "lacache_jax", "generate", "--checkpoint", str(damaged),
+         "--prompt", "12+30=", "--gen-length", "16", "--block-length", "8", "--quiet"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300)
+    assert done.returncode == 1 and done.stdout == "", done
+    assert done.stderr.startswith(f"error: {damaged.absolute() / 'params' / 'layer_001'}: "
+                                  "unreadable (") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_a_press_during_the_imports_is_honoured(checkpoint, capsys, monkeypatch):

@@ -441,7 +441,7 @@ def test_bad_dpad_config():
         lj.DPadConfig(window=1)
     with pytest.raises(ValueError, match="dpad.scale must be a positive number"):
         lj.DPadConfig(scale=0)
-    with pytest.raises(ValueError, match="threshold and factor are alternatives"):
+    with pytest.raises(ValueError, match="threshold=0.9 and factor=1.0 are alternatives"):
         _gen(threshold=0.9, factor=1.0)
 
 
@@ -468,3 +468,29 @@ def test_bad_generate_arguments(models):
         lj.generate(params, CFG, [[1]], dataclasses.replace(gen, mask_id=400))
     with pytest.raises(ValueError, match="gen must be a GenerationConfig"):
         lj.generate(params, CFG, [[1]], {"gen_length": 8})
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_progress_is_reported_after_each_block_s_work(flash):
+    """`progress(done, n)` fires once block `done` has been computed. Its callback took only
+    the block counter, known when the block starts, so XLA ran it first: the bar ran a block
+    ahead (seen: block 1 of 8 reported at 2% of the run, block 8 at 88%; now 14% and 100%).
+    Equal blocks: report d must come after about (d - 1/2) / n of the run. Flash-dLLM
+    reports once, at the end."""
+    import time
+    cfg = lj.tiny(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512)
+    params = lj.init_params(cfg, jax.random.key(0))
+    gen = (lj.GenerationConfig(gen_length=64, threshold=0.9, stop_at_eos=False,
+                               flash=lj.FlashConfig(window=4, lookahead=4, track=4)) if flash
+           else lj.GenerationConfig(gen_length=64, block_length=8, steps=64, stop_at_eos=False))
+    prompts = [list(range(5, 37))]
+    lj.generate(params, cfg, prompts, gen, progress=lambda d, n: None)  # compiled here
+    times = []
+    start = time.perf_counter()
+    lj.generate(params, cfg, prompts, gen,
+                progress=lambda d, n: times.append((d, n, time.perf_counter() - start)))
+    total = time.perf_counter() - start
+    n = 1 if flash else 8
+    assert [(d, m) for d, m, _ in times] == [(d, n) for d in range(1, n + 1)]
+    assert all(t / total >= (d - 0.5) / n for d, _, t in times), [
+        (d, round(t / total, 3)) for d, _, t in times]

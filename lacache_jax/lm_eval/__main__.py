@@ -126,5 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from lacache_jax.checkpoint import drop_late_tensorstore_errors
+    drop_late_tensorstore_errors()
     if rc := main():
         sys.exit(rc)
