@@ -56,6 +56,8 @@ class Interrupt:
             raise KeyboardInterrupt
         self.pending = True
         message = "stopping at the next safe point (Ctrl-C again: at once)"
+        if sys.stderr.isatty():  # below the progress bar's line, which redraws over its own
+            message = "\n" + message
         try:
             print(message, file=sys.stderr, flush=True)
         except RuntimeError:  # the press landed inside a write to stderr (the progress bar's):
