@@ -19,6 +19,7 @@ predicted tokens (`x0_BQ`), never the embedding output (`emb`).
 
 import signal as _signal
 import sys as _sys
+import threading as _threading
 
 # `python -m lacache_jax ...` imports this package (and jax, a second or more) before its
 # command can install a handler: Python's own SIGINT handler then raises wherever the main
@@ -45,6 +46,7 @@ def take_early_interrupt() -> bool:
 
 
 _guard = (_sys.argv[:1] == ["-m"]
+          and _threading.current_thread() is _threading.main_thread()  # signal.signal's rule
           and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler)
 if _guard:
     _signal.signal(_signal.SIGINT, _record_interrupt)
