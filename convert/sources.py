@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -59,9 +60,11 @@ def _from_index(src: Path, index_path: Path) -> dict[str, Entry]:
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise ConvertError(f"{index_path}: not a valid index (no weight_map: {e})") from None
     entries: dict[str, Entry] = {}
-    root = src.resolve()
+    root = os.path.normpath(os.path.abspath(src))
     for shard in weight_map.values():
-        if not isinstance(shard, str) or not (src / shard).resolve().is_relative_to(root):
+        # By name, links not followed: a Hugging Face cache's shards link to its blobs/.
+        if not isinstance(shard, str) or os.path.commonpath(
+                [root, os.path.normpath(os.path.join(root, shard))]) != root or not shard:
             raise ConvertError(f"{index_path}: shard {shard!r} is not a file inside {src}")
     for shard in sorted(set(weight_map.values())):
         path = src / shard

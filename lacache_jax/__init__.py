@@ -38,11 +38,27 @@ def _record_interrupt(signum, frame) -> None:
 
 
 def take_early_interrupt() -> bool:
-    """Whether Ctrl-C was pressed while `python -m` imported this package and its command;
-    hands SIGINT back to Python's handler if the recorder still holds it."""
+    """Whether Ctrl-C was pressed while `python -m` imported this package and its command
+    (then cleared: a press is taken once); hands SIGINT back to Python's handler if the
+    recorder still holds it."""
+    global _import_interrupted
     if _signal.getsignal(_signal.SIGINT) is _record_interrupt:
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    return _import_interrupted
+    pressed, _import_interrupted = _import_interrupted, False
+    return pressed
+
+
+def _m_target() -> str | None:
+    """The module `python -m X` (or `-mX`) runs, from the interpreter's own command line."""
+    argv, i = getattr(_sys, "orig_argv", []), 1
+    while i < len(argv) and argv[i].startswith("-") and not argv[i].startswith("--"):
+        flags, i = argv[i][1:], i + 1
+        if "m" in flags:  # -m X, -mX, -Bm X
+            rest = flags[flags.index("m") + 1:]
+            return rest or (argv[i] if i < len(argv) else None)
+        if flags in ("X", "W"):  # options that take the next argument
+            i += 1
+    return None
 
 
 _guard = (_sys.argv[:1] == ["-m"]
@@ -51,16 +67,20 @@ _guard = (_sys.argv[:1] == ["-m"]
 if _guard:
     _signal.signal(_signal.SIGINT, _record_interrupt)
 
-from lacache_jax.checkpoint import CheckpointError, load, save  # noqa: E402
-from lacache_jax.config import (ConfigError, DPadConfig, FlashConfig,  # noqa: E402
-                                GenerationConfig, ModelConfig, llada_8b, tiny)
-from lacache_jax.generate import GenerateOutput, compile_generate, generate  # noqa: E402
-from lacache_jax.model import LLaDA, Layer, Params, forward, init_params  # noqa: E402
-from lacache_jax.quant import quantize_ffn  # noqa: E402
-from lacache_jax.sharding import make_mesh  # noqa: E402
+try:
+    from lacache_jax.checkpoint import CheckpointError, load, save
+    from lacache_jax.config import (ConfigError, DPadConfig, FlashConfig, GenerationConfig,
+                                    ModelConfig, llada_8b, tiny)
+    from lacache_jax.generate import GenerateOutput, compile_generate, generate
+    from lacache_jax.model import LLaDA, Layer, Params, forward, init_params
+    from lacache_jax.quant import quantize_ffn
+    from lacache_jax.sharding import make_mesh
+except BaseException:
+    if _guard:  # a failed import (a caller may catch it) must not leave Ctrl-C recorded only
+        take_early_interrupt()
+    raise
 
-_argv = getattr(_sys, "orig_argv", [])
-if _guard and (_argv[_argv.index("-m") + 1] if "-m" in _argv[:-1] else None) not in _COMMANDS:
+if _guard and _m_target() not in _COMMANDS:
     if take_early_interrupt():  # no command of ours to honour it: Python reports it
         raise KeyboardInterrupt
 

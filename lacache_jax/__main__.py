@@ -52,6 +52,8 @@ class Interrupt:
         if self.pending:
             if self.exit_at_once:  # nothing is half-written: the output is written last
                 os.write(2, b"\ninterrupted\n")
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
                 os._exit(130)
             raise KeyboardInterrupt
         self.pending = True
@@ -61,7 +63,7 @@ class Interrupt:
         try:
             print(message, file=sys.stderr, flush=True)
         except RuntimeError:  # the press landed inside a write to stderr (the progress bar's):
-            os.write(2, f"\n{message}\n".encode())  # "reentrant call"; the descriptor takes it
+            os.write(2, f"\n{message.lstrip()}\n".encode())  # "reentrant call"; the fd takes it
 
     def check(self, last: bool = False) -> None:
         if self.pending:
@@ -81,12 +83,13 @@ def cmd_demo(args) -> int:
     """Build a tiny random LLaDA in the HF layout, convert it with `python -m convert`, load it
     and run a bidirectional forward pass; check it against the weights it came from."""
     if args.workdir:
-        return _demo(Path(args.workdir), args.seed)
+        return _demo(Path(args.workdir), args.seed, args.interrupt.check)
     with tempfile.TemporaryDirectory(prefix="lacache_demo_") as work:
-        return _demo(Path(work), args.seed)
+        return _demo(Path(work), args.seed, args.interrupt.check)
 
 
-def _demo(work: Path, seed: int) -> int:
+def _demo(work: Path, seed: int, check) -> int:
+    """`check()` between the stages: a Ctrl-C stops there (the temporary directory goes)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -104,6 +107,7 @@ def _demo(work: Path, seed: int) -> int:
           f"d_model {cfg.d_model}, GQA {cfg.n_heads}/{cfg.n_kv_heads}) written in the HF layout:"
           f"\n   {hf_dir} ({len(shards)} shards + index)")
 
+    check()
     cmd = [sys.executable, "-m", "convert", str(hf_dir), str(ckpt_dir), "--force", "--quiet"]
     print(f"2. $ python -m convert {hf_dir} {ckpt_dir}")
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -112,10 +116,12 @@ def _demo(work: Path, seed: int) -> int:
         return done.returncode
     print("   " + done.stdout.strip())
 
+    check()
     config, loaded = lj.load(ckpt_dir)
     same = all(jax.tree.leaves(jax.tree.map(lambda a, b: bool((a == b).all()), loaded, params)))
     print(f"3. lj.load: config matches: {config == cfg}; weights bit-identical: {same}")
 
+    check()
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, cfg.mask_id - 2, (2, 24)).astype(np.int32)
     canvas = np.concatenate([prompt, np.full((2, 8), cfg.mask_id, np.int32)], axis=1)
@@ -610,7 +616,8 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
     closed, installed after returning: restoring the default there opened a window in which a
     late Ctrl-C raised before `cli` could ignore it (exit -2, seen under CI's parallel run)."""
     args = build_parser().parse_args(argv)
-    args.interrupt = Interrupt(exit_at_once=keep_handler)
+    # Only generate writes its output last, so only there may a second press end the process.
+    args.interrupt = Interrupt(exit_at_once=keep_handler and args.run is cmd_generate)
     if keep_handler and _early_press():
         args.interrupt.pending = True  # pressed while the package imported jax
     in_main = threading.current_thread() is threading.main_thread()

@@ -348,14 +348,18 @@ def load(path: str | os.PathLike, dtype: Any = None, mesh: jax.sharding.Mesh | N
 
 @contextlib.contextmanager
 def _absl_quiet() -> Iterator[None]:
-    """orbax's absl warnings off (ERROR and above only) while the block runs."""
+    """While the block runs, drop orbax's absl warning that it cannot read an item's
+    metadata (load reports that itself). A filter of its own per call: overlapping loads in
+    other threads neither undo it nor lose other warnings."""
     logger = logging.getLogger("absl")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Failed to get item metadata")
+    logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(keep)
 
 
 def drop_late_tensorstore_errors() -> None:

@@ -340,7 +340,7 @@ def test_two_presses_end_the_process_cleanly(checkpoint, tmp_path):
          "--prompt", "12+30=", "--gen-length", "64", "--block-length", "8", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    time.sleep(0.5)  # past the interpreter's start-up, before its imports end
+    time.sleep(1.5)  # well past the interpreter's start-up (a press before it is Python's)
     p.send_signal(signal.SIGINT)
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
@@ -566,6 +566,25 @@ def test_engine_never_imports_the_converter():
     for path in [*(ROOT / "lacache_jax").glob("*.py"), *(ROOT / "kernels").glob("*.py")]:
         found = re.findall(r"^\s*(?:from|import)\s+convert\b.*$", path.read_text(), re.M)
         assert not found, f"{path.name}: {found}"
+
+
+def test_ctrl_c_stops_the_demo_and_removes_its_files(tmp_path, capsys, monkeypatch):
+    """The demo said 'stopping at the next safe point' and then ran to the end (exit 0): it
+    had no safe point. It now stops between its stages, its temporary directory removed."""
+    import signal
+    import tempfile
+    from lacache_jax import hf_export
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real = hf_export.export_hf
+
+    def export_then_press(*a, **k):
+        real(*a, **k)
+        signal.raise_signal(signal.SIGINT)
+    monkeypatch.setattr(hf_export, "export_hf", export_then_press)
+    assert main(["demo"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err.endswith("interrupted\n") and "2. $ python -m convert" not in captured.out
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_runs_and_cleans_up(tmp_path):

@@ -312,6 +312,20 @@ def test_leftovers_of_a_killed_conversion_are_named(tmp_path, hf_dir, capsys):
     assert left.is_dir() and lj.load(tmp_path / "out")[0] == CFG
 
 
+def test_a_hugging_face_cache_snapshot_converts(tmp_path, hf_dir):
+    """huggingface_hub's cache: snapshots/<rev>/ holds links into ../../blobs/. Shards are
+    judged inside SRC by name, links not followed (following them refused every shard)."""
+    snap = tmp_path / "hub" / "snapshots" / "abc123"
+    blobs = tmp_path / "hub" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in hf_dir.iterdir():
+        f.rename(blobs / f.name)
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", f.name))
+    assert _run(snap, tmp_path / "out") == 0
+    assert lj.load(tmp_path / "out")[0] == CFG
+
+
 def test_a_symlink_destination_is_written_and_measured_at_its_target(
         tmp_path, hf_dir, monkeypatch):
     """DST a link into another directory (another disk, typically): the checkpoint lands at

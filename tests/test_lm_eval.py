@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -448,6 +449,11 @@ def test_save_dir_resumes_and_show_speed_reports(demo_ckpt, tmp_path, caplog):
         other, made = counting(LaCacheLM(**{**args, **changed}))
         other.generate_until(requests)
         assert sorted(sum(made, [])) == [0, 1, 2], changed
+    inside = LaCacheLM(**{**args, "save_dir": str(demo_ckpt / "answers")})  # save_dir in
+    first_inside = inside.generate_until(requests)  # the checkpoint: not part of its identity
+    again, made = counting(LaCacheLM(**{**args, "save_dir": str(demo_ckpt / "answers")}))
+    assert again.generate_until(requests) == first_inside and made == []
+    shutil.rmtree(demo_ckpt / "answers")
     meta = demo_ckpt / "lacache.json"  # a re-conversion in place: another checkpoint
     os.utime(meta, ns=(meta.stat().st_atime_ns, meta.stat().st_mtime_ns + 1))
     other, made = counting(LaCacheLM(**args))

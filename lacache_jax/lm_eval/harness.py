@@ -398,12 +398,14 @@ class AnswerLog:
 
 
 def checkpoint_fingerprint(checkpoint: str | None) -> tuple:
-    """A checkpoint's identity for reusing answers: its absolute path, metadata, and the
-    size and modification time of each of its files (a conversion in place changes them)."""
+    """A checkpoint's identity for reusing answers: its absolute path, and the size and
+    modification time of each file it is made of (a conversion in place changes them): the
+    files at its top (metadata, tokenizer) and under params/, not other directories there (a
+    save_dir inside it, which grows with every run)."""
     if checkpoint is None:
         return (None,)
     root = Path(checkpoint).resolve()
-    files = sorted(f for f in root.rglob("*") if f.is_file())
+    files = sorted(f for f in [*root.iterdir(), *(root / "params").rglob("*")] if f.is_file())
     return (str(root), *((str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns)
                          for f in files))
 
