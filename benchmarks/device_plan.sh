@@ -3,8 +3,8 @@
 # needs (bash benchmarks/device_plan.sh N; COMMIT=<sha>, or the JSON carry the device
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
 # twenty-seventh: 31, 32, 29 and the four-shape end to end (RESULTS.md); the twenty-fifth,
-# twenty-sixth and twenty-eighth were lent no device (the twenty-eighth's one call, stage 33,
-# found no machine to start). Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at
+# twenty-sixth, twenty-eighth and twenty-ninth were lent no device (the twenty-eighth's one
+# call, stage 33, found no machine to start; the twenty-ninth made none: loans were paused). Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at
 # 6f5d600); in the twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
