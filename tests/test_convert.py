@@ -367,18 +367,19 @@ def test_free_space_is_checked_before_writing(tmp_path, hf_dir, capsys, monkeypa
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_FSIZE, SIGXFSZ")
 def test_a_failing_write_is_one_error_line(tmp_path):
     """A write the file system refuses midway (here a 500 KiB file-size limit; a full disk
-    takes the same path, errno 28): its errno in one `convert: error:` line, orbax's thread
-    logs not printed, nothing left beside DST. (tensorstore's stray 'Event loop is closed'
-    tracebacks still print above it: they come from its C++ threads.)"""
+    takes the same path, errno 28): its errno in one `convert: error:` line and nothing else
+    (orbax's thread logs, and tensorstore's late 'Event loop is closed' tracebacks, which 5
+    of 12 runs printed before: checkpoint.drop_late_tensorstore_errors), nothing left
+    beside DST."""
     # In a shell, not preexec_fn: forking this (threaded) process to set a limit can deadlock.
     # SIGXFSZ ignored: the write fails instead of the process.
     p = subprocess.run(["bash", "-c", 'trap "" XFSZ; ulimit -f 500; exec "$@"', "-",
                         sys.executable, "-m", "convert", str(ROOT / "demo_model"),
                         str(tmp_path / "dst"), "--quiet"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 1 and "ERROR:absl" not in p.stderr, p.stderr
-    assert p.stderr.endswith(f"convert: error: writing {tmp_path / 'dst'}: [Errno 27] "
-                             "layer_000: File too large\n"), p.stderr[-500:]
+    assert p.returncode == 1 and p.stderr == (
+        f"convert: error: writing {tmp_path / 'dst'}: [Errno 27] layer_000: File too large\n"
+    ), p.stderr[-800:]
     assert list(tmp_path.iterdir()) == []
 
 
