@@ -29,8 +29,8 @@ from jax.experimental import pallas as pl
 
 from kernels.cached_attention import LOG2E, empty_state, merge_partials, stream_keys
 
-MAX_ROWS = 64   # query rows `takes` gives it (more: cuDNN's; ROW_TILE tiles up to 256 not yet
-                # timed in a step: the prefix step's 96-256-row blocks, 27 us a cuDNN call)
+MAX_ROWS = 64   # query rows `takes` gives it (more: cuDNN's; up to 256 in ROW_TILE tiles the
+                # prefix step ran no faster at its default key split: RESULTS.md, 29th session)
 ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
 PROGRAMS = 264  # aimed-at programs: two per SM of the H200's 132
