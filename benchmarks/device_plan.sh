@@ -5,7 +5,8 @@
 # twenty-seventh: 31, 32, 29 and the four-shape end to end (RESULTS.md); the twenty-fifth,
 # twenty-sixth and twenty-eighth were lent no device (the twenty-eighth's one call, stage 33,
 # found no machine to start). Done in the twenty-ninth, on an H100: 33, 35, 22 (all 47).
-# Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
+# Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
+# twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 33 again on an H200 (padded once ran 1.05x on the H100, one run
