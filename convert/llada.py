@@ -103,8 +103,9 @@ def convert(src: str | Path, dst: str | Path, dtype: str = "bfloat16", force: bo
     shapes = ckpt.expected_shapes(cfg)
     total = sum(int(np.prod(entries[n].shape)) * entries[n].dtype.itemsize for n in plan)
     out_dtype = np.dtype(DTYPES[dtype])
-    _check_space(dst, cfg, out_dtype, len(fp8_layers))
-    _warn_leftovers(dst)
+    written = Path(os.path.realpath(dst))  # where atomic_dir writes (a link's target)
+    _check_space(written, cfg, out_dtype, len(fp8_layers))
+    _warn_leftovers(written)
     if not (src / "tokenizer.json").is_file():
         warnings.warn(f"{src} has no tokenizer.json: `python -m lacache_jax generate` and "
                       "lm-eval need one beside the checkpoint (copy it into DST)",
@@ -149,7 +150,7 @@ def _check_space(dst: Path, cfg: ModelConfig, out_dtype: np.dtype, n_fp8: int) -
     """Before writing: refuse when DST's file system holds under 70% of the uncompressed
     weights, warn under 100% (a write failing midway is reported too, by `write_group`)."""
     need = cfg.n_params * out_dtype.itemsize + n_fp8 * 3 * cfg.d_model * cfg.d_ff
-    parent = Path(os.path.realpath(dst)).parent  # where atomic_dir writes (a link's target)
+    parent = dst.parent
     try:
         free = shutil.disk_usage(parent).free
     except OSError:
@@ -174,7 +175,6 @@ def _warn_leftovers(dst: Path) -> None:
     """Temporary directories of conversions killed outright (SIGKILL, the OOM killer, power
     loss) stay beside DST, as large as the weights written so far: say so, delete nothing
     (one may belong to a conversion still running)."""
-    dst = Path(os.path.realpath(dst))
     if not dst.parent.is_dir():
         return
     left = sorted(dst.parent.glob(f".{glob.escape(dst.name)}.tmp-*"))

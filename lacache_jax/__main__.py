@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+import lacache_jax
 from lacache_jax import config as lj_config
 
 
@@ -618,7 +619,7 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
     args = build_parser().parse_args(argv)
     # Only generate writes its output last, so only there may a second press end the process.
     args.interrupt = Interrupt(exit_at_once=keep_handler and args.run is cmd_generate)
-    if keep_handler and _early_press():
+    if keep_handler and lacache_jax.take_early_interrupt():
         args.interrupt.pending = True  # pressed while the package imported jax
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, args.interrupt) if in_main else None
@@ -636,11 +637,6 @@ def main(argv: list[str] | None = None, *, keep_handler: bool = False) -> int:
         args.interrupt.closed = True  # from here on a press is dropped, never raised
         if previous is not None and not keep_handler:
             signal.signal(signal.SIGINT, previous)
-
-
-def _early_press() -> bool:
-    import lacache_jax
-    return lacache_jax.take_early_interrupt()
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

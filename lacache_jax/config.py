@@ -131,11 +131,9 @@ class ModelConfig:
         return cls(**d)
 
 
-# Keys whose value must be exactly this (the only variant implemented). The first four must
-# be present: LLaDA's code defaults of them (configuration_llada.ModelConfig: "sequential",
-# "swiglu", "default" (a LayerNorm), rope False) describe another model. A missing key of
-# the rest is accepted: LLaDA's code default is the value below.
-_SUPPORTED_REQUIRED = ("block_type", "activation_type", "layer_norm_type", "rope")
+# Keys whose value must be exactly this (the only variant implemented). Those in
+# `_LLADA_DEFAULTS` must be present (their LLaDA code default describes another model); a
+# missing key of the rest is accepted: LLaDA's code default is the value below.
 _SUPPORTED_FIXED: dict[str, Any] = {
     "block_type": "llama",
     "activation_type": "silu",
@@ -166,7 +164,8 @@ def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
 
 
 # LLaDA's code defaults (configuration_llada.ModelConfig) of the keys that must be present
-# because these defaults are not what we implement; named in the error.
+# because these defaults are not what we implement (a LayerNorm, no RoPE, tied weights, ...);
+# named in the error.
 _LLADA_DEFAULTS = {"block_type": "sequential", "activation_type": "swiglu",
                    "layer_norm_type": "default", "rope": False, "embedding_size": 50304,
                    "weight_tying": True, "pad_token_id": 50256}
@@ -199,10 +198,11 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
         kind = hf.get("model_type") or (hf.get("architectures") or ["?"])[0]
         raise ConfigError(f"a {kind} config (hidden_size, not LLaDA's d_model): only LLaDA "
                           "checkpoints (model_type llada, LLaDAModelLM) convert")
-    for key in _SUPPORTED_REQUIRED:
+    for key, default in _LLADA_DEFAULTS.items():
         if key not in hf:
             raise ConfigError(f"missing required key {key!r} (LLaDA's code default, "
-                              f"{_LLADA_DEFAULTS[key]!r}, is not implemented)")
+                              f"{default!r}, " + ("is not implemented)" if key in
+                                                  _SUPPORTED_FIXED else "would apply)"))
     for key, want in _SUPPORTED_FIXED.items():
         # bias_for_layer_norm may be null in LLaDA configs (falls back to include_bias).
         if key in hf and not (hf[key] is None and key == "bias_for_layer_norm") and (
@@ -220,18 +220,11 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
     else:
         d_ff = _require(hf, "mlp_ratio", int) * d_model
     vocab = _require(hf, "vocab_size", int)
-    for key in ("embedding_size", "weight_tying"):  # LLaDA's defaults: 50304, true
-        if key not in hf:
-            raise ConfigError(f"missing required key {key!r} (LLaDA's code default, "
-                              f"{_LLADA_DEFAULTS[key]!r}, would apply)")
     if hf["embedding_size"] is not None:  # null: LLaDA's code uses vocab_size
         embedding_size = _require(hf, "embedding_size", int)
         if embedding_size < vocab:
             raise ConfigError(f"embedding_size={embedding_size} is smaller than vocab_size={vocab}")
         vocab = embedding_size
-    if "pad_token_id" not in hf:  # null: no padding id, as LLaDA's code allows (EOS pads)
-        raise ConfigError(f"missing required key 'pad_token_id' (LLaDA's code default, "
-                          f"{_LLADA_DEFAULTS['pad_token_id']!r}, would apply)")
     weight_tying = hf["weight_tying"]
     if not isinstance(weight_tying, bool):
         raise ConfigError(f"key 'weight_tying' has value {weight_tying!r} of the wrong type")
@@ -243,7 +236,8 @@ def _read_hf(hf: dict[str, Any]) -> dict[str, Any]:
         norm_eps=_float(_require(hf, "rms_norm_eps", (int, float)), "rms_norm_eps"),
         max_seq_len=_require(hf, "max_sequence_length", int),
         mask_id=_require(hf, "mask_token_id", int), eos_id=eos_id,
-        pad_id=eos_id if hf["pad_token_id"] is None else _require(hf, "pad_token_id", int),
+        pad_id=(eos_id if hf["pad_token_id"] is None  # null: LLaDA's code allows it; EOS pads
+                else _require(hf, "pad_token_id", int)),
         tie_embeddings=weight_tying,
     )
 

@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
         import lacache_jax
         import lacache_jax.lm_eval  # noqa: F401  (registers the model)
-        from lacache_jax.lm_eval.harness import LM_EVAL_DEVICE, names_jax_device, preflight
+        from lacache_jax.lm_eval.harness import (CHAT_TWICE, LM_EVAL_DEVICE, names_jax_device,
+                                                 preflight)
     except ImportError as e:
         if (e.name or "").split(".")[0] != "lm_eval" and "lm-eval" not in str(e):
             raise
@@ -106,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ours = preflight(settings.get("model_args") or {})
             if ours.chat and settings.get("apply_chat_template"):
-                raise ValueError("chat=true wraps each context in the chat template, and so "
-                                 "does --apply_chat_template: give one of them")
+                raise ValueError(CHAT_TWICE)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -146,8 +146,7 @@ class LaCacheLM(LM):
         `transformers` renders it (Tokenizer.render_chat). lm-eval calls it under
         `--apply_chat_template`, which `chat=true` would wrap a second time: refused."""
         if self.settings.chat:
-            raise ValueError("chat=true wraps each context in the chat template, which "
-                             "--apply_chat_template has done already: give one of them")
+            raise ValueError(CHAT_TWICE)
         return self.tok.render_chat(chat_history, add_generation_prompt)
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -422,6 +421,8 @@ def _answer_spans(out: lj.GenerateOutput, gen: lj.GenerationConfig) -> list[list
 
 
 LM_EVAL_DEVICE = "cuda:0"  # what lm-eval passes when --device is not given
+CHAT_TWICE = ("chat=true wraps each context in the chat template, which "
+              "--apply_chat_template has done already: give one of them")
 
 
 def runs_on(device: str) -> bool:
