@@ -134,12 +134,14 @@ clocks_throttle_reasons.active --format=csv -lms 100 > "$OUT/clocks_b8.csv" 2>&1
 33)
   # issue 23: exact + FP8 on DPad's compact canvas (633-768 columns at prompt 512): the
   # FFN's rows padded once to 16 (9b88de3) against each kernel padding its own (the paper
-  # table's + DPad + LaCache: 16.19 ms against 15.57 without DPad, twenty-seventh session)
+  # table's + DPad + LaCache: 16.19 ms against 15.57 without DPad, twenty-seventh session);
+  # padded once, also without DPad in the same process (DPAD_16=both)
   for align in 1 16; do
+    dpad=on; [ $align = 16 ] && dpad=${DPAD_16:-on}
     echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_dpad.log"
     SET=lacache_jax.quant:ROW_ALIGN=$align timeout -k 5 ${GEN_S:-270} \
       python3 -c "$WITH_SET" --batch 1 --prompt 512 \
-      --modes exact --decoding fixed --fp8-ffn on --dpad on --iters 1 2>&1 \
+      --modes exact --decoding fixed --fp8-ffn on --dpad $dpad --iters 1 2>&1 \
       | tee -a "$OUT/generate_row_align_dpad.log" | quiet | grep "^B=\|ceilings"
   done ;;
 32)
