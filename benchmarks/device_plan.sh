@@ -9,7 +9,7 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 33 again on an H200 (padded once ran 1.05x on the H100, one run
+# Left, in priority order: 37 (new), 33 again on an H200 (padded once ran 1.05x on the H100, one run
 # each) and 34 (the same at an unaligned prompt), 36 (the clocks through batch 8's FP8 step),
 # 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
 # 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5:
@@ -83,6 +83,20 @@ name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, 
 sys.argv = ['generate'] + sys.argv[1:]; runpy.run_module('benchmarks.generate', \
 run_name='__main__')"
 case "${1:-1}" in
+37)
+  # issue 20: the split-keys kernel's default shares filling one wave of programs (a prefix
+  # block of 160-256 rows: 2 shares, not 3; batch 8's 32 rows: 1, not 2), and it taking the
+  # prefix step's blocks up to 256 rows at batch 1: its GPU test; the kernel at the default
+  # against forced shares; the prefix step with it against cuDNN in one process
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "short_attention" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_short_wave_gpu.log" \
+    | grep -v -i warn | tail -3
+  timeout -k 5 ${ATT_S:-150} python3 -m benchmarks.short_attention --shapes \
+    1:32:768,1:96:768,1:160:768,1:256:768,8:32:768 --splits 1,2,3,4 2>&1 \
+    | tee "$OUT/short_attention_wave.log" | quiet | tail -30
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    prefix --decoding fixed --fp8-ffn both --iters 2 --short-attention split,cudnn 2>&1 \
+    | tee "$OUT/generate_prefix_wave.log" | quiet | grep "^B=\|ceilings" ;;
 36)
   # issue 23: whether the FP8 GEMMs run slower inside batch 8's step (1,107 TFLOP/s) than in
   # the harness (1,284-1,333) because the clocks drop under FP8's power: SM clock, power and

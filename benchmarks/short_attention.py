@@ -34,8 +34,8 @@ FORCED = {"cudnn": lambda: model.short_attention_implementation("cudnn"),
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1:32:768,8:32:768,1:32:1280,1:128:768,1:256:768",
-                    help="B:L:S,... (batch, query rows, keys; rows above the dispatch's "
-                         "MAX_ROWS time the kernel where cuDNN runs now, as a prefix step's)")
+                    help="B:L:S,... (batch, query rows, keys; a shape `takes` refuses times "
+                         "the kernel where the step runs cuDNN)")
     ap.add_argument("--splits", default="4,8,12",
                     help="key shares per (batch, head, 64-row tile) also timed")
     args = ap.parse_args()

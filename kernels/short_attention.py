@@ -29,11 +29,13 @@ from jax.experimental import pallas as pl
 
 from kernels.cached_attention import LOG2E, empty_state, merge_partials, stream_keys
 
-MAX_ROWS = 64   # query rows `takes` gives it (more: cuDNN's; up to 256 in ROW_TILE tiles the
-                # prefix step ran no faster at its default key split: RESULTS.md, 29th session)
+MAX_ROWS = 256  # query rows `takes` may give it; beyond ROW_TILE only while every row tile
+                # keeps two shares of keys in one wave (batch 1: cuDNN's one program per 64
+                # rows per head streams all the keys; at batch 8 cuDNN's grid is full: its own)
 ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
-PROGRAMS = 264  # aimed-at programs: two per SM of the H200's 132
+PROGRAMS = 264  # one wave: two programs per SM of the H200's 132 (about 80 KB of shared memory
+                # each at two stages of 64 x 128 K and V tiles)
 
 
 def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
@@ -48,10 +50,21 @@ def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
 
 
 def takes(q_BLHK, k_BSGK) -> bool:
-    """Whether the kernel runs this call: at most `MAX_ROWS` query rows, fewer than the keys,
-    at least one key tile, a head dim Triton's blocks take (a power of two from 16)."""
-    L, S, K = q_BLHK.shape[1], k_BSGK.shape[1], q_BLHK.shape[3]
-    return L <= MAX_ROWS and L < S and S >= BLOCK_K and K >= 16 and K & (K - 1) == 0
+    """Whether the kernel runs this call: fewer query rows than keys, at most `ROW_TILE` or at
+    most `MAX_ROWS` in row tiles whose programs with two shares of keys fit one wave, at least
+    one key tile, a head dim Triton's blocks take (a power of two from 16)."""
+    B, L, H, K = q_BLHK.shape
+    S = k_BSGK.shape[1]
+    rows = L <= ROW_TILE or (L <= MAX_ROWS and 2 * B * H * pl.cdiv(L, ROW_TILE) <= PROGRAMS)
+    return rows and L < S and S >= BLOCK_K and K >= 16 and K & (K - 1) == 0
+
+
+def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
+    """Default shares of each (batch, head, row tile)'s key tiles: as many as keep all the
+    programs in one wave of `PROGRAMS`, at least one. A second, partial wave costs a whole
+    share's time: at a prefix block of 160 rows 3 shares (288 programs) took 29.4 us where 2
+    took 22.4 and 4 (two full waves of shorter shares) 19.6 (RESULTS.md, 29th session)."""
+    return max(1, min(n_k_tiles, PROGRAMS // (B * H * row_tiles)))
 
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
@@ -67,7 +80,7 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
 @functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
                            splits: int | None = None, interpret: bool = False):
-    """The split-keys kernel; at most `splits` (default: about `PROGRAMS` programs in all)
+    """The split-keys kernel; at most `splits` (default: `shares`, one wave of programs)
     shares of the key tiles per (batch, head, tile of `ROW_TILE` query rows), each of
     ceil(tiles / splits) tiles, so fewer where that leaves a share empty."""
     B, L, H, K = q_BLHK.shape
@@ -87,7 +100,7 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
     # Triton's dots take power-of-two rows from 16: the padded rows are dropped afterwards.
     R = max(16, 1 << (L - 1).bit_length()) if L <= ROW_TILE else ROW_TILE
     r = pl.cdiv(L, R)
-    per = pl.cdiv(n_k_tiles, splits or max(1, min(n_k_tiles, pl.cdiv(PROGRAMS, B * H * r))))
+    per = pl.cdiv(n_k_tiles, splits or shares(B, H, r, n_k_tiles))
     n = pl.cdiv(n_k_tiles, per)  # no program without keys
     q = jnp.pad(q_BLHK, ((0, 0), (0, r * R - L), (0, 0), (0, 0)))
     rep = H // G

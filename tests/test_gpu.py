@@ -113,6 +113,15 @@ def test_short_attention_on_gpu():
         out = short_attention_pallas(q, k, v, mask)
         ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
         assert rel_err(out.astype(jnp.float32), ref) <= 1e-2, L
+    # model.attention: batch 1's 160-row block to the kernel (two shares of the keys in one
+    # wave), batch 2's 256 rows (512 programs at two shares) to cuDNN
+    q1, k1, v1, m1 = q[:1, :160], k[:1], v[:1], mask[:1]
+    np.testing.assert_array_equal(np.asarray(model.attention(q1, k1, v1, m1)),
+                                  np.asarray(short_attention_pallas(q1, k1, v1, m1)))
+    dispatched = model.attention(q, k, v, mask)
+    with model.short_attention_implementation("cudnn"):
+        np.testing.assert_array_equal(np.asarray(dispatched),
+                                      np.asarray(model.attention(q, k, v, mask)))
 
 
 def test_facache_mosaic_kernel_on_gpu():

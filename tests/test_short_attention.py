@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels.short_attention import short_attention_pallas, short_attention_ref, takes
+from kernels.short_attention import shares, short_attention_pallas, short_attention_ref, takes
 from tests.conftest import assert_valid_triton, rel_err
 
 CASES = [  # B, L, S, H, G, K, pads, splits
@@ -93,7 +93,14 @@ def test_query_rows_in_tiles_of_64(L, grid_rows):
 def test_takes_and_bad_arguments():
     q, k, v, mask = inputs(0, 1, 32, 128, 2, 2, 16, [0], jnp.float32)
     assert takes(q, k)
-    assert not takes(jnp.zeros((1, 65, 2, 16)), jnp.zeros((1, 128, 2, 16)))  # rows: cuDNN's
+    assert takes(jnp.zeros((1, 100, 2, 16)), jnp.zeros((1, 128, 2, 16)))   # two row tiles
+    assert not takes(jnp.zeros((1, 100, 2, 16)), jnp.zeros((1, 100, 2, 16)))  # no fewer keys
+    # beyond 64 rows while two shares of every row tile fit one wave: batch 1's 256 rows
+    # over LLaDA's 32 heads (256 programs), not 257 rows, not batch 2's 256 (512): cuDNN's
+    assert takes(jnp.zeros((1, 256, 32, 16)), jnp.zeros((1, 768, 32, 16)))
+    assert not takes(jnp.zeros((1, 257, 32, 16)), jnp.zeros((1, 768, 32, 16)))
+    assert not takes(jnp.zeros((2, 256, 32, 16)), jnp.zeros((2, 768, 32, 16)))
+    assert takes(jnp.zeros((8, 64, 32, 16)), jnp.zeros((8, 768, 32, 16)))  # one row tile
     assert takes(q, k[:, :100])                                            # a ragged tile
     assert not takes(jnp.zeros((1, 8, 2, 16)), k[:, :40])                  # under one tile
     assert not takes(q, k[:, :32])                                         # no fewer keys
@@ -115,3 +122,17 @@ def test_kernel_lowers_to_valid_triton_ir(L, S, monkeypatch):
     q, k, v, mask = inputs(0, 1, L, S, 2, 2, 128, [0], jnp.bfloat16)
     assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m), q, k, v, mask,
                         monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("B,H,row_tiles,n_k_tiles,want", [
+    (1, 32, 1, 12, 8),   # the dual step's block: 8 shares of 12 tiles (6 of 2 tiles), 192
+    (1, 32, 3, 12, 2),   # a 160-row prefix block: 3 shares would be 288 programs, two waves
+    (1, 32, 4, 12, 2),   # 256 rows: 256 programs
+    (8, 32, 1, 12, 1),   # batch 8: the heads fill the wave
+    (1, 2, 1, 3, 3),     # never more shares than key tiles
+])
+def test_default_shares_fill_one_wave(B, H, row_tiles, n_k_tiles, want):
+    from kernels.short_attention import PROGRAMS
+    got = shares(B, H, row_tiles, n_k_tiles)
+    assert got == want
+    assert got == 1 or B * H * row_tiles * got <= PROGRAMS
