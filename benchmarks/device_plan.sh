@@ -101,11 +101,14 @@ case "${1:-1}" in
   # issue 23: whether the FP8 GEMMs run slower inside batch 8's step (1,107 TFLOP/s) than in
   # the harness (1,284-1,333) because the clocks drop under FP8's power: SM clock, power and
   # throttle reasons sampled every 100 ms through the bf16 and the FP8 step
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,\
-clocks_throttle_reasons.active --format=csv -lms 100 > "$OUT/clocks_b8.csv" 2>&1 &
+  why=clocks_throttle_reasons.active  # renamed in newer drivers
+  nvidia-smi --help-query-gpu | grep -q clocks_event_reasons.active \
+    && why=clocks_event_reasons.active
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit,temperature.gpu,$why \
+    --format=csv -lms 100 > "$OUT/clocks_b8.csv" 2>&1 &
   smi=$!
   timeout -k 5 ${GEN_S:-240} python3 -m benchmarks.generate --batch 8 --prompt 512 --gen 64 \
-    --modes none,exact --decoding fixed --fp8-ffn both --iters 2 2>&1 \
+    --modes ${MODES:-exact} --decoding fixed --fp8-ffn both --iters 2 2>&1 \
     | tee "$OUT/generate_b8_clocks.log" | quiet | grep "^B=\|ceilings"
   kill $smi
   # the GEMMs alone at batch 8's rows in cuBLASLt's own harness: bursts of 5 calls (a cool
