@@ -60,11 +60,14 @@ def takes(q_BLHK, k_BSGK) -> bool:
 
 
 def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
-    """Default shares of each (batch, head, row tile)'s key tiles: as many as keep all the
-    programs in one wave of `PROGRAMS`, at least one. A second, partial wave costs a whole
-    share's time: at a prefix block of 160 rows 3 shares (288 programs) took 29.4 us where 2
-    took 22.4 and 4 (two full waves of shorter shares) 19.6 (RESULTS.md, 29th session)."""
-    return max(1, min(n_k_tiles, PROGRAMS // (B * H * row_tiles)))
+    """Default shares of each (batch, head, row tile)'s key tiles, at least one. One row tile
+    (a dual step's block): about `PROGRAMS` programs, rounded up (at batch 1 and 8 the best
+    or within 10% of it: RESULTS.md, twenty-third session). Row tiles (a prefix step's block of
+    65-256 rows): at most one wave of `PROGRAMS`, where 3 shares of 160 or 256 rows (288 and
+    384 programs) took 28.5-28.8 us, 2 shares 20.8-22.1, cuDNN 29.3-29.7 (thirtieth session)."""
+    programs = B * H * row_tiles
+    n = pl.cdiv(PROGRAMS, programs) if row_tiles == 1 else PROGRAMS // programs
+    return max(1, min(n_k_tiles, n))
 
 
 def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
