@@ -4,15 +4,19 @@
 # checkout's stale HEAD), each a time-boxed stage list under 10 minutes. Done in the
 # twenty-seventh: 31, 32, 29 and the four-shape end to end (RESULTS.md); the twenty-fifth,
 # twenty-sixth and twenty-eighth were lent no device (the twenty-eighth's one call, stage 33,
-# found no machine to start). Done in the twenty-ninth, on an H100: 33, 35, 22 (all 47).
+# found no machine to start). Done in the twenty-ninth, on an H100: 33, 35, 22 (all 47); in
+# the thirtieth, on an H200: 37, 36 (the FP8 GEMMs' rates at the power limit).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 37 (new), 33 again on an H200 (padded once ran 1.05x on the H100, one run
-# each) and 34 (the same at an unaligned prompt), 36 (the clocks through batch 8's FP8 step),
-# 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
-# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5:
+# Left, in priority order: 33 again on an H200 (padded once ran 1.05x on the H100, one run
+# each; DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned
+# prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
+# (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 37's batch-8 rows (8:32:768,
+# --splits 1,2: its box ended there):
+#  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
+#      tiles, and the prefix step with it on every block against cuDNN
 #  36  issue 23: the SM clock, power and throttle reasons through batch 8's bf16 and FP8
 #      steps (is the FP8 GEMMs' in-step 1,107 TFLOP/s the clocks?), the GEMMs alone at 4608
 #      rows in short and long bursts
