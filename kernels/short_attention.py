@@ -64,7 +64,7 @@ def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
     (a dual step's block): about `PROGRAMS` programs, rounded up (at batch 1 and 8 the best
     or within 10% of it: RESULTS.md, twenty-third session). Row tiles (a prefix step's block of
     65-256 rows): at most one wave of `PROGRAMS`, where 3 shares of 160 or 256 rows (288 and
-    384 programs) took 28.5-28.8 us, 2 shares 20.8-22.1, cuDNN 29.3-29.7 (thirtieth session)."""
+    384 programs) took 28.5-28.7 us, 2 shares 20.8-22.1, cuDNN 29.3-29.7 (thirtieth session)."""
     programs = B * H * row_tiles
     n = pl.cdiv(PROGRAMS, programs) if row_tiles == 1 else PROGRAMS // programs
     return max(1, min(n_k_tiles, n))
@@ -83,7 +83,7 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
 @functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
                            splits: int | None = None, interpret: bool = False):
-    """The split-keys kernel; at most `splits` (default: `shares`, one wave of programs)
+    """The split-keys kernel; at most `splits` (default: `shares`)
     shares of the key tiles per (batch, head, tile of `ROW_TILE` query rows), each of
     ceil(tiles / splits) tiles, so fewer where that leaves a share empty."""
     B, L, H, K = q_BLHK.shape

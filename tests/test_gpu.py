@@ -114,7 +114,7 @@ def test_short_attention_on_gpu():
         ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
         assert rel_err(out.astype(jnp.float32), ref) <= 1e-2, L
     # model.attention: batch 1's 160-row block to the kernel (two shares of the keys in one
-    # wave), batch 2's 256 rows (512 programs at two shares) to cuDNN
+    # wave), batch 2's 200 rows (four row tiles: 512 programs at two shares) to cuDNN
     q1, k1, v1, m1 = q[:1, :160], k[:1], v[:1], mask[:1]
     np.testing.assert_array_equal(np.asarray(model.attention(q1, k1, v1, m1)),
                                   np.asarray(short_attention_pallas(q1, k1, v1, m1)))

@@ -100,6 +100,9 @@ def test_takes_and_bad_arguments():
     assert takes(jnp.zeros((1, 256, 32, 16)), jnp.zeros((1, 768, 32, 16)))
     assert not takes(jnp.zeros((1, 257, 32, 16)), jnp.zeros((1, 768, 32, 16)))
     assert not takes(jnp.zeros((2, 256, 32, 16)), jnp.zeros((2, 768, 32, 16)))
+    assert not takes(jnp.zeros((1, 257, 2, 16)), jnp.zeros((1, 768, 2, 16)))  # MAX_ROWS
+    assert takes(jnp.zeros((1, 128, 66, 16)), jnp.zeros((1, 768, 66, 16)))  # 264: one wave
+    assert not takes(jnp.zeros((1, 128, 67, 16)), jnp.zeros((1, 768, 67, 16)))  # 268
     assert takes(jnp.zeros((8, 64, 32, 16)), jnp.zeros((8, 768, 32, 16)))  # one row tile
     assert takes(q, k[:, :100])                                            # a ragged tile
     assert not takes(jnp.zeros((1, 8, 2, 16)), k[:, :40])                  # under one tile
