@@ -23,7 +23,7 @@ from kernels.forced import Forced
 from kernels.fused_quant import rms_normed
 from lacache_jax import quant
 from lacache_jax.config import ModelConfig
-from lacache_jax.sharding import DATA, MODEL, shard_kernel
+from lacache_jax.sharding import DATA, MODEL, per_shard, shard_kernel
 
 
 @jax.tree_util.register_dataclass
@@ -177,13 +177,20 @@ def _attention_impl(dtype) -> str:
     return "xla"
 
 
+def _per_device(x_BLHK: jax.Array) -> jax.ShapeDtypeStruct:
+    """The shard of a [B, L, heads, K] array one device runs under the active mesh (rows over
+    DATA, heads over MODEL), for a dispatch by size."""
+    B, L, H, K = x_BLHK.shape
+    return jax.ShapeDtypeStruct((per_shard(B, DATA), L, per_shard(H, MODEL), K), x_BLHK.dtype)
+
+
 def attention(q_BLHK: jax.Array, k_BSGK: jax.Array, v_BSGK: jax.Array,
               key_mask_BS: jax.Array | None = None) -> jax.Array:
     """Bidirectional softmax attention, scale 1/sqrt(K); masked keys get no weight. Each
     row needs one unmasked key (every caller's rows hold at least their own or a pad token):
     a row with none is cuDNN's and XLA's mean of V, the split-keys kernel's NaN."""
     impl = _attention_impl(q_BLHK.dtype)
-    if (impl == "cudnn" and short_attention.takes(q_BLHK, k_BSGK)
+    if (impl == "cudnn" and short_attention.takes(*map(_per_device, (q_BLHK, k_BSGK)))
             and short_attention_implementation.choice("split") == "split"):
         if key_mask_BS is None:
             key_mask_BS = jnp.ones(k_BSGK.shape[:2], bool)

@@ -203,11 +203,17 @@ def active_mesh():
     return None if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} else mesh
 
 
-def per_data_shard(rows: int) -> int:
-    """`rows` of a batch-sharded array as one device holds them under the active mesh (a
-    kernel's dispatch by size looks at what each device runs)."""
+def per_shard(n: int, axis: str) -> int:
+    """`n` entries of a dimension sharded over `axis` (batch rows over DATA, heads over MODEL)
+    as one device holds them under the active mesh (a kernel's dispatch by size looks at what
+    each device runs)."""
     mesh = active_mesh()
-    return rows if mesh is None else -(-rows // mesh.shape[DATA])
+    return n if mesh is None else -(-n // mesh.shape[axis])
+
+
+def per_data_shard(rows: int) -> int:
+    """`rows` of a batch-sharded array as one device holds them under the active mesh."""
+    return per_shard(rows, DATA)
 
 
 def shard_kernel(fn: Callable, in_specs, out_specs) -> Callable:

@@ -322,10 +322,19 @@ def short_attention_case() -> None:
 
 
 def dispatch_rows_case() -> None:
-    # Kernels pick by the rows each device runs: batch 8 over 2 data shards is 4 per device.
+    # Kernels pick by the rows each device runs: batch 8 over 2 data shards is 4 per device;
+    # the split-keys attention by its shard too (batch 2 x 32 heads of 256 rows over data 2 x
+    # model 2: one row x 16 heads a device, which it takes; the whole array it would not).
+    from kernels import short_attention
+    from lacache_jax import model
+    q, k = jnp.zeros((2, 256, 32, 16)), jnp.zeros((2, 768, 32, 16))
     with jax.set_mesh(mesh_of(2, 2)):
         per_mesh = sharding.per_data_shard(8)
-    emit(case="per_data_shard", rows=[sharding.per_data_shard(8), per_mesh])
+        heads = sharding.per_shard(32, sharding.MODEL)
+        takes_shard = short_attention.takes(model._per_device(q), model._per_device(k))
+    emit(case="per_data_shard", rows=[sharding.per_data_shard(8), per_mesh], heads=heads,
+         takes=[short_attention.takes(model._per_device(q), model._per_device(k)),
+                takes_shard])
 
 
 def main() -> None:

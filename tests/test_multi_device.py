@@ -43,6 +43,8 @@ def test_meshes_give_single_device_tokens(cases):
     assert cases["load_sharded"]["embed_replicated"]
     assert cases["bad_mesh"]["same"]
     assert cases["per_data_shard"]["rows"] == [8, 4]  # no mesh; data 2 x model 2
+    assert cases["per_data_shard"]["heads"] == 16
+    assert cases["per_data_shard"]["takes"] == [False, True]
     # the split-keys attention (a Pallas call) on a data 2 x model 2 mesh: each device runs
     # its 2 rows x 4 of the 8 heads, and the result is the dense attention's (fp32, 1e-5)
     r = cases["short_attention_mesh"]
