@@ -34,8 +34,7 @@ MAX_ROWS = 256  # query rows `takes` may give it; beyond ROW_TILE only while eve
                 # rows per head streams all the keys; at batch 8 cuDNN's grid is full: its own)
 ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
-PROGRAMS = 264  # one wave: two programs per SM of the H200's 132 (about 80 KB of shared memory
-                # each at two stages of 64 x 128 K and V tiles)
+PROGRAMS = 264  # aimed-at programs, a wave as `shares` counts it: two per SM of the H200's 132
 
 
 def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
