@@ -13,8 +13,9 @@
 # Left, in priority order: 33 again on an H200 (padded once ran 1.05x on the H100, one run
 # each; DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned
 # prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
-# (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 37's batch-8 rows (8:32:768,
-# --splits 1,2: its box ended there):
+# (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
+# shares at every prefix block size):
+#  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
 #  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
 #      tiles, and the prefix step with it on every block against cuDNN
 #  36  issue 23: the SM clock, power and throttle reasons through batch 8's bf16 and FP8
@@ -87,6 +88,13 @@ name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, 
 sys.argv = ['generate'] + sys.argv[1:]; runpy.run_module('benchmarks.generate', \
 run_name='__main__')"
 case "${1:-1}" in
+38)
+  # issue 20: the split-keys kernel's shares at every prefix block size (4 shares beat the
+  # one-wave default at 160 rows on both cards, 3 lost at 160 and 256: which programs count
+  # is a wave?), and batch 8's dual block at 1 and 2 shares (37's box ended there)
+  timeout -k 5 ${ATT_S:-300} python3 -m benchmarks.short_attention --shapes \
+    8:32:768,1:128:768,1:160:768,1:192:768,1:224:768,1:256:768 --splits 1,2,3,4,6 2>&1 \
+    | tee "$OUT/short_attention_shares.log" | quiet | tail -40 ;;
 37)
   # issue 20: the split-keys kernel's default shares filling one wave of programs (a prefix
   # block of 160-256 rows: 2 shares, not 3; batch 8's 32 rows: 1, not 2), and it taking the
