@@ -54,7 +54,8 @@ def takes(q_BLHK, k_BSGK) -> bool:
     one key tile, a head dim Triton's blocks take (a power of two from 16)."""
     B, L, H, K = q_BLHK.shape
     S = k_BSGK.shape[1]
-    rows = L <= ROW_TILE or (L <= MAX_ROWS and 2 * B * H * pl.cdiv(L, ROW_TILE) <= PROGRAMS)
+    rows = L <= ROW_TILE or (
+        L <= MAX_ROWS and shares(B, H, pl.cdiv(L, ROW_TILE), pl.cdiv(S, BLOCK_K)) >= 2)
     return rows and L < S and S >= BLOCK_K and K >= 16 and K & (K - 1) == 0
 
 
