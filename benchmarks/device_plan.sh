@@ -15,6 +15,7 @@
 # prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
 # (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
 # shares at every prefix block size):
+#  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
 #  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
 #      tiles, and the prefix step with it on every block against cuDNN
@@ -88,6 +89,22 @@ name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, 
 sys.argv = ['generate'] + sys.argv[1:]; runpy.run_module('benchmarks.generate', \
 run_name='__main__')"
 case "${1:-1}" in
+39)
+  # issue 23: cuBLASLt's block-scaled configurations ranked at the power limit's clocks
+  # (bursts of SEARCH_REPS calls each; the twenty-first session's search ran bursts of 5, a
+  # cool GPU's clocks), at batch 8's rows; the fastest again in jit, CHAIN calls a program,
+  # beside the heuristic's; the SM clock and power sampled throughout
+  why=clocks_throttle_reasons.active
+  nvidia-smi --help-query-gpu | grep -q clocks_event_reasons.active \
+    && why=clocks_event_reasons.active
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,power.limit,temperature.gpu,$why \
+    --format=csv -lms 200 > "$OUT/clocks_search.csv" 2>&1 &
+  smi=$!
+  timeout -k 5 ${SEARCH_S:-420} python3 -m benchmarks.fp8_gemm --cublaslt-search \
+    ${SEARCH:-gate_up:4608,down:4608} --search-reps ${SEARCH_REPS:-200} --top ${TOP:-5} \
+    --rounds ${ROUNDS:-4} --chain ${CHAIN:-100} 2>&1 | tee "$OUT/fp8_gemm_search_capped.log" \
+    | quiet | grep -v "'kind': 'search'" | tail -24
+  kill $smi ;;
 38)
   # issue 20: the split-keys kernel's shares at every prefix block size (4 shares beat the
   # one-wave default at 160 rows on both cards, 3 lost at 160 and 256: which programs count

@@ -6,7 +6,7 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
         [--check-only] [--kernels cublaslt,xla_fp8_precise,mgpu_ws]
     python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
     python -m benchmarks.fp8_gemm --cublaslt-search gate_up:1024,down:1024 [--top 6]
-        [--rounds 5] [--max-split-k 1]
+        [--rounds 5] [--max-split-k 1] [--search-reps 5] [--chain 20]
     python -m benchmarks.fp8_gemm --cublaslt-harness gate_up:1024,down:1024 [--reps 5,500]
         [--rounds 5]
     python -m benchmarks.fp8_gemm --cublaslt-split down:768:2816 [--top 4] [--rounds 5]
@@ -191,21 +191,26 @@ def ws_sweep(spec: str, rows: list) -> None:
         print(row, flush=True)
 
 
-def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: int = 1) -> None:
-    """`--cublaslt-search`: for each SHAPE:M, every configuration `lt.search` finds (rows
-    `kind` "search"), then the `top` fastest, the heuristic's and XLA's per-tensor FP8 dots
-    timed in jit over `rounds` rounds (rows `kind` "jit", median and all round times), with
-    whether each output has the heuristic's bits and its relative L2 error against the exact
-    product (bf16 out: the heuristic's is one bf16 rounding, ~2^-9)."""
+def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: int = 1,
+                    search_reps: int = 5, chain: int = 20) -> None:
+    """`--cublaslt-search`: for each SHAPE:M, every configuration `lt.search` finds, each
+    timed over `search_reps` calls (rows `kind` "search"), then the `top` fastest, the
+    heuristic's and XLA's per-tensor FP8 dots timed in jit, `chain` calls a program, over
+    `rounds` rounds (rows `kind` "jit", median and all round times), with whether each output
+    has the heuristic's bits and its relative L2 error against the exact product (bf16 out:
+    the heuristic's is one bf16 rounding, ~2^-9). Long bursts (`search_reps` in the hundreds)
+    rank the configurations at the clocks of the GPU's power limit, where a full step runs
+    (RESULTS.md, thirtieth session), not at a cool GPU's."""
     for item in spec.split(","):
         shape, M = item.split(":")
         M, (K, N) = int(M), SHAPES[shape]
         flops = 2.0 * M * K * N
         base = dict(shape=shape, M=M, K=K, N=N)
-        found = lt.search(M, N, K, jnp.bfloat16, swap=False, max_split_k=max_split_k)
+        found = lt.search(M, N, K, jnp.bfloat16, swap=False, max_split_k=max_split_k,
+                          reps=search_reps)
         for config, ms in found:
             rows.append({**base, "kind": "search", "config": config, "ms": ms,
-                         "tflops": flops / ms / 1e9})
+                         "tflops": flops / ms / 1e9, "reps": search_reps})
         ranked = sorted(found[1:], key=lambda r: r[1])
         print(f"{shape} M {M}: {len(found)} configurations; heuristic {found[0][0]} "
               f"{flops / found[0][1] / 1e9:.0f} TFLOP/s; best "
@@ -227,11 +232,11 @@ def cublaslt_search(spec: str, top: int, rounds: int, rows: list, max_split_k: i
         times = {name: [] for name in fns}
         for _ in range(rounds):
             for name, fn in fns.items():
-                times[name].append(time_chained(fn, xq, xs, n=20)["median_ms"])
+                times[name].append(time_chained(fn, xq, xs, n=chain)["median_ms"])
         for name, ts in times.items():
             ms = float(np.median(ts))
             row = {**base, "kind": "jit", "kernel": name if isinstance(name, str) else "cublaslt",
-                   "ms": ms, "tflops": flops / ms / 1e9, "round_ms": ts}
+                   "ms": ms, "tflops": flops / ms / 1e9, "round_ms": ts, "chain": chain}
             if not isinstance(name, str):
                 row.update(config=name, same_bits_as_heuristic=same[name],
                            rel_l2_vs_ref=err[name])
@@ -390,6 +395,11 @@ def main():
     ap.add_argument("--max-split-k", type=int, default=1,
                     help="with --cublaslt-search: also K split up to this many ways")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--search-reps", type=int, default=5,
+                    help="with --cublaslt-search: calls per configuration in the search "
+                         "(hundreds: ranked at the power limit's clocks)")
+    ap.add_argument("--chain", type=int, default=20,
+                    help="with --cublaslt-search: calls per jitted program in the jit timing")
     args = ap.parse_args()
     exit_on_sigterm()
     if args.cublaslt_search or args.cublaslt_harness or args.cublaslt_split:
@@ -402,7 +412,7 @@ def main():
                                  args.trace)
             if args.cublaslt_search:
                 cublaslt_search(args.cublaslt_search, args.top, args.rounds, rows,
-                                args.max_split_k)
+                                args.max_split_k, args.search_reps, args.chain)
         finally:
             print("->", write_result("fp8_gemm_search", {"rows": rows}))
         return
