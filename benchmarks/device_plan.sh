@@ -15,6 +15,7 @@
 # prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
 # (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
 # shares at every prefix block size):
+#  40  issues 20, 23: the Triton FP8 decode tiles at 32 rows by device time
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
 #  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
@@ -89,6 +90,15 @@ name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, 
 sys.argv = ['generate'] + sys.argv[1:]; runpy.run_module('benchmarks.generate', \
 run_name='__main__')"
 case "${1:-1}" in
+40)
+  # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
+  # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
+  # column tile x K splits x stages, transposed and not
+  for spec in ${TILE_SPECS:-gate_up:1,2,4 down:3,6,12}; do
+    timeout -k 5 ${TILE_S:-200} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
+      --shapes ${spec%%:*} --block-ns 64,128 --splits ${spec#*:} --rounds ${ROUNDS:-2} \
+      --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet | grep "^best\|xla"
+  done ;;
 39)
   # issue 23: cuBLASLt's block-scaled configurations ranked at the power limit's clocks
   # (bursts of SEARCH_REPS calls each; the twenty-first session's search ran bursts of 5, a

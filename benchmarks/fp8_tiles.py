@@ -3,7 +3,7 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--rounds 5]
+        [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
@@ -14,7 +14,10 @@ program), and narrower column tiles give as many programs with fewer splits (lon
 fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
 rounds spread over the run, not back to back; each compiled once), and ranks the settings by
 their median: with one timing each, two pipeline depths of one tile differed 1.7x in the
-sixteenth session's sweep (RESULTS.md), too much to rank neighbours by.
+sixteenth session's sweep (RESULTS.md), too much to rank neighbours by. `--device-time` times
+each setting by the profiler's device span per call (`common.device_chained`: the split-K
+partials' sum included, each program's dispatch not), which at decode rows is where the
+chained wall times and the step's trace parted (twenty-second session).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from benchmarks.common import exit_on_sigterm, measure_ceilings, time_chained, write_result
+from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings, time_chained,
+                               write_result)
 from kernels.fp8_matmul import sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
 from kernels.fp8_matmul_triton import GROUP, TritonTiles, fp8_matmul_pallas, k_splits, row_tile
@@ -76,7 +80,7 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
           copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
-          rounds: int = 1) -> None:
+          rounds: int = 1, device_time: bool = False) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -86,14 +90,19 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
     # decode-shape GEMM; scales are < 1% of it)
     floor = (K * N + M * K + 2 * M * N) / copy_tb_s / 1e9
     n = 20 if M <= 4096 else 5
-    base = dict(shape=shape, M=M, K=K, N=N)
+    base = dict(shape=shape, M=M, K=K, N=N, timing="device_span" if device_time else "chained")
+
+    def time_ms(fn, *args):
+        if device_time:  # the device's span per call: no dispatch, the partials' sum included
+            return device_chained(fn, *args, n=n)["span_ms"]
+        return time_chained(fn, *args, n=n)["median_ms"]
     x16 = jax.random.normal(kx, (M, K), jnp.bfloat16)
     w16 = jax.random.normal(kw, (K, N), jnp.bfloat16)
     for name, fn, args in (
             ("xla_fp8_per_tensor", lambda a: jax.lax.dot_general(
                 a, wq, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16), (xq,)),
             ("xla_bf16", lambda a: a @ w16, (x16,))):
-        t = time_chained(fn, *args, n=n)["median_ms"]
+        t = time_ms(fn, *args)
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
@@ -107,7 +116,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
             continue
         settings = {**dataclasses.asdict(cfg), "round": rnd}
         try:
-            t = time_chained(fns[cfg], xq, xs, n=n)["median_ms"]
+            t = time_ms(fns[cfg], xq, xs)
         except Exception as e:  # noqa: BLE001 (a tile that does not compile: go on)
             rows.append({**base, "kernel": kernel, **settings, "error": str(e)[:300]})
             print(rows[-1], flush=True)
@@ -156,6 +165,9 @@ def main():
     ap.add_argument("--block-ns", default="", help="Pallas: column tiles swept (e.g. 32,64,128)")
     ap.add_argument("--splits", default="", help="Pallas: K splits swept (divisors of K / 128)")
     ap.add_argument("--rounds", type=int, default=1, help="times each setting, round by round")
+    ap.add_argument("--device-time", action="store_true",
+                    help="time by the profiler's device span per call, not the chained wall "
+                         "time (which holds each program's dispatch)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     rows: list = []
@@ -167,7 +179,7 @@ def main():
             for M in map(int, args.ms.split(",")):
                 sweep(shape, M, rows, args.kernels.split(","), args.persistent,
                       ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits),
-                      args.rounds)
+                      args.rounds, args.device_time)
     finally:
         best = best_settings(rows)
         for key, r in best.items():
