@@ -82,11 +82,10 @@ class TritonTiles:
                    swap=swapped(M))
 
 
-def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
-    """`swap`: `xs_ref` holds the activation scales transposed ([G, bm]) and the
-    accumulators are [128, bm] (out^T); otherwise [bm, G] and [bm, 128]."""
-    o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
-    first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
+def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
+    """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
+    weight block of its columns: [128, bm] each where `swap` (out^T; `xs_ref` then holds the
+    activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G])."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
     bm = x_ref.shape[0]
@@ -104,23 +103,26 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
             out.append(acc + part * (xs * ws_ref[c, pl.ds(g, 1)]))
         return tuple(out)
     zeros = jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32)
-    accs = jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+    return jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+
+
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
+    o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
+    first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap)
+    sub = min(w_ref.shape[0], GROUP)
     for c, acc in enumerate(accs):
         o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
-def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
-                      tiles: TritonTiles | None = None, interpret: bool = False,
-                      poison: bool = False):
-    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`:
-    xq [M, K] fp8, x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32
-    -> [M, N] `out_dtype`. `tiles` default: `TritonTiles.get_default(M, N, K)`. `poison`
-    (tests) makes the output a NaN-filled buffer first, so an unwritten tile shows."""
+def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
+    """The grid's operands and their blocks for tiles `t`, shared with the kernels that add
+    an epilogue to this GEMM (`kernels/gate_up_swiglu.py`): (x, its scales, w, its scales)
+    with M padded to the row tile, the activation scales transposed where `t.swap`; their
+    BlockSpecs over the grid (row tile i, column tile j, K split k); Mp."""
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
-    t = tiles or TritonTiles.get_default(M, N, K)
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
     if (bn % GROUP if bn >= GROUP else bn not in (16, 32, 64)) or N % bn:
         raise ValueError(f"block_n {bn} must be 16, 32, 64 or a multiple of {GROUP}, dividing "
@@ -131,8 +133,6 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
-    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
-    out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     if t.swap:
         x_scale = x_scale.T  # [G, Mp]: a group's scales load as one row of the tile's width
     in_specs = [pl.BlockSpec((bm, K), lambda i, j, k: (i, 0)),
@@ -142,13 +142,34 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                 # a narrow tile's one scale row: block row j * bn // 128 (blocks of one row)
                 pl.BlockSpec((bn // GROUP, G), lambda i, j, k: (j, 0)) if bn >= GROUP else
                 pl.BlockSpec((1, G), lambda i, j, k: (j * bn // GROUP, 0))]
-    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
+    return (xq, x_scale, wq, w_scale), in_specs, Mp
+
+
+def compiler_params(t: TritonTiles):
     from jax.experimental.pallas import triton as plgpu
+    return plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
+def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
+                      tiles: TritonTiles | None = None, interpret: bool = False,
+                      poison: bool = False):
+    """The Pallas (Triton lowering) kernel; same contract as `fp8_matmul_ref`:
+    xq [M, K] fp8, x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32
+    -> [M, N] `out_dtype`. `tiles` default: `TritonTiles.get_default(M, N, K)`. `poison`
+    (tests) makes the output a NaN-filled buffer first, so an unwritten tile shows."""
+    M, K = xq.shape
+    N = wq.shape[0]
+    t = tiles or TritonTiles.get_default(M, N, K)
+    args, in_specs, Mp = operands(xq, x_scale, wq, w_scale, t)
+    bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     out = pl.pallas_call(
         functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
-        input_output_aliases={4: 0} if poison else {},
-        compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
-    )(xq, x_scale, wq, w_scale, *poisoned)
+        input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
+    )(*args, *poisoned)
     return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]

@@ -4,10 +4,11 @@ Weights: one scale per 128 x 128 block, stored K-major ([N, K], the layout Hoppe
 read fastest). Activations: one scale per 1 x 128 group along K. `scale = amax / 448`, values
 clipped to +-448. The per-token and per-tensor activation scalings exist for the paper's
 ablation only. The FFN runs on the kernels of `kernels/fp8_matmul.py` (per-group scaled GEMM)
-and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), which hold their
-pure-jnp references and dispatch (Pallas on GPU, references elsewhere). Under tensor
-parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout and the
-placement are sharding.py's).
+and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), at decode rows on
+`kernels/gate_up_swiglu.py` (the gate/up GEMM with SwiGLU + quantisation in its epilogue),
+which hold their pure-jnp references and dispatch (Pallas on GPU, references elsewhere).
+Under tensor parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout
+and the placement are sharding.py's).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-expo
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
 from kernels.fused_quant import (GROUP, ROWS, group_scale, quantize_groups, rms_normed,
                                  rmsnorm_quant, swiglu_quant, to_fp8)
+from kernels.gate_up_swiglu import gate_up_swiglu_quant, takes as fuses_gate_up
 from lacache_jax import sharding
 from lacache_jax.sharding import DATA, MODEL, shard_kernel
 
@@ -206,8 +208,12 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
 
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
-        gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
-        aq, as_ = swiglu_quant(gate_up)
+        (M, K), F = hq.shape, w.gate_up.shape[0] // 2
+        if groups == 1 and fuses_gate_up(M, F, K):  # decode rows: SwiGLU in the GEMM's epilogue
+            aq, as_ = gate_up_swiglu_quant(hq, hs, w.gate_up, w.gate_up_scale, x.dtype)
+        else:
+            gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
+            aq, as_ = swiglu_quant(gate_up)
     else:
         hq, hs = quantize_act(rms_normed(x, norm_D, eps), w.granularity)
         gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))

@@ -597,3 +597,97 @@ def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
     assert "round" not in b
     assert b["tflops"] == pytest.approx(1 / 0.031)
     assert b["x_read_floor"] == pytest.approx(0.031 / 0.015)
+
+
+@pytest.mark.parametrize("M,tiles,group_major", [
+    (20, TritonTiles(32, 128, 2, swap=True), True),    # the decode default's kind (K split 2)
+    (32, TritonTiles(32, 128, 2, swap=True), False),
+    (9, TritonTiles(16, 256, 1, swap=True), True),     # a tile of two 128-column groups
+    (40, TritonTiles(64, 128, 1), False)])             # untransposed, one split
+def test_gate_up_swiglu_is_the_unfused_kernels_bit_for_bit(M, tiles, group_major):
+    """The gate/up GEMM with SwiGLU + quantisation in its epilogue gives the bits of the
+    Triton GEMM followed by the SwiGLU + quantisation kernel at the same tiles: the same
+    per-group sums, at most two K splits summed by one fp32 addition, the same rounding of
+    gate and up to bf16 and the same quantisation; every group written (poisoned outputs),
+    ragged M included. Against the reference composition (another fp32 summation order):
+    within what flips a bf16 rounding of gate or up (2^-8 relative) and, through it, rarely
+    an FP8 code of the activation (2^-4 relative for that element)."""
+    from kernels.fused_quant import swiglu_quant_pallas
+    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas, gate_up_swiglu_quant_ref
+    _, _, (xq, xs), (wq, ws) = operands(M, 512, 512, seed=M)  # F = 256: two 128-column groups
+    q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True,
+                                       poison=True, group_major=group_major)
+    assert q.shape == (M, 256) and s.shape == (M, 2)
+    gu = fp8_matmul_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
+    q0, s0 = swiglu_quant_pallas(gu, interpret=True)
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                  np.asarray(q0.astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
+    qr, sr = gate_up_swiglu_quant_ref(xq, xs, wq, ws)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -8
+
+
+def test_gate_up_swiglu_more_splits_and_refusals(monkeypatch):
+    """Four K splits (summed in split order in the kernel, by XLA's reduction unfused): within
+    one bf16 rounding's flips of the unfused kernels; the Triton IR verifies (transposed and
+    not, scales group-major); column tiles that do not end in whole groups of gate and of up
+    are refused."""
+    from kernels.fused_quant import swiglu_quant_pallas
+    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
+    _, _, (xq, xs), (wq, ws) = operands(24, 512, 768, seed=7)
+    t = TritonTiles(32, 128, 4, swap=True)
+    q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=t, interpret=True, poison=True)
+    q0, s0 = swiglu_quant_pallas(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t, interpret=True),
+                                 interpret=True)
+    assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
+    for tiles, gm in ((t, True), (TritonTiles(64, 128, 2), False)):
+        assert_valid_triton(lambda *a: gate_up_swiglu_quant_pallas(*a, tiles=tiles,
+                                                                   group_major=gm),
+                            xq, xs, wq, ws, monkeypatch=monkeypatch)
+    for bad in (TritonTiles(32, 64, 2, swap=True), TritonTiles(32, 256, 2, swap=True)):
+        with pytest.raises(ValueError, match="must be a multiple of 128 dividing F 384"):
+            gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
+
+
+@pytest.mark.parametrize("cc,M,built,fused", [
+    ("9.0", 32, True, True), ("9.0", 9, True, True), ("9.0", 33, True, False),
+    ("9.0", 95, False, True), ("9.0", 133, False, False), ("8.9", 256, True, True)])
+def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch, cc, M,
+                                                                      built, fused):
+    """`quant.ffn_fp8` takes the fused gate/up kernel exactly where the gate/up GEMM would be
+    the Triton kernel (decode rows; any M on Ada; up to the Mosaic GPU threshold without the
+    cuBLASLt handler), and there gives the bits of the unfused kernels (all in interpret mode
+    here, the dispatch made to see a GPU)."""
+    import kernels.fp8_cublaslt as lt
+    from kernels import fused_quant as fq
+    from kernels import gate_up_swiglu as gs
+    from lacache_jax import quant
+    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
+    monkeypatch.setattr(lt, "available", lambda: built)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert gs.takes(M, 12288, 4096) == fused
+    monkeypatch.undo()
+    if not fused or M > 40:
+        return
+    k = jax.random.split(jax.random.key(M), 4)
+    D, F = 256, 384
+    w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
+                                 jax.random.normal(k[1], (F, D)) * F ** -0.5)
+    x = jax.random.normal(k[2], (1, M, D)).astype(jnp.bfloat16)
+    norm = (1 + 0.1 * jax.random.normal(k[3], (D,))).astype(jnp.bfloat16)
+    monkeypatch.setattr(quant, "fp8_matmul", functools.partial(fp8_matmul_pallas, interpret=True))
+    monkeypatch.setattr(quant, "rmsnorm_quant",
+                        functools.partial(fq.rmsnorm_quant_pallas, interpret=True))
+    monkeypatch.setattr(quant, "swiglu_quant",
+                        functools.partial(fq.swiglu_quant_pallas, interpret=True))
+    unfused = quant.ffn_fp8(x, norm, 1e-5, w)
+    calls = []
+
+    def fused_kernel(*a):
+        calls.append(a[0].shape)
+        return gs.gate_up_swiglu_quant_pallas(*a, interpret=True)
+    monkeypatch.setattr(quant, "fuses_gate_up", lambda *a: True)
+    monkeypatch.setattr(quant, "gate_up_swiglu_quant", fused_kernel)
+    out = quant.ffn_fp8(x, norm, 1e-5, w)
+    assert calls == [(16 * -(-M // 16), D)]  # the FFN's rows padded once (ROW_ALIGN)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(unfused, np.float32))

@@ -1,0 +1,155 @@
+"""The FP8 FFN's gate/up GEMM with SwiGLU and the 1 x 128 quantisation of its output in the
+GEMM's epilogue, at decode rows (REFERENCE.md §7): the bf16 [M, 2F] gate | up product is never
+written, and the SwiGLU + quantisation kernel and the split-K sum are not launched.
+
+Shapes: xq [M, K] fp8 e4m3 with x_scale [M, K / 128] (the RMSNorm's quantised output), wq
+[2F, K] fp8 (gate rows, then up rows) with w_scale [2F / 128, K / 128]; out (aq [M, F] fp8,
+a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's output.
+`gate_up_swiglu_quant_ref` is that composition on the references; `gate_up_swiglu_quant`
+dispatches.
+
+The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
+column tile j of the 2F, K split k), which at decode rows (M <= 32) are [128 columns x 32
+rows] transposed tiles with K split 2 ways (LLaDA-8B): each program leaves its fp32 partial
+in HBM, and the last of the 2 x splits programs of a column pair (gate tile j, up tile
+j + F / 128: an atomic count) sums the partials in split order, rounds gate and up to the
+activation dtype as the GEMM's output is, and applies SwiGLU and the quantisation exactly as
+`fused_quant`'s kernel does. With at most 2 splits the sums are the unfused path's bit for bit
+(one fp32 addition; XLA's sum over more splits may associate otherwise).
+
+What it saves at the dual step's 32 rows (H200, RESULTS.md twenty-second and twenty-fourth
+sessions' traces): the SwiGLU + quantisation kernel (2.5 us a layer), the split-K sum of
+gate/up (its own fusion before that kernel) and the bf16 product's round trip; not yet timed
+on the GPU (`benchmarks/device_plan.sh` 41).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from kernels import fp8_matmul_triton as tr
+from kernels.fp8_matmul import GROUP, fp8_matmul_ref
+from kernels.fused_quant import FP8, _quantize_tile, swiglu_quant_ref
+
+
+def gate_up_swiglu_quant_ref(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
+    """The unfused composition: the GEMM rounded to `act_dtype`, then SwiGLU + quantisation."""
+    return swiglu_quant_ref(fp8_matmul_ref(xq, x_scale, wq, w_scale, act_dtype))
+
+
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, q_ref, s_ref, count_ref, part_ref, *,
+            n_groups, splits, pairs, swap, act_dtype, group_major, interpret):
+    """Program (i, j, k): the GEMM's tile, its fp32 partial stored; the pair's last program
+    finishes the pair's columns (module docstring)."""
+    del count_in  # aliased to count_ref
+    i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bm, bn = x_ref.shape[0], w_ref.shape[0]
+    accs = tr.accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
+    r = pl.ds(i * bm, bm)
+    for c, acc in enumerate(accs):
+        part_ref[k, r, pl.ds(j * bn + c * GROUP, GROUP)] = acc.T if swap else acc
+    if not interpret:  # one program at a time there, and no rule for the barrier
+        plgpu.debug_barrier()  # every thread's partial stored before the count is released
+    pair = jax.lax.rem(j, jnp.int32(pairs))
+    done = plgpu.atomic_add(count_ref, (i * jnp.int32(pairs) + pair,), jnp.int32(1))
+
+    @pl.when(done == 2 * splits - 1)
+    def _():
+        def total(col):
+            # volatile: read from L2, where the other programs put their partials
+            cols = pl.ds(col, GROUP)
+            y = plgpu.load(part_ref.at[jnp.int32(0), r, cols], volatile=True)
+            for s in range(1, splits):
+                y = y + plgpu.load(part_ref.at[jnp.int32(s), r, cols], volatile=True)
+            return y.astype(act_dtype).astype(jnp.float32)  # the GEMM's output rounding
+        for c in range(bn // GROUP):
+            col = pair * bn + c * GROUP
+            gate, up = total(col), total(pairs * bn + col)
+            q, scale = _quantize_tile(gate * jax.nn.sigmoid(gate) * up)
+            q_ref[r, pl.ds(col, GROUP)] = q
+            g = pair * (bn // GROUP) + c
+            if group_major:
+                s_ref[pl.ds(g, 1), r] = scale.reshape(1, bm)
+            else:
+                s_ref[r, pl.ds(g, 1)] = scale
+
+
+@functools.partial(jax.jit, static_argnames=("act_dtype", "tiles", "interpret", "poison",
+                                             "group_major"))
+def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
+                                tiles: tr.TritonTiles | None = None, interpret: bool = False,
+                                poison: bool = False, group_major: bool = False):
+    """The fused Triton kernel (module docstring); `tiles` as `fp8_matmul_pallas`'s (default:
+    `TritonTiles.get_default(M, 2F, K)`), with columns in whole 128-wide groups. `poison`
+    (tests): the outputs start NaN-filled, so an unwritten group shows. `group_major`: the
+    scales are written [F / 128, M] (the layout the down GEMM of these rows reads) and the
+    [M, F / 128] transpose is returned."""
+    M, K = xq.shape
+    N = wq.shape[0]
+    t = tiles or tr.TritonTiles.get_default(M, N, K)
+    if N % (2 * GROUP):
+        raise ValueError(f"gate|up needs 2F rows with F a multiple of {GROUP}, got {N}")
+    if t.block_n % GROUP or (N // 2) % t.block_n:
+        raise ValueError(f"block_n {t.block_n} must be a multiple of {GROUP} dividing F "
+                         f"{N // 2} (a gate tile and its up tile end in whole groups)")
+    args, in_specs, Mp = tr.operands(xq, x_scale, wq, w_scale, t)
+    F, S, bm, bn = N // 2, t.splits, t.block_m, t.block_n
+    pairs, G = F // bn, F // GROUP
+    s_shape = (G, Mp) if group_major else (Mp, G)
+    out_shape = [jax.ShapeDtypeStruct((Mp, F), FP8),
+                 jax.ShapeDtypeStruct(s_shape, jnp.float32),
+                 jax.ShapeDtypeStruct((Mp // bm * pairs,), jnp.int32),
+                 jax.ShapeDtypeStruct((S, Mp, N), jnp.float32)]
+    counts = jnp.zeros((Mp // bm * pairs,), jnp.int32)
+    poisoned = ([jnp.full((Mp, F), jnp.nan, FP8), jnp.full(s_shape, jnp.nan, jnp.float32)]
+                if poison else [])
+    whole = pl.no_block_spec
+
+    def body(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs):
+        _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs[len(poisoned):],
+                n_groups=K // GROUP // S, splits=S, pairs=pairs, swap=t.swap,
+                act_dtype=act_dtype, group_major=group_major, interpret=interpret)
+
+    q, s, _, _ = pl.pallas_call(
+        body, grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
+        out_specs=[whole] * 4, out_shape=out_shape, interpret=interpret,
+        name="fp8_gate_up_swiglu", compiler_params=tr.compiler_params(t),
+        input_output_aliases={4: 2, **{5 + n: n for n in range(len(poisoned))}},
+    )(*args, counts, *poisoned)
+    return q[:M], (s[:, :M].T if group_major else s[:M])
+
+
+# Whether the dispatch fuses where it can (`takes`); benchmarks switch it off to time the
+# unfused kernels in the same run (`benchmarks/device_plan.sh` 41).
+FUSE = True
+
+
+def takes(M: int, F: int, K: int) -> bool:
+    """Whether the dispatch fuses: on a GPU, where the FP8 GEMM of these rows is the Triton
+    kernel (`fp8_matmul._kernel_for`: decode rows) and its default column tile ends in whole
+    groups of gate and of up."""
+    if not FUSE or jax.default_backend() != "gpu":
+        return False
+    from kernels import fp8_matmul as fm
+    if fm.compute_capability() < (8, 9) or fm._kernel_for(M) != "triton":
+        return False
+    bn = tr.TritonTiles.get_default(M, 2 * F, K).block_n
+    return bn % GROUP == 0 and F % bn == 0
+
+
+def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
+    """Dispatch: the fused kernel where `takes`, else the GEMM (`fp8_matmul`'s dispatch) and
+    then `fused_quant.swiglu_quant`; scales in the layout the down GEMM of these rows reads."""
+    from kernels.fp8_matmul import fp8_matmul, scales_group_major
+    from kernels.fused_quant import swiglu_quant
+    M, K = xq.shape
+    F = wq.shape[0] // 2
+    if takes(M, F, K):
+        return gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype,
+                                           group_major=scales_group_major(M))
+    return swiglu_quant(fp8_matmul(xq, x_scale, wq, w_scale, act_dtype))
