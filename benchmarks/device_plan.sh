@@ -5,14 +5,17 @@
 # twenty-seventh: 31, 32, 29 and the four-shape end to end (RESULTS.md); the twenty-fifth,
 # twenty-sixth and twenty-eighth were lent no device (the twenty-eighth's one call, stage 33,
 # found no machine to start). Done in the twenty-ninth, on an H100: 33, 35, 22 (all 47); in
-# the thirtieth, on an H200: 37, 36 (the FP8 GEMMs' rates at the power limit).
+# the thirtieth, on an H200: 37, 36 (the FP8 GEMMs' rates at the power limit); the
+# thirty-first was lent none (one failed start, then loans paused).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 33 again on an H200 (padded once ran 1.05x on the H100, one run
-# each; DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned
-# prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
+# Left, in priority order: 41 (new code: the fused gate/up + SwiGLU kernel's GPU tests, then
+# its timing), 22 (PART=2 then 1: the suite last ran whole at a530ddf), 39 (on an H200: the
+# power limit is the H200's question), 40; 33 again on an H200 (padded once ran 1.05x on the
+# H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same at an
+# unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
 # (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
 # shares at every prefix block size):
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel at 32 rows: GPU tests, FFN, dual step
