@@ -9,13 +9,14 @@ a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's o
 dispatches.
 
 The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
-column tile j of the 2F, K split k), which at decode rows (M <= 32) are [128 columns x 32
-rows] transposed tiles with K split 2 ways (LLaDA-8B): each program leaves its fp32 partial
-in HBM, and the last of the 2 x splits programs of a column pair (gate tile j, up tile
-j + F / 128: an atomic count) sums the partials in split order, rounds gate and up to the
-activation dtype as the GEMM's output is, and applies SwiGLU and the quantisation exactly as
-`fused_quant`'s kernel does. With at most 2 splits the sums are the unfused path's bit for bit
-(one fp32 addition; XLA's sum over more splits may associate otherwise).
+column tile j of the 2F, K split k), which at decode rows (M <= 32, where the dispatch takes
+it) are [128 columns x 32 rows] transposed tiles with K split 2 ways (LLaDA-8B): each program
+leaves its fp32 partial in HBM, and the last of the 2 x splits programs of a column pair
+(gate tile j, up tile j + F / 128: an atomic count) sums the partials in split order, rounds
+gate and up to the activation dtype as the GEMM's output is, and applies SwiGLU and the
+quantisation exactly as `fused_quant`'s kernel does. With at most 2 splits the sums are the
+unfused path's bit for bit (one fp32 addition; XLA's sum over more splits may associate
+otherwise: tensor-parallel shards' narrower F splits K more).
 
 What it saves at the dual step's 32 rows (H200, RESULTS.md twenty-second and twenty-fourth
 sessions' traces): the SwiGLU + quantisation kernel (2.5 us a layer), the split-K sum of
@@ -131,9 +132,12 @@ FUSE = True
 
 def takes(M: int, F: int, K: int) -> bool:
     """Whether the dispatch fuses: on a GPU, where the FP8 GEMM of these rows is the Triton
-    kernel (`fp8_matmul._kernel_for`: decode rows) and its default column tile ends in whole
-    groups of gate and of up."""
-    if not FUSE or jax.default_backend() != "gpu":
+    kernel (`fp8_matmul._kernel_for`) at decode rows (its transposed tiles, up to 32 rows:
+    there K is split and the split-K sum is saved too; with more rows a tile's fp32 partial,
+    8 bytes an output element against the bf16 product's 4, may cost more than the SwiGLU
+    kernel it saves, unmeasured) and its default column tile ends in whole groups of gate
+    and of up."""
+    if not FUSE or jax.default_backend() != "gpu" or not tr.swapped(M):
         return False
     from kernels import fp8_matmul as fm
     if fm.compute_capability() < (8, 9) or fm._kernel_for(M) != "triton":
@@ -144,7 +148,10 @@ def takes(M: int, F: int, K: int) -> bool:
 
 def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
     """Dispatch: the fused kernel where `takes`, else the GEMM (`fp8_matmul`'s dispatch) and
-    then `fused_quant.swiglu_quant`; scales in the layout the down GEMM of these rows reads."""
+    then `fused_quant.swiglu_quant`; scales in the layout the down GEMM of these rows reads.
+    wq holds one gate | up column group (all gate rows, then all up rows): a layout of
+    several groups (`quant.FP8FFN.tp` above the shards running it) must be reordered first,
+    as `quant.ffn_fp8` does."""
     from kernels.fp8_matmul import fp8_matmul, scales_group_major
     from kernels.fused_quant import swiglu_quant
     M, K = xq.shape

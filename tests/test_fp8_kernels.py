@@ -603,6 +603,7 @@ def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
     (20, TritonTiles(32, 128, 2, swap=True), True),    # the decode default's kind (K split 2)
     (32, TritonTiles(32, 128, 2, swap=True), False),
     (9, TritonTiles(16, 256, 1, swap=True), True),     # a tile of two 128-column groups
+    (40, TritonTiles(16, 128, 2, swap=True), True),    # three row tiles: counts per tile
     (40, TritonTiles(64, 128, 1), False)])             # untransposed, one split
 def test_gate_up_swiglu_is_the_unfused_kernels_bit_for_bit(M, tiles, group_major):
     """The gate/up GEMM with SwiGLU + quantisation in its epilogue gives the bits of the
@@ -651,13 +652,15 @@ def test_gate_up_swiglu_more_splits_and_refusals(monkeypatch):
 
 @pytest.mark.parametrize("cc,M,built,fused", [
     ("9.0", 32, True, True), ("9.0", 9, True, True), ("9.0", 33, True, False),
-    ("9.0", 95, False, True), ("9.0", 133, False, False), ("8.9", 256, True, True)])
+    ("9.0", 32, False, True), ("9.0", 95, False, False), ("9.0", 133, False, False),
+    ("8.9", 32, True, True), ("8.9", 256, True, False), ("8.0", 32, True, False)])
 def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch, cc, M,
                                                                       built, fused):
     """`quant.ffn_fp8` takes the fused gate/up kernel exactly where the gate/up GEMM would be
-    the Triton kernel (decode rows; any M on Ada; up to the Mosaic GPU threshold without the
-    cuBLASLt handler), and there gives the bits of the unfused kernels (all in interpret mode
-    here, the dispatch made to see a GPU)."""
+    the Triton kernel in its transposed decode tiles (up to 32 rows, on Hopper and Ada; not
+    where the Triton kernel runs larger tiles: Ada, or Hopper without the cuBLASLt handler
+    below the Mosaic GPU threshold; not without FP8 tensor cores), and there gives the bits
+    of the unfused kernels (all in interpret mode here, the dispatch made to see a GPU)."""
     import kernels.fp8_cublaslt as lt
     from kernels import fused_quant as fq
     from kernels import gate_up_swiglu as gs

@@ -230,31 +230,35 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
 
 def test_gate_up_swiglu_on_gpu_at_llada_widths():
     """The gate/up GEMM with SwiGLU + quantisation in its epilogue, Triton-compiled at
-    LLaDA-8B's gate/up shape (K 4096, F 12288) and the decode rows it is dispatched at: every
-    group written (poisoned outputs), the partials' counts right (a wrong count leaves a pair
-    unwritten or written twice), against the unfused kernels at the same tiles. Bit for bit
-    on the CPU's interpreter; compiled, the two programs may contract the promotion's
-    multiply-add differently (one fp32 ulp a group), which flips a few bf16 roundings of gate
-    or up (2^-8 relative) and rarely an FP8 code: 2^-8 bounds it, as on the CPU."""
+    LLaDA-8B's gate/up shape (K 4096, F 12288) and the decode rows it is dispatched at,
+    against the unfused kernels at the same tiles, on fresh activations each time through
+    the same compiled kernels (a partial read before its program stored it would hold the
+    last draw's values): every group written (poisoned outputs), each pair finished once.
+    On the CPU's interpreter the two are bit for bit the same; compiled, both trace the same
+    group loop at the same tiles, so the same bits are expected; allowed is what a different
+    contraction of the promotion's multiply-add would do (an fp32 ulp a group: a few bf16
+    roundings of gate or up, 2^-8 relative, rarely an FP8 code), where one stale or missing
+    pair of 96 gives about 0.1."""
     from kernels.fp8_matmul import scales_group_major
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from kernels.fused_quant import swiglu_quant_pallas
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas, takes
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
-    k = jax.random.split(jax.random.key(11), 2)
-    wq, ws = quantize_weight(jax.random.normal(k[1], (4096, 2 * 12288)) * 4096 ** -0.5)
+    k = jax.random.split(jax.random.key(11), 5)
+    wq, ws = quantize_weight(jax.random.normal(k[0], (4096, 2 * 12288)) * 4096 ** -0.5)
     for M in (9, 32):
         assert takes(M, 12288, 4096)
-        xq, xs = quantize_act(jax.random.normal(k[0], (M, 4096)))
         t = TritonTiles.get_default(M, 2 * 12288, 4096)
-        gm = scales_group_major(M)
-        q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, poison=True, group_major=gm)
-        q0, s0 = swiglu_quant_pallas(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t))
-        same = float(np.mean(np.asarray(q.astype(jnp.float32)) ==
-                             np.asarray(q0.astype(jnp.float32))))
-        print("gate_up_swiglu", M, t, "identical FP8 codes", same)
-        assert np.isfinite(np.asarray(s)).all()
-        assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
+        for draw in range(1, 5):
+            xq, xs = quantize_act(jax.random.normal(k[draw], (M, 4096)))
+            q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, poison=True,
+                                               group_major=scales_group_major(M))
+            q0, s0 = swiglu_quant_pallas(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t))
+            same = float(np.mean(np.asarray(q.astype(jnp.float32)) ==
+                                 np.asarray(q0.astype(jnp.float32))))
+            print("gate_up_swiglu", M, t, "draw", draw, "identical FP8 codes", same)
+            assert np.isfinite(np.asarray(s)).all() and same >= 0.999
+            assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
 
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
