@@ -670,7 +670,7 @@ def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert gs.takes(M, 12288, 4096) == fused
     monkeypatch.undo()
-    if not fused or M > 40:
+    if (cc, M, built) != ("9.0", 9, True):  # the numbers once: 9 rows, padded to 16
         return
     k = jax.random.split(jax.random.key(M), 4)
     D, F = 256, 384
