@@ -18,7 +18,8 @@
 # unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
 # (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
 # shares at every prefix block size):
-#  41  issues 20, 23: the fused gate/up + SwiGLU kernel at 32 rows: GPU tests, FFN, dual step
+#  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
+#      rows: GPU tests, FFN, dual step
 #  40  issues 20, 23: the Triton FP8 decode tiles at 32 rows by device time
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
@@ -85,30 +86,40 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
-# generate.py (or the benchmark module $RUN) with one module setting changed first ($SET =
-# module:NAME=int), to time a setting both ways in one call: the FFN's row padding
-# (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before 9b88de3), the
-# split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused gate/up + SwiGLU
-# kernel (kernels.gate_up_swiglu:FUSE=0)
-WITH_SET="import importlib, os, runpy, sys; mod, _, kv = os.environ['SET'].partition(':'); \
-name, _, value = kv.partition('='); setattr(importlib.import_module(mod), name, int(value)); \
-run = os.environ.get('RUN', 'benchmarks.generate'); sys.argv = [run] + sys.argv[1:]; \
-runpy.run_module(run, run_name='__main__')"
+# generate.py (or the benchmark module $RUN) with module settings changed first ($SET =
+# module:NAME=int[,module:NAME=int...]), to time a setting both ways in one call: the FFN's
+# row padding (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before
+# 9b88de3), the split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused
+# gate/up + SwiGLU kernel (kernels.gate_up_swiglu:FUSE=0), the split-K sum in the Triton GEMM
+# (kernels.fp8_matmul_triton:SUM_IN_KERNEL=1)
+WITH_SET="import importlib, os, runpy, sys; sets = [e.partition(':') for e in \
+os.environ['SET'].split(',')]; [setattr(importlib.import_module(m), kv.partition('=')[0], \
+int(kv.partition('=')[2])) for m, _, kv in sets]; run = os.environ.get('RUN', \
+'benchmarks.generate'); sys.argv = [run] + sys.argv[1:]; runpy.run_module(run, \
+run_name='__main__')"
+# fp8_ffn's printed rows, the device times only
+FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'ffn_bf16_device_ms', \
+'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
+line.replace('nan', 'None')) for line in sys.stdin)]"
 case "${1:-1}" in
 41)
   # issues 20, 23: the gate/up GEMM with SwiGLU + quantisation in its epilogue at decode rows
-  # (kernels/gate_up_swiglu.py): its GPU tests; the FFN at 32 rows by device time and the
-  # batch-1 dual step, fused (the default) and not (FUSE=0), each in its own process
-  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
-    "gate_up_swiglu or fp8_ffn_scales" -p no:cacheprovider 2>&1 \
-    | tee "$OUT/pytest_gate_up_swiglu_gpu.log" | grep -v -i warn | grep "passed\|failed\|identical"
-  for fuse in 1 0; do
-    echo "FUSE=$fuse" | tee -a "$OUT/fp8_ffn_fused.log" "$OUT/generate_dual_fused.log"
-    RUN=benchmarks.fp8_ffn SET=kernels.gate_up_swiglu:FUSE=$fuse timeout -k 5 ${FFN_S:-90} \
-      python3 -c "$WITH_SET" --ms 32 --ablation-layers 0 --trace 2>&1 \
-      | tee -a "$OUT/fp8_ffn_fused.log" | quiet | grep -i "M.\?32\|ceil" | tail -6
-    SET=kernels.gate_up_swiglu:FUSE=$fuse timeout -k 5 ${GEN_S:-150} python3 -c "$WITH_SET" \
-      --batch 1 --prompt 512 --modes dual --decoding threshold --fp8-ffn on --iters 2 2>&1 \
+  # (kernels/gate_up_swiglu.py) and the Triton GEMM's split-K sum in the kernel
+  # (TritonTiles.sum_in_kernel): their GPU tests; the FFN at 32 rows by device time and the
+  # batch-1 dual step as now (fused, XLA's sums), unfused, and fused with the sums in the
+  # kernel, each in its own process
+  timeout -k 5 ${TEST_S:-180} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
+    "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider 2>&1 \
+    | tee "$OUT/pytest_decode_ffn_gpu.log" | grep -v -i warn | grep "passed\|failed\|identical"
+  for set in FUSE=1,SUM=0 FUSE=0,SUM=0 FUSE=1,SUM=1; do
+    fuse=${set%%,*}; sum=${set#*,}
+    SET="kernels.gate_up_swiglu:$fuse,kernels.fp8_matmul_triton:SUM_IN_KERNEL=${sum#SUM=}"
+    echo "$SET" | tee -a "$OUT/fp8_ffn_fused.log" "$OUT/generate_dual_fused.log"
+    RUN=benchmarks.fp8_ffn SET=$SET timeout -k 5 ${FFN_S:-80} python3 -c "$WITH_SET" \
+      --ms 32 --ablation-layers 0 --trace 2>&1 | tee -a "$OUT/fp8_ffn_fused.log" \
+      | grep "^{'M'" | python3 -c "$FFN_ROW"
+    SET=$SET timeout -k 5 ${GEN_S:-120} python3 -c "$WITH_SET" --batch 1 --prompt 512 \
+      --modes dual --decoding threshold --fp8-ffn on --iters 2 2>&1 \
       | tee -a "$OUT/generate_dual_fused.log" | quiet | grep "^B=\|ceilings"
   done ;;
 40)

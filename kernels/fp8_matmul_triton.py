@@ -62,6 +62,9 @@ class TritonTiles:
     num_warps: int = 4
     num_stages: int = 3
     swap: bool = False     # out^T = W @ x^T per tile: weights on the MMA's wide side (decode)
+    # With splits > 1: the last of a tile's split programs to finish sums the fp32 partials
+    # (in split order) and writes the output (`finish_split`), instead of XLA's sum afterwards
+    sum_in_kernel: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -79,7 +82,14 @@ class TritonTiles:
         bm = row_tile(M)
         return cls(block_m=bm, block_n=GROUP,
                    splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
-                   swap=swapped(M))
+                   swap=swapped(M), sum_in_kernel=bool(SUM_IN_KERNEL))
+
+
+# Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
+# Off until timed on a GPU (`benchmarks/device_plan.sh` 41): the partials at the dual step's
+# 32 rows (down: 12 splits, 6.3 MB written and read again by XLA's sum in the residual add)
+# are a quarter of the down GEMM's weight bytes.
+SUM_IN_KERNEL = 0
 
 
 def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
@@ -104,6 +114,51 @@ def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
         return tuple(out)
     zeros = jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32)
     return jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+
+
+def finish_split(part_ref, count_ref, accs, *, r, col, k, slot, arrivals: int, swap: bool,
+                 interpret: bool):
+    """Split-K across programs, finished by the last one: store this program's partials
+    (`accs`, as `accumulate` gives them) at part_ref[k, r, col:], count this program in at
+    count_ref[slot] and return whether it was the last of `arrivals` (then it may read every
+    partial of the slot with `split_sum`)."""
+    from jax.experimental.pallas import triton as plgpu
+    for c, acc in enumerate(accs):
+        width = acc.shape[0] if swap else acc.shape[1]
+        part_ref[k, r, pl.ds(col + c * width, width)] = acc.T if swap else acc
+    if not interpret:  # one program at a time there, and no rule for the barrier
+        plgpu.debug_barrier()  # every thread's partial stored before the count is released
+    return plgpu.atomic_add(count_ref, (slot,), jnp.int32(1)) == arrivals - 1
+
+
+def split_sum(part_ref, r, col, width: int, splits: int):
+    """The [rows, width] fp32 sum of the partials at part_ref[:, r, col:] in split order (the
+    same bits run to run). Volatile loads: read from L2, where the other programs put them."""
+    from jax.experimental.pallas import triton as plgpu
+    cols = pl.ds(col, width)
+    y = plgpu.load(part_ref.at[jnp.int32(0), r, cols], volatile=True)
+    for s in range(1, splits):
+        y = y + plgpu.load(part_ref.at[jnp.int32(s), r, cols], volatile=True)
+    return y
+
+
+def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_poisoned,
+                   splits, swap, interpret):
+    """`_kernel` with the split-K sum in the kernel (`TritonTiles.sum_in_kernel`)."""
+    del count_in  # aliased to count_ref
+    o_ref, count_ref, part_ref = refs[n_poisoned:]
+    i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bm, bn = x_ref.shape[0], w_ref.shape[0]
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
+    r = pl.ds(i * bm, bm)
+    last = finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
+                        slot=i * pl.num_programs(1) + j, arrivals=splits, swap=swap,
+                        interpret=interpret)
+
+    @pl.when(last)
+    def _():
+        o_ref[r, pl.ds(j * bn, bn)] = split_sum(part_ref, r, j * bn, bn, splits).astype(
+            o_ref.dtype)
 
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
@@ -163,6 +218,8 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     t = tiles or TritonTiles.get_default(M, N, K)
     args, in_specs, Mp = operands(xq, x_scale, wq, w_scale, t)
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
+    if S > 1 and t.sum_in_kernel:
+        return _summed_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
     out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
@@ -173,3 +230,25 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
     )(*args, *poisoned)
     return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
+
+
+def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles, out_dtype,
+                 interpret: bool, poison: bool):
+    """`fp8_matmul_pallas` with the split-K sum in the kernel: the output, the partials and a
+    count per output tile are whole-array refs (the tile's last program writes it)."""
+    bm, bn, S = t.block_m, t.block_n, t.splits
+    n_tiles = Mp // bm * (N // bn)
+    out_shape = [jax.ShapeDtypeStruct((Mp, N), out_dtype),
+                 jax.ShapeDtypeStruct((n_tiles,), jnp.int32),
+                 jax.ShapeDtypeStruct((S, Mp, N), jnp.float32)]
+    poisoned = [jnp.full((Mp, N), jnp.nan, out_dtype)] if poison else []
+    whole = pl.no_block_spec
+    out, _, _ = pl.pallas_call(
+        functools.partial(_kernel_summed, n_groups=G // S, n_poisoned=len(poisoned), splits=S,
+                          swap=t.swap, interpret=interpret),
+        grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
+        out_specs=[whole] * 3, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
+        input_output_aliases={4: 1, **({5: 0} if poison else {})},
+        compiler_params=compiler_params(t),
+    )(*args, jnp.zeros((n_tiles,), jnp.int32), *poisoned)
+    return out[:M]

@@ -31,7 +31,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from kernels import fp8_matmul_triton as tr
 from kernels.fp8_matmul import GROUP, fp8_matmul_ref
@@ -52,22 +51,16 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, q_ref, s_ref, count_ref, par
     bm, bn = x_ref.shape[0], w_ref.shape[0]
     accs = tr.accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
     r = pl.ds(i * bm, bm)
-    for c, acc in enumerate(accs):
-        part_ref[k, r, pl.ds(j * bn + c * GROUP, GROUP)] = acc.T if swap else acc
-    if not interpret:  # one program at a time there, and no rule for the barrier
-        plgpu.debug_barrier()  # every thread's partial stored before the count is released
     pair = jax.lax.rem(j, jnp.int32(pairs))
-    done = plgpu.atomic_add(count_ref, (i * jnp.int32(pairs) + pair,), jnp.int32(1))
+    last = tr.finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
+                           slot=i * jnp.int32(pairs) + pair, arrivals=2 * splits, swap=swap,
+                           interpret=interpret)
 
-    @pl.when(done == 2 * splits - 1)
+    @pl.when(last)
     def _():
-        def total(col):
-            # volatile: read from L2, where the other programs put their partials
-            cols = pl.ds(col, GROUP)
-            y = plgpu.load(part_ref.at[jnp.int32(0), r, cols], volatile=True)
-            for s in range(1, splits):
-                y = y + plgpu.load(part_ref.at[jnp.int32(s), r, cols], volatile=True)
-            return y.astype(act_dtype).astype(jnp.float32)  # the GEMM's output rounding
+        def total(col):  # the GEMM's output, rounded as it is
+            y = tr.split_sum(part_ref, r, col, GROUP, splits)
+            return y.astype(act_dtype).astype(jnp.float32)
         for c in range(bn // GROUP):
             col = pair * bn + c * GROUP
             gate, up = total(col), total(pairs * bn + col)

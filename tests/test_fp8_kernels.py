@@ -694,3 +694,36 @@ def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch
     out = quant.ffn_fp8(x, norm, 1e-5, w)
     assert calls == [(16 * -(-M // 16), D)]  # the FFN's rows padded once (ROW_ALIGN)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(unfused, np.float32))
+
+
+def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
+    """`TritonTiles.sum_in_kernel`: the last of a tile's split programs sums the fp32
+    partials in split order and writes the tile (an atomic count per tile), where XLA summed
+    them after the kernel: every tile written (poisoned output), several row tiles, column
+    tiles narrow and wide, transposed and not; at 2 splits the bits of XLA's sum (one fp32
+    addition), at more within fp32 summation order of the dequantised product (as
+    `test_gemm_matches_dequantised_fp32`). The Triton IR verifies; `SUM_IN_KERNEL` makes it
+    the default tiles' choice."""
+    from kernels import fp8_matmul_triton as tr
+    _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=2)
+    ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    for bm, bn, splits, swap in ((16, 128, 2, True), (32, 256, 4, True), (16, 64, 2, True),
+                                 (64, 128, 4, False), (16, 32, 2, False)):
+        t = TritonTiles(bm, bn, splits, swap=swap)
+        summed = dataclasses.replace(t, sum_in_kernel=True)
+        out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=summed, interpret=True,
+                                poison=True)
+        assert rel_err(out, ref) <= 1e-5
+        if splits == 2:
+            np.testing.assert_array_equal(
+                np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, tiles=summed, interpret=True),
+                           np.float32),
+                np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t, interpret=True),
+                           np.float32))
+    summed = TritonTiles(32, 128, 4, swap=True, sum_in_kernel=True)
+    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=summed), xq, xs, wq, ws,
+                        monkeypatch=monkeypatch)
+    assert not TritonTiles.get_default(32, 4096, 12288).sum_in_kernel
+    monkeypatch.setattr(tr, "SUM_IN_KERNEL", 1)
+    assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 128, 12, 4, 3, swap=True,
+                                                                   sum_in_kernel=True)

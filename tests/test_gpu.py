@@ -261,6 +261,29 @@ def test_gate_up_swiglu_on_gpu_at_llada_widths():
             assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
 
 
+def test_split_k_summed_in_the_kernel_on_gpu():
+    """The Triton FP8 GEMM with its split-K partials summed by each tile's last program
+    (`TritonTiles.sum_in_kernel`), at LLaDA-8B's down shape and decode rows (K split 12
+    ways), on fresh activations through one compiled kernel (a partial read before it was
+    stored would hold the last draw's values): within fp32 summation order of the reference,
+    as the XLA-summed form in `test_fp8_kernels_on_gpu_at_llada_widths`, every tile written
+    (poisoned output)."""
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
+    from lacache_jax.quant import quantize_act, quantize_weight
+    k = jax.random.split(jax.random.key(12), 4)
+    wq, ws = quantize_weight(jax.random.normal(k[0], (12288, 4096)) * 12288 ** -0.5)
+    for M in (9, 32):
+        t = dataclasses.replace(TritonTiles.get_default(M, 4096, 12288), sum_in_kernel=True)
+        assert t.splits == 12
+        for draw in range(1, 4):
+            xq, xs = quantize_act(jax.random.normal(k[draw], (M, 12288)))
+            with jax.default_matmul_precision("highest"):
+                ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+            out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t, poison=True)
+            assert rel_err(out, ref) <= 1e-5  # fp32 summation order only
+
+
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
     """Hopper with the cuBLASLt handler: the FFN's quantisation kernels write the activation
     scales group-major, the layout cuBLASLt (768 rows) and Triton's transposed decode tiles
