@@ -125,11 +125,13 @@ case "${1:-1}" in
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
-  # column tile x K splits x stages, transposed and not
+  # column tile x K splits x stages, transposed and not, the split-K sum by XLA and in the
+  # kernel
   for spec in ${TILE_SPECS:-gate_up:1,2,4 down:3,6,12}; do
     timeout -k 5 ${TILE_S:-200} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
       --shapes ${spec%%:*} --block-ns 64,128 --splits ${spec#*:} --rounds ${ROUNDS:-2} \
-      --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet | grep "^best\|xla"
+      --device-time --sum-in-kernel 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet \
+      | grep "^best\|xla"
   done ;;
 39)
   # issue 23: cuBLASLt's block-scaled configurations ranked at the power limit's clocks

@@ -3,7 +3,7 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--rounds 5] [--device-time]
+        [--rounds 5] [--device-time] [--sum-in-kernel]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
@@ -42,7 +42,8 @@ SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
 def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
-            block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = ()):
+            block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
+            sum_in_kernel: bool = False):
     """With `block_ns` or `splits` (Pallas): the decode sweep of the module docstring.
     Otherwise Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages
     (the first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows
@@ -55,11 +56,13 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
         # are left out) x stages; a narrow tile also untransposed: `swap` puts the weight rows
         # on the MMA's M side, where fewer than 64 of them miss wgmma
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
-        return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw)
+        return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
+                                    sum_in_kernel=sk)
                 for bn in block_ns or (base.block_n,) if N % bn == 0
                 for sp in splits or (k_splits(-(-M // base.block_m), N // bn, G),) if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
-                for ns in (3, 4)]
+                for ns in (3, 4)
+                for sk in ((False, True) if sum_in_kernel and sp > 1 else (False,))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -80,7 +83,7 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
           copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
-          rounds: int = 1, device_time: bool = False) -> None:
+          rounds: int = 1, device_time: bool = False, sum_in_kernel: bool = False) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -107,7 +110,8 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
     cfgs = [(kernel, cfg) for kernel in kernels
-            for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits)]
+            for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits,
+                               sum_in_kernel)]
     # one function object per setting: `time_chained` compiles it once for every round
     fns = {cfg: functools.partial(timed, kernel, cfg, wq, ws) for kernel, cfg in cfgs}
     failed = set()
@@ -168,6 +172,9 @@ def main():
     ap.add_argument("--device-time", action="store_true",
                     help="time by the profiler's device span per call, not the chained wall "
                          "time (which holds each program's dispatch)")
+    ap.add_argument("--sum-in-kernel", action="store_true",
+                    help="Pallas decode sweep: each split setting also with the split-K sum "
+                         "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     rows: list = []
@@ -179,7 +186,7 @@ def main():
             for M in map(int, args.ms.split(",")):
                 sweep(shape, M, rows, args.kernels.split(","), args.persistent,
                       ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits),
-                      args.rounds, args.device_time)
+                      args.rounds, args.device_time, args.sum_in_kernel)
     finally:
         best = best_settings(rows)
         for key, r in best.items():

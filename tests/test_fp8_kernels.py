@@ -579,6 +579,10 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     assert {(t.block_m, t.block_n, t.splits) for t in got} == {(32, 128, 12), (64, 128, 12)}
     got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
+    # --sum-in-kernel: each split setting also with the sum in the kernel (no split: no sum)
+    got = configs(32, 24576, 4096, True, splits=(1, 4), sum_in_kernel=True)
+    assert [(t.splits, t.num_stages, t.sum_in_kernel) for t in got] == [
+        (1, 3, False), (1, 4, False), (4, 3, False), (4, 3, True), (4, 4, False), (4, 4, True)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
