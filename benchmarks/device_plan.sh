@@ -20,7 +20,7 @@
 # shares at every prefix block size):
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
 #      rows: GPU tests, FFN, dual step
-#  40  issues 20, 23: the Triton FP8 decode tiles at 32 rows by device time
+#  40  issues 20, 23: the Triton (and Mosaic GPU) FP8 decode tiles at 32 rows by device time
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
 #  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
@@ -132,7 +132,12 @@ case "${1:-1}" in
       --shapes ${spec%%:*} --block-ns 64,128 --splits ${spec#*:} --rounds ${ROUNDS:-2} \
       --device-time --sum-in-kernel 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet \
       | grep "^best\|xla"
-  done ;;
+  done
+  # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
+  # same measure: does TMA streaming beat Triton's loads at 32 rows?
+  timeout -k 5 ${MGPU_S:-150} python3 -m benchmarks.fp8_tiles --ms 32 --kernels mgpu \
+    --rounds ${ROUNDS:-2} --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" \
+    | quiet | grep "^best" ;;
 39)
   # issue 23: cuBLASLt's block-scaled configurations ranked at the power limit's clocks
   # (bursts of SEARCH_REPS calls each; the twenty-first session's search ran bursts of 5, a
