@@ -141,8 +141,8 @@ case "${1:-1}" in
 39)
   # issue 23: cuBLASLt's block-scaled configurations ranked at the power limit's clocks
   # (bursts of SEARCH_REPS calls each; the twenty-first session's search ran bursts of 5, a
-  # cool GPU's clocks), at batch 8's rows; the fastest again in jit, CHAIN calls a program,
-  # beside the heuristic's; the SM clock and power sampled throughout
+  # cool GPU's clocks), at batch 8's rows (prompt 512 + gen 256: 6,144); the fastest again
+  # in jit, CHAIN calls a program, beside the heuristic's; SM clock and power sampled
   why=clocks_throttle_reasons.active
   nvidia-smi --help-query-gpu | grep -q clocks_event_reasons.active \
     && why=clocks_event_reasons.active
@@ -150,7 +150,7 @@ case "${1:-1}" in
     --format=csv -lms 200 > "$OUT/clocks_search.csv" 2>&1 &
   smi=$!
   timeout -k 5 ${SEARCH_S:-420} python3 -m benchmarks.fp8_gemm --cublaslt-search \
-    ${SEARCH:-gate_up:4608,down:4608} --search-reps ${SEARCH_REPS:-200} --top ${TOP:-5} \
+    ${SEARCH:-gate_up:6144,down:6144} --search-reps ${SEARCH_REPS:-150} --top ${TOP:-5} \
     --rounds ${ROUNDS:-4} --chain ${CHAIN:-100} 2>&1 | tee "$OUT/fp8_gemm_search_capped.log" \
     | quiet | grep -v "'kind': 'search'" | tail -24
   kill $smi ;;
