@@ -259,6 +259,20 @@ def test_gate_up_swiglu_on_gpu_at_llada_widths():
             print("gate_up_swiglu", M, t, "draw", draw, "identical FP8 codes", same)
             assert np.isfinite(np.asarray(s)).all() and same >= 0.999
             assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
+    # The FFN takes it at decode rows only (the Pallas kernels' names in the lowered program)
+    import re
+
+    from lacache_jax import quant
+    D, F = 512, 1024
+    w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
+                                 jax.random.normal(k[1], (F, D)) * F ** -0.5)
+    for M, fused in ((32, True), (768, False)):
+        x = jax.random.normal(k[2], (1, M, D)).astype(jnp.bfloat16)
+        text = jax.jit(quant.ffn_fp8, static_argnums=2).lower(
+            x, jnp.ones((D,), jnp.bfloat16), 1e-5, w).as_text()
+        names = set(re.findall(r'name = "([a-z_0-9]+)"', text))
+        assert ("fp8_gate_up_swiglu" in names, "swiglu_quant" in names) == (fused, not fused), (
+            M, names)
 
 
 def test_split_k_summed_in_the_kernel_on_gpu():
