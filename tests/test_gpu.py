@@ -5,6 +5,7 @@ GPU; the cuBLASLt FP8 GEMM (built on first use) against the exact per-group prod
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -260,8 +261,6 @@ def test_gate_up_swiglu_on_gpu_at_llada_widths():
             assert np.isfinite(np.asarray(s)).all() and same >= 0.999
             assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
     # The FFN takes it at decode rows only (the Pallas kernels' names in the lowered program)
-    import re
-
     from lacache_jax import quant
     D, F = 512, 1024
     w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
