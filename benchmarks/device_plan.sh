@@ -11,13 +11,15 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 41 (new code: the fused gate/up + SwiGLU kernel's GPU tests, then
-# its timing), 22 (PART=2 then 1: the suite last ran whole at a530ddf), 39 (on an H200: the
-# power limit is the H200's question), 40; 33 again on an H200 (padded once ran 1.05x on the
-# H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same at an
-# unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
-# (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the
-# shares at every prefix block size):
+# Left, in priority order: 41 and 42 (new code: the fused gate/up + SwiGLU kernel, the
+# in-kernel split-K sum and attention merge: their GPU tests, then their timing), 22 (PART=2
+# then 1: the suite last ran whole at a530ddf), 39 (on an H200: the power limit is the H200's
+# question), 40; 33 again on an H200 (padded once ran 1.05x on the H100, one run each;
+# DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned prompt), 26
+# at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the shares at every
+# prefix block size):
+#  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
 #      rows: GPU tests, FFN, dual step
 #  40  issues 20, 23: the Triton (and Mosaic GPU) FP8 decode tiles at 32 rows by device time
@@ -91,7 +93,8 @@ quiet() { grep -v -i "warn" | cut -c1-400; }
 # row padding (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before
 # 9b88de3), the split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused
 # gate/up + SwiGLU kernel (kernels.gate_up_swiglu:FUSE=0), the split-K sum in the Triton GEMM
-# (kernels.fp8_matmul_triton:SUM_IN_KERNEL=1)
+# (kernels.fp8_matmul_triton:SUM_IN_KERNEL=1), the attention's merge in the split-keys kernel
+# (kernels.short_attention:MERGE_IN_KERNEL=1)
 WITH_SET="import importlib, os, runpy, sys; sets = [e.partition(':') for e in \
 os.environ['SET'].split(',')]; [setattr(importlib.import_module(m), kv.partition('=')[0], \
 int(kv.partition('=')[2])) for m, _, kv in sets]; run = os.environ.get('RUN', \
@@ -102,6 +105,23 @@ FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'ffn_bf16_device_ms
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
 case "${1:-1}" in
+42)
+  # issue 20: the split-keys attention with the key shares' states merged in the kernel by
+  # the last share (short_attention.MERGE_IN_KERNEL): GPU tests; the kernel alone, both
+  # merges; the dual step (batch 1, or BATCHES; bf16 and FP8) with each, in its own process
+  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "short_attention" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_short_merged_gpu.log" \
+    | grep -v -i warn | tail -3
+  timeout -k 5 ${ATT_S:-120} python3 -m benchmarks.short_attention --shapes \
+    1:32:768,8:32:768,1:256:768 --splits 6 2>&1 | tee "$OUT/short_attention_merged.log" \
+    | quiet | tail -20
+  for merge in 0 1; do
+    echo "MERGE_IN_KERNEL=$merge" | tee -a "$OUT/generate_dual_merged.log"
+    SET=kernels.short_attention:MERGE_IN_KERNEL=$merge timeout -k 5 ${GEN_S:-150} \
+      python3 -c "$WITH_SET" --batch ${BATCHES:-1} --prompt 512 --modes dual --decoding \
+      threshold --fp8-ffn both --iters 2 2>&1 | tee -a "$OUT/generate_dual_merged.log" \
+      | quiet | grep "^B=\|ceilings"
+  done ;;
 41)
   # issues 20, 23: the gate/up GEMM with SwiGLU + quantisation in its epilogue at decode rows
   # (kernels/gate_up_swiglu.py) and the Triton GEMM's split-K sum in the kernel

@@ -1,7 +1,9 @@
 """A few query rows' attention over a whole canvas (a dual-cache step's block) at LLaDA-8B's
 heads (H 32, K 128, bf16): `model.attention` forced to cuDNN and to XLA's attention, and the
-split-keys kernel (kernels/short_attention.py) at its default shares and at each of --splits
-(on a CPU the model's attention is XLA's under both names: a check of the script only).
+split-keys kernel (kernels/short_attention.py) at its default shares, its key shares' states
+merged by XLA after it (`split`) and by the last share in it (`split_merged`), and at each of
+--splits (on a CPU the model's attention is XLA's under both names: a check of the script
+only).
 
     python -m benchmarks.short_attention [--shapes 1:32:768,8:32:768,1:128:768]
         [--splits 4,8,12]
@@ -53,7 +55,9 @@ def main():
             ref = short_attention_ref(q.astype(jnp.float32), k, v, mask)
             floor_ms = 2 * (2 * B * L * H * K + 2 * B * S * H * K) / ceil["copy_tb_per_s"] / 1e9
             fns = {name: (lambda q, k, v: model.attention(q, k, v, mask)) for name in FORCED}
-            fns["split"] = lambda q, k, v: short_attention_pallas(q, k, v, mask)
+            fns["split"] = lambda q, k, v: short_attention_pallas(q, k, v, mask, merge="xla")
+            fns["split_merged"] = lambda q, k, v: short_attention_pallas(q, k, v, mask,
+                                                                         merge="kernel")
             for n in map(int, args.splits.split(",")):
                 fns[f"split{n}"] = (lambda q, k, v, n=n:
                                     short_attention_pallas(q, k, v, mask, splits=n))

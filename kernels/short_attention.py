@@ -35,6 +35,11 @@ MAX_ROWS = 256  # query rows `takes` may give it; beyond ROW_TILE only while eve
 ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
 PROGRAMS = 264  # aimed-at programs, a wave as `shares` counts it: two per SM of the H200's 132
+# Whether the default merges the key shares' states in the kernel (the last share of each
+# (batch, head, row tile) to finish merges them: `merge="kernel"`) instead of XLA's three
+# fusions after it (1.8 + 1.3 + 1.9 us a layer at the dual step's block, RESULTS.md
+# twenty-fourth session). Off until timed on a GPU (`benchmarks/device_plan.sh` 42).
+MERGE_IN_KERNEL = 0
 
 
 def short_attention_ref(q_BLHK, k_BSGK, v_BSGK, key_mask_BS):
@@ -80,12 +85,50 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
     acc_out[...], m_out[...], l_out[...] = acc, m, l
 
 
-@functools.partial(jax.jit, static_argnames=("block_k", "splits", "interpret"))
+def _kernel_merged(q_ref, k_ref, v_ref, mask_ref, count_in, o_ref, count_ref, acc_p, m_p, l_p,
+                   *, scale, block_k, per, n_k_tiles, n, interpret):
+    """`_kernel` whose share also stores its state into the partials; the last of the n
+    shares of a (batch, head, row tile) to count itself in merges them in share order (as
+    `merge_partials`, in log2 space) and writes the output rows."""
+    from jax.experimental.pallas import triton as plgpu
+    del count_in  # aliased to count_ref
+    b, h, i, j = (pl.program_id(a) for a in range(4))
+    R = q_ref.shape[0]
+    lo = j * per
+    acc, m, l = stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
+                            jnp.minimum(lo + per, n_k_tiles), "all",
+                            empty_state(R, q_ref.shape[1]), scale=scale, block_k=block_k)
+    rows = pl.ds(i * R, R)
+    acc_p[j, b, rows, h, :], m_p[j, b, h, rows], l_p[j, b, h, rows] = acc, m, l
+    if not interpret:  # one program at a time there, and no rule for the barrier
+        plgpu.debug_barrier()  # every thread's state stored before the count is released
+    slot = (b * pl.num_programs(1) + h) * pl.num_programs(2) + i
+    done = plgpu.atomic_add(count_ref, (slot,), jnp.int32(1))
+
+    @pl.when(done == n - 1)
+    def _():
+        def load(ref, s, *index):  # volatile: from L2, where the other shares put them
+            return plgpu.load(ref.at[jnp.int32(s), *index], volatile=True)
+        ms = [load(m_p, s, b, h, rows) for s in range(n)]
+        m_all = functools.reduce(jnp.maximum, ms)
+        acc_all = l_all = None
+        for s, m_s in enumerate(ms):
+            w = jnp.exp2(m_s - m_all)
+            l_s = load(l_p, s, b, h, rows) * w
+            a_s = load(acc_p, s, b, rows, h, slice(None)) * w[:, None]
+            l_all, acc_all = (l_s, a_s) if s == 0 else (l_all + l_s, acc_all + a_s)
+        o_ref[b, rows, h, :] = (acc_all / l_all[:, None]).astype(o_ref.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("block_k", "splits", "merge", "interpret"))
 def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int = BLOCK_K,
-                           splits: int | None = None, interpret: bool = False):
+                           splits: int | None = None, merge: str | None = None,
+                           interpret: bool = False):
     """The split-keys kernel; at most `splits` (default: `shares`)
     shares of the key tiles per (batch, head, tile of `ROW_TILE` query rows), each of
-    ceil(tiles / splits) tiles, so fewer where that leaves a share empty."""
+    ceil(tiles / splits) tiles, so fewer where that leaves a share empty. `merge`: "xla"
+    (the shares' states merged by `merge_partials` after the kernel) or "kernel" (by the last
+    share to finish: `_kernel_merged`); default by `MERGE_IN_KERNEL`."""
     B, L, H, K = q_BLHK.shape
     S, G = k_BSGK.shape[1], k_BSGK.shape[2]
     if k_BSGK.shape != v_BSGK.shape or k_BSGK.shape[0] != B or k_BSGK.shape[3] != K:
@@ -99,6 +142,9 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         raise ValueError(f"keys {S} must be at least block_k {block_k}")
     if splits is not None and splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
+    merge = merge or ("kernel" if MERGE_IN_KERNEL else "xla")
+    if merge not in ("xla", "kernel"):
+        raise ValueError(f"merge must be 'xla' or 'kernel', got {merge!r}")
     n_k_tiles = pl.cdiv(S, block_k)  # a ragged last tile re-reads the one before, masked
     # Triton's dots take power-of-two rows from 16: the padded rows are dropped afterwards.
     R = max(16, 1 << (L - 1).bit_length()) if L <= ROW_TILE else ROW_TILE
@@ -110,18 +156,31 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
     kv_spec = pl.BlockSpec((None, S, None, K), lambda b, h, i, j: (b, 0, h // rep, 0))
     row_spec = pl.BlockSpec((None, None, None, R), lambda b, h, i, j: (j, b, h, i))
     from jax.experimental.pallas import triton as plgpu
+    in_specs = [pl.BlockSpec((None, R, None, K), lambda b, h, i, j: (b, i, h, 0)), kv_spec,
+                kv_spec, pl.BlockSpec((None, S), lambda b, h, i, j: (b, 0))]
+    mask = key_mask_BS.astype(bool).astype(jnp.int32)
+    states = [jax.ShapeDtypeStruct((n, B, r * R, H, K), jnp.float32),
+              jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32),
+              jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32)]
+    if merge == "kernel":
+        whole, counts = pl.no_block_spec, B * H * r
+        out, *_ = pl.pallas_call(
+            functools.partial(_kernel_merged, scale=LOG2E / math.sqrt(K), block_k=block_k,
+                              per=per, n_k_tiles=n_k_tiles, n=n, interpret=interpret),
+            grid=(B, H, r, n), in_specs=in_specs + [whole], out_specs=[whole] * 5,
+            out_shape=[jax.ShapeDtypeStruct((B, r * R, H, K), q_BLHK.dtype),
+                       jax.ShapeDtypeStruct((counts,), jnp.int32), *states],
+            input_output_aliases={4: 1}, interpret=interpret, name="short_attention_merged",
+            compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        )(q, k_BSGK, v_BSGK, mask, jnp.zeros((counts,), jnp.int32))
+        return out[:, :L]
     acc, m, l = pl.pallas_call(
         functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_k=block_k, per=per,
                           n_k_tiles=n_k_tiles),
-        grid=(B, H, r, n),
-        in_specs=[pl.BlockSpec((None, R, None, K), lambda b, h, i, j: (b, i, h, 0)), kv_spec,
-                  kv_spec, pl.BlockSpec((None, S), lambda b, h, i, j: (b, 0))],
+        grid=(B, H, r, n), in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, R, None, K), lambda b, h, i, j: (j, b, i, h, 0)),
                    row_spec, row_spec],
-        out_shape=[jax.ShapeDtypeStruct((n, B, r * R, H, K), jnp.float32),
-                   jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32),
-                   jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32)],
-        interpret=interpret, name="short_attention",
+        out_shape=states, interpret=interpret, name="short_attention",
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q, k_BSGK, v_BSGK, key_mask_BS.astype(bool).astype(jnp.int32))
+    )(q, k_BSGK, v_BSGK, mask)
     return merge_partials(acc, m, l)[:, :L].astype(q_BLHK.dtype)

@@ -125,6 +125,31 @@ def test_short_attention_on_gpu():
                                       np.asarray(model.attention(q, k, v, mask)))
 
 
+def test_short_attention_merged_in_the_kernel_on_gpu():
+    """The split-keys kernel with the shares' states merged by the last share to finish (an
+    atomic count per (batch, head, row tile)), at a dual step's block (batch 1 and 2, 32 rows
+    over 768 keys: 6 and 3 shares) and a prefix step's 200 rows (row tiles), on fresh queries
+    through one compiled kernel (a state read before its share stored it would hold the last
+    draw's): against the dense reference as the XLA merge is (bf16 probabilities and output),
+    and within a few bf16 roundings of the XLA merge (the same states, merged in another
+    fp32 order)."""
+    from kernels.short_attention import short_attention_pallas, short_attention_ref
+    from tests.test_short_attention import inputs
+    _, k, v, mask = inputs(0, 2, 32, 768, 32, 32, 128, [0, 100], jnp.bfloat16)
+    for B, L in ((1, 32), (2, 32), (2, 200)):
+        for seed in (1, 2, 3):
+            q = inputs(seed, B, L, 768, 32, 32, 128, [0, 100], jnp.bfloat16)[0]
+            kb, vb, mb = k[:B], v[:B], mask[:B]
+            out = short_attention_pallas(q, kb, vb, mb, merge="kernel")
+            ref = short_attention_ref(q.astype(jnp.float32), kb, vb, mb)
+            assert rel_err(out.astype(jnp.float32), ref) <= 1e-2, (B, L)
+            xla = short_attention_pallas(q, kb, vb, mb, merge="xla")
+            # fp32 merges in two orders (~1e-7 relative apart) flip a few bf16 roundings (one
+            # ulp, <= 2^-7 relative, each): far under 2^-8 in norm; a share's state missed or
+            # stale is of the order of the output itself
+            assert rel_err(out.astype(jnp.float32), xla.astype(jnp.float32)) <= 2.0 ** -8
+
+
 def test_facache_mosaic_kernel_on_gpu():
     """The Mosaic GPU kernel (full / fill) at LLaDA's head shape: fill vs dense attention and
     the reference's state; full gives fill's bits; an unbounded phase-B window; the Triton

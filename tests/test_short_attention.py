@@ -32,18 +32,22 @@ def inputs(seed, B, L, S, H, G, K, pads, dtype):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-L{c[1]}-S{c[2]}-n{c[7]}")
-def test_fp32(case):
+@pytest.mark.parametrize("merge", ["xla", "kernel"])
+def test_fp32(case, merge):
+    """Both merges of the key shares' states: XLA's after the kernel, and the last share's
+    (an atomic count per (batch, head, row tile); several row tiles and batch rows here)."""
     B, L, S, H, G, K, pads, splits = case
     q, k, v, mask = inputs(0, B, L, S, H, G, K, pads, jnp.float32)
-    out = short_attention_pallas(q, k, v, mask, splits=splits, interpret=True)
+    out = short_attention_pallas(q, k, v, mask, splits=splits, merge=merge, interpret=True)
     assert out.shape == q.shape and out.dtype == q.dtype
     # fp32 throughout (HIGHEST-precision dots): only the order of summation differs, ~1e-6.
     assert rel_err(out, short_attention_ref(q, k, v, mask)) <= 1e-5
 
 
-def test_bf16():
+@pytest.mark.parametrize("merge", ["xla", "kernel"])
+def test_bf16(merge):
     q, k, v, mask = inputs(1, 2, 32, 256, 4, 4, 32, [0, 40], jnp.bfloat16)
-    out = short_attention_pallas(q, k, v, mask, interpret=True)
+    out = short_attention_pallas(q, k, v, mask, merge=merge, interpret=True)
     ref = short_attention_ref(q, k, v, mask).astype(jnp.float32)
     assert out.dtype == jnp.bfloat16
     # bf16 inputs are exact in the fp32 reference; the kernel rounds the probabilities to
@@ -116,15 +120,19 @@ def test_takes_and_bad_arguments():
         short_attention_pallas(q[:, :, :1].repeat(3, 2), k, v, mask, interpret=True)
     with pytest.raises(ValueError, match="key_mask must be"):
         short_attention_pallas(q, k, v, mask[:, :64], interpret=True)
+    with pytest.raises(ValueError, match="merge must be 'xla' or 'kernel'"):
+        short_attention_pallas(q, k, v, mask, merge="host", interpret=True)
 
 
-@pytest.mark.parametrize("L,S", [(32, 256), (24, 200), (256, 768)])
-def test_kernel_lowers_to_valid_triton_ir(L, S, monkeypatch):
+@pytest.mark.parametrize("L,S,merge", [(32, 256, "xla"), (24, 200, "xla"), (256, 768, "xla"),
+                                       (32, 768, "kernel"), (256, 768, "kernel")])
+def test_kernel_lowers_to_valid_triton_ir(L, S, merge, monkeypatch):
     """Whole key tiles, a ragged last tile with query rows padded to a power of two, and a
-    prefix step's 256 rows in row tiles, at LLaDA's head width, in bf16."""
+    prefix step's 256 rows in row tiles, at LLaDA's head width, in bf16; the merge in the
+    kernel at a dual step's block and in row tiles."""
     q, k, v, mask = inputs(0, 1, L, S, 2, 2, 128, [0], jnp.bfloat16)
-    assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m), q, k, v, mask,
-                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda q, k, v, m: short_attention_pallas(q, k, v, m, merge=merge),
+                        q, k, v, mask, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize("B,H,row_tiles,n_k_tiles,want", [
