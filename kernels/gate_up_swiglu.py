@@ -20,8 +20,8 @@ otherwise: tensor-parallel shards' narrower F splits K more).
 
 What it saves at the dual step's 32 rows (H200, RESULTS.md twenty-second and twenty-fourth
 sessions' traces): the SwiGLU + quantisation kernel (2.5 us a layer), the split-K sum of
-gate/up (its own fusion before that kernel) and the bf16 product's round trip; not yet timed
-on the GPU (`benchmarks/device_plan.sh` 41).
+gate/up (its own fusion before that kernel) and the bf16 product's round trip; not yet run on
+a GPU, so the dispatch leaves it off (`FUSE`) until `benchmarks/device_plan.sh` 41 has.
 """
 
 from __future__ import annotations
@@ -118,9 +118,10 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     return q[:M], (s[:, :M].T if group_major else s[:M])
 
 
-# Whether the dispatch fuses where it can (`takes`); benchmarks switch it off to time the
-# unfused kernels in the same run (`benchmarks/device_plan.sh` 41).
-FUSE = True
+# Whether the dispatch fuses where it can (`takes`). Off until its GPU tests have passed and
+# it has been timed against the unfused kernels (`benchmarks/device_plan.sh` 41, which sets
+# it each way); until then only the CPU's interpreter has run it.
+FUSE = 0
 
 
 def takes(M: int, F: int, K: int) -> bool:

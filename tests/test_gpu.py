@@ -254,7 +254,7 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 1e-3  # as on CPU
 
 
-def test_gate_up_swiglu_on_gpu_at_llada_widths():
+def test_gate_up_swiglu_on_gpu_at_llada_widths(monkeypatch):
     """The gate/up GEMM with SwiGLU + quantisation in its epilogue, Triton-compiled at
     LLaDA-8B's gate/up shape (K 4096, F 12288) and the decode rows it is dispatched at,
     against the unfused kernels at the same tiles, on fresh activations each time through
@@ -268,8 +268,10 @@ def test_gate_up_swiglu_on_gpu_at_llada_widths():
     from kernels.fp8_matmul import scales_group_major
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from kernels.fused_quant import swiglu_quant_pallas
+    from kernels import gate_up_swiglu
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas, takes
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
+    monkeypatch.setattr(gate_up_swiglu, "FUSE", 1)  # the dispatch's switch (off by default)
     k = jax.random.split(jax.random.key(11), 5)
     wq, ws = quantize_weight(jax.random.normal(k[0], (4096, 2 * 12288)) * 4096 ** -0.5)
     for M in (9, 32):
