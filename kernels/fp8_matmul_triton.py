@@ -88,7 +88,8 @@ class TritonTiles:
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
 # Off until timed on a GPU (`benchmarks/device_plan.sh` 41): the partials at the dual step's
 # 32 rows (down: 12 splits, 6.3 MB written and read again by XLA's sum in the residual add)
-# are a quarter of the down GEMM's weight bytes.
+# are a quarter of the down GEMM's weight bytes. Read when a caller is traced: set it before
+# the first call (the device plan runs one process per setting).
 SUM_IN_KERNEL = 0
 
 
@@ -143,7 +144,7 @@ def split_sum(part_ref, r, col, width: int, splits: int):
 
 
 def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_poisoned,
-                   splits, swap, interpret):
+                   splits, n_col_tiles, swap, interpret):
     """`_kernel` with the split-K sum in the kernel (`TritonTiles.sum_in_kernel`)."""
     del count_in  # aliased to count_ref
     o_ref, count_ref, part_ref = refs[n_poisoned:]
@@ -152,7 +153,7 @@ def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_po
     accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
     r = pl.ds(i * bm, bm)
     last = finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
-                        slot=i * pl.num_programs(1) + j, arrivals=splits, swap=swap,
+                        slot=i * n_col_tiles + j, arrivals=splits, swap=swap,
                         interpret=interpret)
 
     @pl.when(last)
@@ -245,7 +246,7 @@ def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles
     whole = pl.no_block_spec
     out, _, _ = pl.pallas_call(
         functools.partial(_kernel_summed, n_groups=G // S, n_poisoned=len(poisoned), splits=S,
-                          swap=t.swap, interpret=interpret),
+                          n_col_tiles=N // bn, swap=t.swap, interpret=interpret),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
         out_specs=[whole] * 3, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 1, **({5: 0} if poison else {})},

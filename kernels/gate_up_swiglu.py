@@ -120,7 +120,8 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
 
 # Whether the dispatch fuses where it can (`takes`). Off until its GPU tests have passed and
 # it has been timed against the unfused kernels (`benchmarks/device_plan.sh` 41, which sets
-# it each way); until then only the CPU's interpreter has run it.
+# it each way); until then only the CPU's interpreter has run it. Read when the FFN is
+# traced: set it before the first call.
 FUSE = 0
 
 

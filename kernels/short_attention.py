@@ -38,7 +38,8 @@ PROGRAMS = 264  # aimed-at programs, a wave as `shares` counts it: two per SM of
 # Whether the default merges the key shares' states in the kernel (the last share of each
 # (batch, head, row tile) to finish merges them: `merge="kernel"`) instead of XLA's three
 # fusions after it (1.8 + 1.3 + 1.9 us a layer at the dual step's block, RESULTS.md
-# twenty-fourth session). Off until timed on a GPU (`benchmarks/device_plan.sh` 42).
+# twenty-fourth session). Off until timed on a GPU (`benchmarks/device_plan.sh` 42). Read when
+# a caller is traced: set it before the first call (the device plan runs one process each).
 MERGE_IN_KERNEL = 0
 
 
@@ -86,7 +87,7 @@ def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, bloc
 
 
 def _kernel_merged(q_ref, k_ref, v_ref, mask_ref, count_in, o_ref, count_ref, acc_p, m_p, l_p,
-                   *, scale, block_k, per, n_k_tiles, n, interpret):
+                   *, scale, block_k, per, n_k_tiles, n, heads, row_tiles, interpret):
     """`_kernel` whose share also stores its state into the partials; the last of the n
     shares of a (batch, head, row tile) to count itself in merges them in share order (as
     `merge_partials`, in log2 space) and writes the output rows."""
@@ -102,7 +103,7 @@ def _kernel_merged(q_ref, k_ref, v_ref, mask_ref, count_in, o_ref, count_ref, ac
     acc_p[j, b, rows, h, :], m_p[j, b, h, rows], l_p[j, b, h, rows] = acc, m, l
     if not interpret:  # one program at a time there, and no rule for the barrier
         plgpu.debug_barrier()  # every thread's state stored before the count is released
-    slot = (b * pl.num_programs(1) + h) * pl.num_programs(2) + i
+    slot = (b * heads + h) * row_tiles + i
     done = plgpu.atomic_add(count_ref, (slot,), jnp.int32(1))
 
     @pl.when(done == n - 1)
@@ -166,7 +167,8 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         whole, counts = pl.no_block_spec, B * H * r
         out, *_ = pl.pallas_call(
             functools.partial(_kernel_merged, scale=LOG2E / math.sqrt(K), block_k=block_k,
-                              per=per, n_k_tiles=n_k_tiles, n=n, interpret=interpret),
+                              per=per, n_k_tiles=n_k_tiles, n=n, heads=H, row_tiles=r,
+                              interpret=interpret),
             grid=(B, H, r, n), in_specs=in_specs + [whole], out_specs=[whole] * 5,
             out_shape=[jax.ShapeDtypeStruct((B, r * R, H, K), q_BLHK.dtype),
                        jax.ShapeDtypeStruct((counts,), jnp.int32), *states],

@@ -128,7 +128,8 @@ def test_short_attention_on_gpu():
 def test_short_attention_merged_in_the_kernel_on_gpu():
     """The split-keys kernel with the shares' states merged by the last share to finish (an
     atomic count per (batch, head, row tile)), at a dual step's block (batch 1 and 2, 32 rows
-    over 768 keys: 6 and 3 shares) and a prefix step's 200 rows (row tiles), on fresh queries
+    over 768 keys: 6 and 4 shares) and a prefix step's 200 rows (four row tiles, 2 shares:
+    what `takes` gives the kernel at batch 1), on fresh queries
     through one compiled kernel (a state read before its share stored it would hold the last
     draw's): against the dense reference as the XLA merge is (bf16 probabilities and output),
     and within a few bf16 roundings of the XLA merge (the same states, merged in another
@@ -136,7 +137,7 @@ def test_short_attention_merged_in_the_kernel_on_gpu():
     from kernels.short_attention import short_attention_pallas, short_attention_ref
     from tests.test_short_attention import inputs
     _, k, v, mask = inputs(0, 2, 32, 768, 32, 32, 128, [0, 100], jnp.bfloat16)
-    for B, L in ((1, 32), (2, 32), (2, 200)):
+    for B, L in ((1, 32), (2, 32), (1, 200)):
         for seed in (1, 2, 3):
             q = inputs(seed, B, L, 768, 32, 32, 128, [0, 100], jnp.bfloat16)[0]
             kb, vb, mb = k[:B], v[:B], mask[:B]
@@ -322,6 +323,15 @@ def test_split_k_summed_in_the_kernel_on_gpu():
                 ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
             out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t, poison=True)
             assert rel_err(out, ref) <= 1e-5  # fp32 summation order only
+    # the column tiles the decode sweep times with it (N cut to 1024: a cheap reference)
+    wq, ws = wq[:1024], ws[:8]
+    xq, xs = quantize_act(jax.random.normal(k[1], (32, 12288)))
+    with jax.default_matmul_precision("highest"):
+        ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    for bn, swap in ((64, True), (32, False), (256, True), (256, False)):
+        t = TritonTiles(32, bn, 12, swap=swap, sum_in_kernel=True)
+        out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t, poison=True)
+        assert rel_err(out, ref) <= 1e-5, (bn, swap)
 
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():

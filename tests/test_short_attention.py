@@ -18,6 +18,7 @@ CASES = [  # B, L, S, H, G, K, pads, splits
     (1, 8, 70, 2, 2, 16, [2], 2),            # the ragged tile alone in the second share
     (1, 100, 256, 2, 2, 16, [0], None),      # two row tiles (the second padded), 4 shares
     (2, 130, 320, 2, 1, 16, [0, 50], 2),     # three row tiles, two shares of keys
+    (2, 32, 384, 2, 2, 16, [0, 200], 3),     # a share with every key masked (a long pad)
 ]
 
 
