@@ -11,7 +11,7 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 41 and 42 (new code: the fused gate/up + SwiGLU kernel, the
+# Left, in priority order: 41, 43 and 42 (new code: the fused gate/up + SwiGLU kernel, the
 # in-kernel split-K sum and attention merge: their GPU tests, then their timing), 22 (PART=2
 # then 1: the suite last ran whole at a530ddf), 39 (on an H200: the power limit is the H200's
 # question), 40; 33 again on an H200 (padded once ran 1.05x on the H100, one run each;
@@ -19,9 +19,10 @@
 # at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the shares at every
 # prefix block size):
+#  43  issues 20, 23: 41's settings in the batch-1 dual step
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
-#      rows: GPU tests, FFN, dual step
+#      rows: GPU tests, the FFN
 #  40  issues 20, 23: the Triton (and Mosaic GPU) FP8 decode tiles at 32 rows by device time
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
@@ -104,6 +105,11 @@ run_name='__main__')"
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
+# 41 and 43's settings: as now; the fused gate/up kernel; and with the split-K sum in the
+# Triton GEMM too
+DECODE_SETS="kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
+kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
+kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"
 case "${1:-1}" in
 42)
   # issue 20: the split-keys attention with the key shares' states merged in the kernel by
@@ -125,20 +131,24 @@ case "${1:-1}" in
 41)
   # issues 20, 23: the gate/up GEMM with SwiGLU + quantisation in its epilogue at decode rows
   # (kernels/gate_up_swiglu.py) and the Triton GEMM's split-K sum in the kernel
-  # (TritonTiles.sum_in_kernel): their GPU tests; the FFN at 32 rows by device time and the
-  # batch-1 dual step as now (fused, XLA's sums), unfused, and fused with the sums in the
-  # kernel, each in its own process
+  # (TritonTiles.sum_in_kernel): their GPU tests; the FFN at 32 rows by device time as now
+  # (unfused, XLA's sums), fused, and fused with the sums in the kernel, each in its own
+  # process (43: the dual step in the same three settings)
   timeout -k 5 ${TEST_S:-180} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
     "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider 2>&1 \
     | tee "$OUT/pytest_decode_ffn_gpu.log" | grep -v -i warn | grep "passed\|failed\|identical"
-  for set in FUSE=1,SUM=0 FUSE=0,SUM=0 FUSE=1,SUM=1; do
-    fuse=${set%%,*}; sum=${set#*,}
-    SET="kernels.gate_up_swiglu:$fuse,kernels.fp8_matmul_triton:SUM_IN_KERNEL=${sum#SUM=}"
-    echo "$SET" | tee -a "$OUT/fp8_ffn_fused.log" "$OUT/generate_dual_fused.log"
-    RUN=benchmarks.fp8_ffn SET=$SET timeout -k 5 ${FFN_S:-80} python3 -c "$WITH_SET" \
+  for set in $DECODE_SETS; do
+    echo "$set" | tee -a "$OUT/fp8_ffn_fused.log"
+    RUN=benchmarks.fp8_ffn SET=$set timeout -k 5 ${FFN_S:-100} python3 -c "$WITH_SET" \
       --ms 32 --ablation-layers 0 --trace 2>&1 | tee -a "$OUT/fp8_ffn_fused.log" \
       | grep "^{'M'" | python3 -c "$FFN_ROW"
-    SET=$SET timeout -k 5 ${GEN_S:-120} python3 -c "$WITH_SET" --batch 1 --prompt 512 \
+  done ;;
+43)
+  # issues 20, 23: the batch-1 dual step (FP8 FFN) in 41's three settings, each in its own
+  # process
+  for set in $DECODE_SETS; do
+    echo "$set" | tee -a "$OUT/generate_dual_fused.log"
+    SET=$set timeout -k 5 ${GEN_S:-170} python3 -c "$WITH_SET" --batch 1 --prompt 512 \
       --modes dual --decoding threshold --fp8-ffn on --iters 2 2>&1 \
       | tee -a "$OUT/generate_dual_fused.log" | quiet | grep "^B=\|ceilings"
   done ;;
