@@ -3,9 +3,11 @@ Pallas' Triton backend, with its tile settings (`TritonTiles`).
 
 A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128, or 16, 32 or 64
 columns inside one 128-wide weight-scale block), M padded to the row tile; at decode shapes K
-is also split over programs (`splits`) and the fp32 partials are summed afterwards. Each
-128-wide K group is one FP8 dot, scaled and added to an fp32 accumulator: the result equals
-the dequantised fp32 matmul up to fp32 summation order. On Hopper the dispatch gives it up
+is also split over programs (`splits`) and the fp32 partials are summed afterwards by XLA, or
+by each tile's last split program (`sum_in_kernel`: `finish_split`, `split_sum`, which the
+fused gate/up + SwiGLU kernel shares). Each 128-wide K group is one FP8 dot, scaled and
+added to an fp32 accumulator: the result equals the dequantised fp32 matmul up to fp32
+summation order. On Hopper the dispatch gives it up
 to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
 Hopper).
 

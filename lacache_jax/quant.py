@@ -4,9 +4,10 @@ Weights: one scale per 128 x 128 block, stored K-major ([N, K], the layout Hoppe
 read fastest). Activations: one scale per 1 x 128 group along K. `scale = amax / 448`, values
 clipped to +-448. The per-token and per-tensor activation scalings exist for the paper's
 ablation only. The FFN runs on the kernels of `kernels/fp8_matmul.py` (per-group scaled GEMM)
-and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), at decode rows on
-`kernels/gate_up_swiglu.py` (the gate/up GEMM with SwiGLU + quantisation in its epilogue),
-which hold their pure-jnp references and dispatch (Pallas on GPU, references elsewhere).
+and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), at decode rows,
+where switched on (`gate_up_swiglu.FUSE`), on `kernels/gate_up_swiglu.py` (the gate/up GEMM
+with SwiGLU + quantisation in its epilogue), which hold their pure-jnp references and
+dispatch (Pallas on GPU, references elsewhere).
 Under tensor parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout
 and the placement are sharding.py's).
 """
