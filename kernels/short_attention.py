@@ -7,8 +7,9 @@ H200, against 3.6 us to read q, K and V and 8.4 us for this kernel: RESULTS.md,
 twenty-third session). Here programs (b, h, i, j) each take the i-th tile of `ROW_TILE`
 query rows (one tile up to 64 rows) and the j-th share of the key tiles (`stream_keys`, the
 online softmax of FACache's kernel) and write its partial state; `merge_partials` combines
-them in log2 space. Base-2 online softmax in fp32, probabilities rounded to the inputs'
-type before P @ V, as in FACache's Triton kernel.
+them in log2 space after the kernel, or (`merge="kernel"`) the last share of each (batch,
+head, row tile) to finish does, in the kernel. Base-2 online softmax in fp32, probabilities
+rounded to the inputs' type before P @ V, as in FACache's Triton kernel.
 
 Shapes: q [B, L, H, K] (L query rows), k/v [B, S, G, K] (GQA: H % G == 0), key_mask [B, S]
 (masked keys get no weight; a row needs one unmasked key); S need not be a whole number of
