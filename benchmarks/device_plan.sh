@@ -105,6 +105,13 @@ run_name='__main__')"
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
+# After a GPU test run written to $1 (its status in $?): the lines matching $2; false, with a
+# line saying so, where a test failed (new code's stages then time nothing)
+tests_passed() {
+  local rc=$?
+  grep -v -i warn "$1" | grep "$2" | tail -12
+  [[ $rc == 0 ]] || { echo "GPU tests failed (rc $rc): nothing timed"; return 1; }
+}
 # 41 and 43's settings: as now; the fused gate/up kernel; and with the split-K sum in the
 # Triton GEMM too
 DECODE_SETS="kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
@@ -116,8 +123,8 @@ case "${1:-1}" in
   # the last share (short_attention.MERGE_IN_KERNEL): GPU tests; the kernel alone, both
   # merges; the dual step (batch 1, or BATCHES; bf16 and FP8) with each, in its own process
   timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
-    "short_attention" -p no:cacheprovider 2>&1 | tee "$OUT/pytest_short_merged_gpu.log" \
-    | grep -v -i warn | tail -3
+    "short_attention" -p no:cacheprovider > "$OUT/pytest_short_merged_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_short_merged_gpu.log" "passed\|failed" || exit 1
   timeout -k 5 ${ATT_S:-120} python3 -m benchmarks.short_attention --shapes \
     1:32:768,8:32:768,1:256:768 --splits 6 2>&1 | tee "$OUT/short_attention_merged.log" \
     | quiet | tail -20
@@ -135,8 +142,9 @@ case "${1:-1}" in
   # (unfused, XLA's sums), fused, and fused with the sums in the kernel, each in its own
   # process (43: the dual step in the same three settings)
   timeout -k 5 ${TEST_S:-180} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
-    "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider 2>&1 \
-    | tee "$OUT/pytest_decode_ffn_gpu.log" | grep -v -i warn | grep "passed\|failed\|identical"
+    "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider \
+    > "$OUT/pytest_decode_ffn_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_decode_ffn_gpu.log" "passed\|failed\|identical" || exit 1
   for set in $DECODE_SETS; do
     echo "$set" | tee -a "$OUT/fp8_ffn_fused.log"
     RUN=benchmarks.fp8_ffn SET=$set timeout -k 5 ${FFN_S:-100} python3 -c "$WITH_SET" \
