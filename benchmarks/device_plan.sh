@@ -18,7 +18,9 @@
 # DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned prompt), 26
 # at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the shares at every
-# prefix block size):
+# prefix block size); 21 with TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
+# (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
+# program pair; only 132 programs, heads cut unevenly, were tried):
 #  43  issues 20, 23: 41's settings in the batch-1 dual step
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
