@@ -189,12 +189,18 @@ def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interp
     s_ref[...] = scale.T if group_major else scale
 
 
+def swiglu_quantize_tile(gate, up):
+    """silu(gate) * up of one [rows, 128] group in fp32, quantised (`_quantize_tile`): the
+    SwiGLU kernels' one expression (the fused gate/up kernel, kernels/gate_up_swiglu.py,
+    gives this kernel's bits by using it too)."""
+    gate = gate.astype(jnp.float32)
+    return _quantize_tile(gate * jax.nn.sigmoid(gate) * up.astype(jnp.float32))
+
+
 def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref, *, group_major: bool):
     for g in range(q_ref.shape[1] // GROUP):
         cols = pl.ds(g * GROUP, GROUP)
-        gate = gate_ref[:, cols].astype(jnp.float32)
-        a = gate * jax.nn.sigmoid(gate) * up_ref[:, cols].astype(jnp.float32)
-        q_ref[:, cols], scale = _quantize_tile(a)
+        q_ref[:, cols], scale = swiglu_quantize_tile(gate_ref[:, cols], up_ref[:, cols])
         _put_scale(s_ref, g, scale, group_major)
 
 

@@ -5,8 +5,8 @@ written, and the SwiGLU + quantisation kernel and the split-K sum are not launch
 Shapes: xq [M, K] fp8 e4m3 with x_scale [M, K / 128] (the RMSNorm's quantised output), wq
 [2F, K] fp8 (gate rows, then up rows) with w_scale [2F / 128, K / 128]; out (aq [M, F] fp8,
 a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's output.
-`gate_up_swiglu_quant_ref` is that composition on the references; `gate_up_swiglu_quant`
-dispatches.
+`gate_up_swiglu_quant_ref` is that composition on the references; `takes` says where the
+dispatch (`quant.ffn_fp8`) runs the kernel, `gate_up_swiglu_quant` as it runs it there.
 
 The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
 column tile j of the 2F, K split k), which at decode rows (M <= 32, where the dispatch takes
@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul_triton as tr
 from kernels.fp8_matmul import GROUP, fp8_matmul_ref
-from kernels.fused_quant import FP8, _quantize_tile, swiglu_quant_ref
+from kernels.fused_quant import FP8, swiglu_quant_ref, swiglu_quantize_tile
 
 
 def gate_up_swiglu_quant_ref(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
@@ -59,12 +59,10 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, q_ref, s_ref, count_ref, par
     @pl.when(last)
     def _():
         def total(col):  # the GEMM's output, rounded as it is
-            y = tr.split_sum(part_ref, r, col, GROUP, splits)
-            return y.astype(act_dtype).astype(jnp.float32)
+            return tr.split_sum(part_ref, r, col, GROUP, splits).astype(act_dtype)
         for c in range(bn // GROUP):
             col = pair * bn + c * GROUP
-            gate, up = total(col), total(pairs * bn + col)
-            q, scale = _quantize_tile(gate * jax.nn.sigmoid(gate) * up)
+            q, scale = swiglu_quantize_tile(total(col), total(pairs * bn + col))
             q_ref[r, pl.ds(col, GROUP)] = q
             g = pair * (bn // GROUP) + c
             if group_major:
@@ -95,11 +93,11 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     F, S, bm, bn = N // 2, t.splits, t.block_m, t.block_n
     pairs, G = F // bn, F // GROUP
     s_shape = (G, Mp) if group_major else (Mp, G)
+    counts = jnp.zeros((Mp // bm * pairs,), jnp.int32)  # one per row tile and column pair
     out_shape = [jax.ShapeDtypeStruct((Mp, F), FP8),
                  jax.ShapeDtypeStruct(s_shape, jnp.float32),
-                 jax.ShapeDtypeStruct((Mp // bm * pairs,), jnp.int32),
+                 jax.ShapeDtypeStruct(counts.shape, jnp.int32),
                  jax.ShapeDtypeStruct((S, Mp, N), jnp.float32)]
-    counts = jnp.zeros((Mp // bm * pairs,), jnp.int32)
     poisoned = ([jnp.full((Mp, F), jnp.nan, FP8), jnp.full(s_shape, jnp.nan, jnp.float32)]
                 if poison else [])
     whole = pl.no_block_spec
@@ -142,16 +140,11 @@ def takes(M: int, F: int, K: int) -> bool:
 
 
 def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
-    """Dispatch: the fused kernel where `takes`, else the GEMM (`fp8_matmul`'s dispatch) and
-    then `fused_quant.swiglu_quant`; scales in the layout the down GEMM of these rows reads.
-    wq holds one gate | up column group (all gate rows, then all up rows): a layout of
-    several groups (`quant.FP8FFN.tp` above the shards running it) must be reordered first,
-    as `quant.ffn_fp8` does."""
-    from kernels.fp8_matmul import fp8_matmul, scales_group_major
-    from kernels.fused_quant import swiglu_quant
-    M, K = xq.shape
-    F = wq.shape[0] // 2
-    if takes(M, F, K):
-        return gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype,
-                                           group_major=scales_group_major(M))
-    return swiglu_quant(fp8_matmul(xq, x_scale, wq, w_scale, act_dtype))
+    """The fused kernel as the dispatch runs it where `takes` (the caller asks; elsewhere
+    `quant.ffn_fp8` runs the GEMM and `fused_quant.swiglu_quant`): scales written in the
+    layout the down GEMM of these rows reads. wq holds one gate | up column group (all gate
+    rows, then all up rows): a layout of several groups (`quant.FP8FFN.tp` above the shards
+    running it) must be reordered first, as `quant.ffn_fp8` does."""
+    from kernels.fp8_matmul import scales_group_major
+    return gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype,
+                                       group_major=scales_group_major(xq.shape[0]))

@@ -77,29 +77,30 @@ def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
     return max(1, min(n_k_tiles, n))
 
 
-def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, *, scale, block_k, per,
-            n_k_tiles):
+def _share_state(q_ref, k_ref, v_ref, mask_ref, *, scale, block_k, per, n_k_tiles):
+    """Program (b, h, i, j)'s online-softmax state (acc, m, l) over the j-th share of the key
+    tiles."""
     lo = pl.program_id(3) * per
-    acc, m, l = stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
-                            jnp.minimum(lo + per, n_k_tiles), "all",
-                            empty_state(q_ref.shape[0], q_ref.shape[1]), scale=scale,
-                            block_k=block_k)
-    acc_out[...], m_out[...], l_out[...] = acc, m, l
+    return stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
+                       jnp.minimum(lo + per, n_k_tiles), "all",
+                       empty_state(q_ref.shape[0], q_ref.shape[1]), scale=scale,
+                       block_k=block_k)
+
+
+def _kernel(q_ref, k_ref, v_ref, mask_ref, acc_out, m_out, l_out, **share):
+    acc_out[...], m_out[...], l_out[...] = _share_state(q_ref, k_ref, v_ref, mask_ref, **share)
 
 
 def _kernel_merged(q_ref, k_ref, v_ref, mask_ref, count_in, o_ref, count_ref, acc_p, m_p, l_p,
-                   *, scale, block_k, per, n_k_tiles, n, heads, row_tiles, interpret):
+                   *, n, heads, row_tiles, interpret, **share):
     """`_kernel` whose share also stores its state into the partials; the last of the n
     shares of a (batch, head, row tile) to count itself in merges them in share order (as
     `merge_partials`, in log2 space) and writes the output rows."""
     from jax.experimental.pallas import triton as plgpu
     del count_in  # aliased to count_ref
     b, h, i, j = (pl.program_id(a) for a in range(4))
+    acc, m, l = _share_state(q_ref, k_ref, v_ref, mask_ref, **share)
     R = q_ref.shape[0]
-    lo = j * per
-    acc, m, l = stream_keys(q_ref[...], k_ref, v_ref, mask_ref, 0, 0, lo,
-                            jnp.minimum(lo + per, n_k_tiles), "all",
-                            empty_state(R, q_ref.shape[1]), scale=scale, block_k=block_k)
     rows = pl.ds(i * R, R)
     acc_p[j, b, rows, h, :], m_p[j, b, h, rows], l_p[j, b, h, rows] = acc, m, l
     if not interpret:  # one program at a time there, and no rule for the barrier
@@ -164,12 +165,12 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
     states = [jax.ShapeDtypeStruct((n, B, r * R, H, K), jnp.float32),
               jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32),
               jax.ShapeDtypeStruct((n, B, H, r * R), jnp.float32)]
+    share = dict(scale=LOG2E / math.sqrt(K), block_k=block_k, per=per, n_k_tiles=n_k_tiles)
     if merge == "kernel":
         whole, counts = pl.no_block_spec, B * H * r
         out, *_ = pl.pallas_call(
-            functools.partial(_kernel_merged, scale=LOG2E / math.sqrt(K), block_k=block_k,
-                              per=per, n_k_tiles=n_k_tiles, n=n, heads=H, row_tiles=r,
-                              interpret=interpret),
+            functools.partial(_kernel_merged, n=n, heads=H, row_tiles=r, interpret=interpret,
+                              **share),
             grid=(B, H, r, n), in_specs=in_specs + [whole], out_specs=[whole] * 5,
             out_shape=[jax.ShapeDtypeStruct((B, r * R, H, K), q_BLHK.dtype),
                        jax.ShapeDtypeStruct((counts,), jnp.int32), *states],
@@ -178,8 +179,7 @@ def short_attention_pallas(q_BLHK, k_BSGK, v_BSGK, key_mask_BS, *, block_k: int 
         )(q, k_BSGK, v_BSGK, mask, jnp.zeros((counts,), jnp.int32))
         return out[:, :L]
     acc, m, l = pl.pallas_call(
-        functools.partial(_kernel, scale=LOG2E / math.sqrt(K), block_k=block_k, per=per,
-                          n_k_tiles=n_k_tiles),
+        functools.partial(_kernel, **share),
         grid=(B, H, r, n), in_specs=in_specs,
         out_specs=[pl.BlockSpec((None, None, R, None, K), lambda b, h, i, j: (j, b, i, h, 0)),
                    row_spec, row_spec],
