@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
 import functools
 import glob
+import importlib
 import json
 import os
 import platform
@@ -156,6 +158,51 @@ def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
     """max(compute time, memory time) in ms at the given ceilings."""
     return max(flops / ceilings["bf16_matmul_tflops"] / 1e9,
                nbytes / ceilings["copy_tb_per_s"] / 1e9)
+
+
+def parse_settings(spec: str) -> list[tuple[object, str, int]]:
+    """`module:NAME=int[,module:NAME=int...]` as (module, NAME, value): the module-level
+    switches a kernel reads while tracing (e.g. `kernels.gate_up_swiglu:FUSE=1`); every NAME
+    must exist and hold an int, so that a typo fails before the device time is spent."""
+    out = []
+    for entry in filter(None, spec.split(",")):
+        mod, _, kv = entry.partition(":")
+        name, eq, value = kv.partition("=")
+        if not (mod and name and eq):
+            raise SystemExit(f"setting {entry!r}: expected module:NAME=int")
+        try:
+            module = importlib.import_module(mod)
+        except ImportError as e:
+            raise SystemExit(f"setting {entry!r}: {e}") from None
+        old = getattr(module, name, None)
+        if type(old) is not int:
+            raise SystemExit(f"setting {entry!r}: {mod}.{name} is not a module-level int")
+        try:
+            out.append((module, name, int(value)))
+        except ValueError:
+            raise SystemExit(f"setting {entry!r}: {value!r} is not an int") from None
+    return out
+
+
+@contextlib.contextmanager
+def module_settings(spec: str):
+    """The switches of `spec` (`parse_settings`) set for the block and restored after, with
+    jax's caches cleared on both sides: they are read while tracing, so a program traced under
+    other settings must not be reused. An empty spec changes nothing (and clears nothing)."""
+    settings = parse_settings(spec)
+    old = [(m, n, getattr(m, n)) for m, n, _ in settings]
+    if not settings:
+        yield
+        return
+    jax.clear_caches()
+    try:
+        for m, n, v in settings:
+            setattr(m, n, v)
+        yield
+    finally:
+        for m, n, v in old:
+            setattr(m, n, v)
+        jax.clear_caches()
 
 
 def exit_on_sigterm() -> None:

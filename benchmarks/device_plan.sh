@@ -91,20 +91,15 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 quiet() { grep -v -i "warn" | cut -c1-400; }
-# generate.py (or the benchmark module $RUN) with module settings changed first ($SET =
-# module:NAME=int[,module:NAME=int...]), to time a setting both ways in one call: the FFN's
-# row padding (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before
-# 9b88de3), the split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused
-# gate/up + SwiGLU kernel (kernels.gate_up_swiglu:FUSE=0), the split-K sum in the Triton GEMM
-# (kernels.fp8_matmul_triton:SUM_IN_KERNEL=1), the attention's merge in the split-keys kernel
-# (kernels.short_attention:MERGE_IN_KERNEL=1)
-WITH_SET="import importlib, os, runpy, sys; sets = [e.partition(':') for e in \
-os.environ['SET'].split(',')]; [setattr(importlib.import_module(m), kv.partition('=')[0], \
-int(kv.partition('=')[2])) for m, _, kv in sets]; run = os.environ.get('RUN', \
-'benchmarks.generate'); sys.argv = [run] + sys.argv[1:]; runpy.run_module(run, \
-run_name='__main__')"
+# Module switches timed both ways in one process (the benchmarks' --settings SPEC ...,
+# module:NAME=int[,...], jax's caches cleared between): the FFN's row padding
+# (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before 9b88de3), the
+# split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused gate/up + SwiGLU
+# kernel (kernels.gate_up_swiglu:FUSE), the split-K sum in the Triton GEMM
+# (kernels.fp8_matmul_triton:SUM_IN_KERNEL), the attention's merge in the split-keys kernel
+# (kernels.short_attention:MERGE_IN_KERNEL)
 # fp8_ffn's printed rows, the device times only
-FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'ffn_bf16_device_ms', \
+FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'settings', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
 # After a GPU test run written to $1 (its status in $?): the lines matching $2; false, with a
@@ -123,45 +118,35 @@ case "${1:-1}" in
 42)
   # issue 20: the split-keys attention with the key shares' states merged in the kernel by
   # the last share (short_attention.MERGE_IN_KERNEL): GPU tests; the kernel alone, both
-  # merges; the dual step (batch 1, or BATCHES; bf16 and FP8) with each, in its own process
+  # merges; the dual step (batch 1, or BATCHES; bf16 and FP8) with each
   timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
     "short_attention" -p no:cacheprovider > "$OUT/pytest_short_merged_gpu.log" 2>&1
   tests_passed "$OUT/pytest_short_merged_gpu.log" "passed\|failed" || exit 1
   timeout -k 5 ${ATT_S:-120} python3 -m benchmarks.short_attention --shapes \
     1:32:768,8:32:768,1:256:768 --splits 6 2>&1 | tee "$OUT/short_attention_merged.log" \
     | quiet | tail -20
-  for merge in 0 1; do
-    echo "MERGE_IN_KERNEL=$merge" | tee -a "$OUT/generate_dual_merged.log"
-    SET=kernels.short_attention:MERGE_IN_KERNEL=$merge timeout -k 5 ${GEN_S:-150} \
-      python3 -c "$WITH_SET" --batch ${BATCHES:-1} --prompt 512 --modes dual --decoding \
-      threshold --fp8-ffn both --iters 2 2>&1 | tee -a "$OUT/generate_dual_merged.log" \
-      | quiet | grep "^B=\|ceilings"
-  done ;;
+  timeout -k 5 ${GEN_S:-240} python3 -m benchmarks.generate --batch ${BATCHES:-1} \
+    --prompt 512 --modes dual --decoding threshold --fp8-ffn both --iters 2 --settings \
+    kernels.short_attention:MERGE_IN_KERNEL=0 kernels.short_attention:MERGE_IN_KERNEL=1 2>&1 \
+    | tee "$OUT/generate_dual_merged.log" | quiet | grep "^B=\|ceilings" ;;
 41)
   # issues 20, 23: the gate/up GEMM with SwiGLU + quantisation in its epilogue at decode rows
   # (kernels/gate_up_swiglu.py) and the Triton GEMM's split-K sum in the kernel
   # (TritonTiles.sum_in_kernel): their GPU tests; the FFN at 32 rows by device time as now
-  # (unfused, XLA's sums), fused, and fused with the sums in the kernel, each in its own
-  # process (43: the dual step in the same three settings)
+  # (unfused, XLA's sums), fused, and fused with the sums in the kernel (43: the dual step in
+  # the same three settings)
   timeout -k 5 ${TEST_S:-180} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
     "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider \
     > "$OUT/pytest_decode_ffn_gpu.log" 2>&1
   tests_passed "$OUT/pytest_decode_ffn_gpu.log" "passed\|failed\|identical" || exit 1
-  for set in $DECODE_SETS; do
-    echo "$set" | tee -a "$OUT/fp8_ffn_fused.log"
-    RUN=benchmarks.fp8_ffn SET=$set timeout -k 5 ${FFN_S:-100} python3 -c "$WITH_SET" \
-      --ms 32 --ablation-layers 0 --trace 2>&1 | tee -a "$OUT/fp8_ffn_fused.log" \
-      | grep "^{'M'" | python3 -c "$FFN_ROW"
-  done ;;
+  timeout -k 5 ${FFN_S:-240} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+    --trace --settings $DECODE_SETS 2>&1 | tee "$OUT/fp8_ffn_fused.log" | grep "^{'M'" \
+    | python3 -c "$FFN_ROW" ;;
 43)
-  # issues 20, 23: the batch-1 dual step (FP8 FFN) in 41's three settings, each in its own
-  # process
-  for set in $DECODE_SETS; do
-    echo "$set" | tee -a "$OUT/generate_dual_fused.log"
-    SET=$set timeout -k 5 ${GEN_S:-170} python3 -c "$WITH_SET" --batch 1 --prompt 512 \
-      --modes dual --decoding threshold --fp8-ffn on --iters 2 2>&1 \
-      | tee -a "$OUT/generate_dual_fused.log" | quiet | grep "^B=\|ceilings"
-  done ;;
+  # issues 20, 23: the batch-1 dual step (FP8 FFN) in 41's three settings
+  timeout -k 5 ${GEN_S:-360} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-3} --settings $DECODE_SETS 2>&1 \
+    | tee "$OUT/generate_dual_fused.log" | quiet | grep "^B=\|ceilings" ;;
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
@@ -244,13 +229,10 @@ case "${1:-1}" in
   timeout -k 5 ${ATT_S:-150} python3 -m benchmarks.short_attention --shapes \
     1:32:768,1:96:768,1:160:768,1:256:768,8:256:768 --splits 2,4 2>&1 \
     | tee "$OUT/short_attention_rows.log" | quiet | tail -30
-  for rows in 64 256; do
-    echo "MAX_ROWS=$rows" | tee -a "$OUT/generate_prefix_rows.log"
-    SET=kernels.short_attention:MAX_ROWS=$rows timeout -k 5 ${GEN_S:-150} \
-      python3 -c "$WITH_SET" --batch 1 --prompt 512 --modes prefix --decoding fixed \
-      --fp8-ffn both --iters 2 2>&1 \
-      | tee -a "$OUT/generate_prefix_rows.log" | quiet | grep "^B=\|ceilings"
-  done ;;
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    prefix --decoding fixed --fp8-ffn both --iters 2 --settings \
+    kernels.short_attention:MAX_ROWS=64 kernels.short_attention:MAX_ROWS=256 2>&1 \
+    | tee "$OUT/generate_prefix_rows.log" | quiet | grep "^B=\|ceilings" ;;
 34)
   # issue 23: a canvas of 756 rows (prompt 500 + gen 256), exact + FP8 both ways, none (bf16:
   # no FP8 kernel, the same either way) with the second; then the column split at 672 rows
@@ -258,9 +240,9 @@ case "${1:-1}" in
   for align in 1 16; do
     modes=exact fp8=on; [ $align = 16 ] && modes=none,exact fp8=both
     echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_p500.log"
-    SET=lacache_jax.quant:ROW_ALIGN=$align timeout -k 5 ${GEN_S:-150} \
-      python3 -c "$WITH_SET" --batch 1 --prompt 500 \
-      --modes $modes --decoding fixed --fp8-ffn $fp8 --iters 1 2>&1 \
+    timeout -k 5 ${GEN_S:-150} python3 -m benchmarks.generate --settings \
+      lacache_jax.quant:ROW_ALIGN=$align --batch 1 --prompt 500 --modes $modes --decoding \
+      fixed --fp8-ffn $fp8 --iters 1 2>&1 \
       | tee -a "$OUT/generate_row_align_p500.log" | quiet | grep "^B=\|ceilings"
   done
   timeout -k 5 ${SPLIT_S:-200} python3 -m benchmarks.fp8_gemm --cublaslt-split \
@@ -274,9 +256,9 @@ case "${1:-1}" in
   for align in 1 16; do
     dpad=on; [ $align = 16 ] && dpad=${DPAD_16:-on}
     echo "ROW_ALIGN=$align" | tee -a "$OUT/generate_row_align_dpad.log"
-    SET=lacache_jax.quant:ROW_ALIGN=$align timeout -k 5 ${GEN_S:-270} \
-      python3 -c "$WITH_SET" --batch 1 --prompt 512 \
-      --modes exact --decoding fixed --fp8-ffn on --dpad $dpad --iters 1 2>&1 \
+    timeout -k 5 ${GEN_S:-270} python3 -m benchmarks.generate --settings \
+      lacache_jax.quant:ROW_ALIGN=$align --batch 1 --prompt 512 --modes exact --decoding \
+      fixed --fp8-ffn on --dpad $dpad --iters 1 2>&1 \
       | tee -a "$OUT/generate_row_align_dpad.log" | quiet | grep "^B=\|ceilings"
   done ;;
 32)

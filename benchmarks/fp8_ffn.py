@@ -5,6 +5,7 @@ FP8 weight-read floor, and the accuracy ablation (group / token / tensor activat
 
     python -m benchmarks.fp8_ffn [--ms 32,256,1024,4096,16384] [--ablation-layers 32]
         [--quant-tiles 16x1,1x32x1,4x32x4] [--quant-ms 768,1024,4096] [--trace]
+        [--settings SPEC [SPEC ...]]
 
 --quant-tiles: the two quantisation kernels at each rows x groups[x warps] tile (32 groups =
 LLaDA's whole 4096-wide rows: the RMSNorm kernel then computes its statistics itself; a tile
@@ -12,7 +13,8 @@ a kernel refuses is recorded as such), and XLA's fusion of each reference, at --
 Times are per call with dependent calls chained in one jitted program (`time_chained`);
 `--trace` adds the FFNs' and the quantisation tiles' device time per call from one profiled
 run of that program (`device_chained`: without the program's dispatch, which the FFI GEMM
-and Pallas calls enlarge).
+and Pallas calls enlarge). `--settings`: the FFN rows again under each SPEC of module-level
+kernel switches (`module:NAME=int[,...]`, `common.parse_settings`), in this process.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import lacache_jax as lj
-from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings, time_chained,
-                               write_result)
+from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings,
+                               module_settings, parse_settings, time_chained, write_result)
 from kernels.fp8_matmul import fp8_matmul
 from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas,
                                  rmsnorm_quant_ref, swiglu_quant, swiglu_quant_pallas,
@@ -42,7 +44,7 @@ def ffn_layer(cfg, key):
     return dataclasses.replace(layer, ffn8=None), layer
 
 
-def layer_times(cfg, ceil, ms, rows, traced: bool = False):
+def layer_times(cfg, ceil, ms, rows, traced: bool = False, settings: str = ""):
     bf16_layer, fp8_layer = ffn_layer(cfg, jax.random.key(0))
     w = fp8_layer.ffn8
     D, F = cfg.d_model, cfg.d_ff
@@ -67,7 +69,7 @@ def layer_times(cfg, ceil, ms, rows, traced: bool = False):
         w16 = bf16_layer.w_gate_up
         xla16 = time_chained(lambda h: h @ w16, x[0], n=n)["median_ms"]
         gemm_flops = 2.0 * M * D * 2 * F
-        row = dict(M=M, ffn_bf16_ms=t16, ffn_fp8_ms=t8, fp8_speedup=t16 / t8,
+        row = dict(M=M, settings=settings, ffn_bf16_ms=t16, ffn_fp8_ms=t8, fp8_speedup=t16 / t8,
                    fp8_rel_err_vs_bf16=fp8_err,
                    gate_up_gemm_ms=gemm, gate_up_tflops=gemm_flops / gemm / 1e9,
                    xla_fp8_per_tensor_ms=xla8, xla_fp8_tflops=gemm_flops / xla8 / 1e9,
@@ -181,7 +183,11 @@ def main():
     ap.add_argument("--quant-ms", default="1024,4096")
     ap.add_argument("--trace", action="store_true",
                     help="also the FFNs' device time per call (one profiled run each)")
+    ap.add_argument("--settings", nargs="+", default=[""], metavar="SPEC",
+                    help="module:NAME=int[,...] switches, each SPEC a run of the FFN rows")
     args = ap.parse_args()
+    for spec in args.settings:
+        parse_settings(spec)  # a typo fails before the ceilings are measured
     cfg = lj.llada_8b()
     ceil = measure_ceilings()
     rows, abl, qrows = [], {}, []
@@ -189,7 +195,10 @@ def main():
     try:  # the ablation first: it is cheap, and a time-boxed run keeps what finished
         if args.ablation_layers:
             abl.update(ablation(cfg, args.ablation_layers))
-        layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, args.trace)
+        for spec in args.settings:
+            with module_settings(spec):
+                layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, args.trace,
+                            spec)
         if args.quant_tiles:
             tiles = [QuantTiles(*map(int, t.split("x"))) for t in args.quant_tiles.split(",")]
             quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows,

@@ -4,7 +4,7 @@
                                   [--decoding fixed,threshold] [--prompt 512,1024]
                                   [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
                                   [--dual-update xla,fused] [--short-attention split,cudnn]
-                                  [--trace] [--tiny]
+                                  [--settings SPEC [SPEC ...]] [--trace] [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -20,6 +20,10 @@ projection, RoPE and cache write through XLA's ops (the default) and through Fla
 fused cache-update kernel (`lacache_jax.cache.dual_update`), side by side.
 `--short-attention split,cudnn` runs every configuration with a few query rows' attention
 (a dual-cache step's block) through the split-keys kernel (the default) and through cuDNN.
+`--settings` runs every configuration under each SPEC of module-level kernel switches
+(`module:NAME=int[,...]`, `common.parse_settings`; e.g. `kernels.gate_up_swiglu:FUSE=0` and
+`kernels.gate_up_swiglu:FUSE=1`), in one process with jax's caches cleared between: a switch
+timed both ways against the same ceilings, weights and prompts.
 `--tiny` runs a tiny random model (lj.tiny, fp32) instead: a CPU check of the harness.
 """
 
@@ -35,7 +39,8 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, idle_gaps,
-                               llada_8b_setup, measure_ceilings, time_run, trace, write_result)
+                               llada_8b_setup, measure_ceilings, module_settings,
+                               parse_settings, time_run, trace, write_result)
 from lacache_jax.cache import block_rows, dual_update
 from lacache_jax.model import short_attention_implementation
 
@@ -126,6 +131,9 @@ def main():
                     help="comma-separated among xla,fused: how dual's later steps write K/V")
     ap.add_argument("--short-attention", default="split",
                     help="comma-separated among split,cudnn: a few query rows' attention")
+    ap.add_argument("--settings", nargs="+", default=[""], metavar="SPEC",
+                    help="module:NAME=int[,...] switches, each SPEC a run of every "
+                         "configuration")
     ap.add_argument("--trace", action="store_true",
                     help="one more run of each configuration under the profiler")
     ap.add_argument("--trace-top", type=int, default=6,
@@ -133,6 +141,8 @@ def main():
     ap.add_argument("--tiny", action="store_true",
                     help="a tiny random fp32 model (lj.tiny) instead of LLaDA-8B: a CPU check")
     args = ap.parse_args()
+    for spec in args.settings:
+        parse_settings(spec)  # a typo fails before the weights are built
 
     cfg, ceil, params = setup(args.tiny, args.layers)
     if args.fp8_ffn != "off":
@@ -172,9 +182,10 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         if a not in short_attention_implementation.choices:
             raise SystemExit(f"--short-attention: {a!r} is not one of "
                              f"{short_attention_implementation.choices}")
-    for B, P, decoding, mode, fp8, dp, update, short in itertools.product(
+    for B, P, decoding, mode, fp8, dp, update, short, spec in itertools.product(
             map(int, args.batch.split(",")), map(int, args.prompt.split(",")),
-            args.decoding.split(","), args.modes.split(","), fp8s, dpads, updates, shorts):
+            args.decoding.split(","), args.modes.split(","), fp8s, dpads, updates, shorts,
+            args.settings):
         if update != "xla" and mode != "dual":
             continue  # only the dual cache's later steps have the choice
         gen = lj.GenerationConfig(
@@ -183,28 +194,37 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
             fp8_ffn=fp8, dpad=dp)
         if len(updates) > 1 or len(shorts) > 1:  # choices read while tracing: no reuse
             jax.clear_caches()
-        with dual_update(update), short_attention_implementation(short):
+        with dual_update(update), short_attention_implementation(short), \
+                module_settings(spec):
             r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace,
                                 top=args.trace_top)
         if mode == "none" and not fp8 and dp is None:
             baseline[B, P, decoding] = tokens
         if update == "xla":
-            baseline[B, P, decoding, mode, fp8, dp] = tokens
+            baseline[B, P, decoding, mode, fp8, dp, spec] = tokens
+        if spec == args.settings[0]:
+            baseline[B, P, decoding, mode, fp8, dp, update, short] = tokens
         # bf16: exact caching sums layer 0's attention in another order than cuDNN does.
         r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, dual_update=update,
-                 short_attention=short,
+                 short_attention=short, settings=spec,
                  dpad=None if dp is None else dp.strategy, same_generated_as_none=(
                      float(np.mean(tokens == baseline[B, P, decoding]))
                      if (B, P, decoding) in baseline and dp is None else None))
-        xla = baseline.get((B, P, decoding, mode, fp8, dp))
+        xla = baseline.get((B, P, decoding, mode, fp8, dp, spec))
         if update != "xla" and xla is not None:  # bf16: another summation order, near-ties
             r["same_generated_as_xla_update"] = float(np.mean(tokens == xla))
+        if spec != args.settings[0]:  # a switch that changes the sums' order may flip ties
+            r["same_generated_as_first_settings"] = float(np.mean(
+                tokens == baseline[B, P, decoding, mode, fp8, dp, update, short]))
         rows.append(r)
         rows_txt = ", ".join(f"{a}/{b}" for a, b in r["rows_per_block"])
         vs_xla = ("" if update == "xla" else
                   f"  generated tokens as the xla update's {r.get('same_generated_as_xla_update')}")
+        if spec != args.settings[0]:
+            vs_xla += (f"  generated tokens as {args.settings[0] or 'no settings'}'s "
+                       f"{r['same_generated_as_first_settings']}")
         print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} dpad {r['dpad'] or 'off'} "
-              f"update {update} short {short} "
+              f"update {update} short {short} {spec} "
               f"{r['latency_s']:6.2f} s  "
               f"{r['ms_per_step']:6.2f} ms/step (floor {r['floor_ms']:.2f}, "
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
@@ -227,11 +247,11 @@ def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
                                      "tiny": tiny, "rows": rows})
     print(f"ceilings: bf16 matmul {ceil['bf16_matmul_tflops']:.0f} TFLOP/s, "
           f"copy {ceil['copy_tb_per_s']:.2f} TB/s -> {path}")
-    print("| B | prompt | cache | decoding | fp8 FFN | DPad | dual update | latency s | "
-          "tokens/s | NFE | "
+    print("| B | prompt | cache | decoding | fp8 FFN | DPad | dual update | settings | "
+          "latency s | tokens/s | NFE | "
           "ms/step | × no DPad | floor ms (measured / reference) | "
           "× floor (measured / reference) | compile s | XLA temp GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = {_key(r): r["ms_per_step"] for r in rows if r["dpad"] is None}
     for r in rows:
         ratio = (f"{r['ms_per_step'] / plain[_key(r)]:.2f}"
@@ -239,6 +259,7 @@ def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
         print(f"| {r['B']} | {r['prompt']} | {r['cache']} | {r['decoding']} | "
               f"{'yes' if r['fp8_ffn'] else 'no'} | {r['dpad'] or 'off'} | "
               f"{r.get('dual_update', 'xla') if r['cache'] == 'dual' else ''} | "
+              f"{r.get('settings', '')} | "
               f"{r['latency_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['nfe']:.0f} | {r['ms_per_step']:.2f} | {ratio} | "
               f"{r['floor_ms']:.2f} / {r['ref_floor_ms']:.2f} | {r['x_floor']:.2f} / "
@@ -248,7 +269,8 @@ def report(cfg, ceil, rows, *, gen: int, block: int, dpad: dict | None = None,
 
 def _key(r: dict) -> tuple:
     """A row's configuration without its DPad setting."""
-    return r["B"], r["prompt"], r["cache"], r["decoding"], r["fp8_ffn"], r.get("dual_update")
+    return (r["B"], r["prompt"], r["cache"], r["decoding"], r["fp8_ffn"], r.get("dual_update"),
+            r.get("settings"))
 
 
 if __name__ == "__main__":

@@ -211,6 +211,37 @@ def test_benchmark_runs_each_short_attention_choice(tmp_path, monkeypatch):
         bench.main()
 
 
+SWITCH = 0  # a module-level switch for `generate --settings` (kernels read theirs while tracing)
+
+
+def test_benchmark_runs_each_module_setting(tmp_path, monkeypatch):
+    """`generate --settings SPEC ...`: every configuration once per SPEC, with the switch set
+    while it runs and restored after, each row saying which; a misspelt switch refused before
+    the weights are built."""
+    from benchmarks import generate as bench
+    monkeypatch.setenv("OUT", str(tmp_path))
+    seen, run_one = [], bench.run_one
+
+    def recording(*args, **kwargs):
+        seen.append(SWITCH)
+        return run_one(*args, **kwargs)
+    monkeypatch.setattr(bench, "run_one", recording)
+    argv = ["generate", "--tiny", "--layers", "1", "--batch", "1", "--modes", "none,dual",
+            "--decoding", "fixed", "--prompt", "16", "--gen", "16", "--block", "8", "--iters",
+            "1", "--settings"]
+    monkeypatch.setattr("sys.argv", argv + [f"{__name__}:SWITCH=3", f"{__name__}:SWITCH=5"])
+    bench.main()
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert seen == [3, 5, 3, 5] and SWITCH == 0
+    assert [(r["cache"], r["settings"]) for r in rows] == [
+        (c, f"{__name__}:SWITCH={v}") for c in ("none", "dual") for v in (3, 5)]
+    assert all(r["same_generated_as_first_settings"] == 1.0 for r in rows[1::2])
+    monkeypatch.setattr(bench, "setup", lambda *a: pytest.fail("built before the check"))
+    monkeypatch.setattr("sys.argv", argv + [f"{__name__}:SWICH=1"])
+    with pytest.raises(SystemExit, match="SWICH is not a module-level int"):
+        bench.main()
+
+
 def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch, capsys):
     """`python -m benchmarks.fp8_e2e --tiny`: every run without and with the FP8 FFN, its
     steps field honoured, the JSON and the table written (the eighth session's device call 4
