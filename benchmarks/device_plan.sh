@@ -6,17 +6,17 @@
 # twenty-sixth and twenty-eighth were lent no device (the twenty-eighth's one call, stage 33,
 # found no machine to start). Done in the twenty-ninth, on an H100: 33, 35, 22 (all 47); in
 # the thirtieth, on an H200: 37, 36 (the FP8 GEMMs' rates at the power limit); the
-# thirty-first was lent none (one failed start, then loans paused).
+# thirty-first was lent none (one failed start, then loans paused); the thirty-second, on an
+# H100 after four failed starts: 41, 42, 43 (each new kernel slower in the step: all stay off)
+# and 22 (all 50 GPU tests pass at 529a41c).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 41, 43 and 42 (new code: the fused gate/up + SwiGLU kernel, the
-# in-kernel split-K sum and attention merge: their GPU tests, then their timing), 22 (PART=2
-# then 1: the suite last ran whole at a530ddf), 39 (on an H200: the power limit is the H200's
-# question), 40; 33 again on an H200 (padded once ran 1.05x on the H100, one run each;
-# DPAD_16=both adds no DPad in the same process) and 34 (the same at an unaligned prompt), 26
-# at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# Left, in priority order: 39 (on an H200: the power limit is the H200's question), 40; 33
+# again on an H200 (padded once ran 1.05x on the H100, one run each; DPAD_16=both adds no
+# DPad in the same process) and 34 (the same at an unaligned prompt), 26 at M 6144 (batch 8's
+# tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the shares at every
 # prefix block size); 21 with TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
@@ -109,11 +109,11 @@ tests_passed() {
   grep -v -i warn "$1" | grep "$2" | tail -12
   [[ $rc == 0 ]] || { echo "GPU tests failed (rc $rc): nothing timed"; return 1; }
 }
-# 41 and 43's settings: as now; the fused gate/up kernel; and with the split-K sum in the
-# Triton GEMM too
-DECODE_SETS="kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
-kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
-kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"
+# 41 and 43's settings (or DECODE_SETS'): as now; the fused gate/up kernel; and with the
+# split-K sum in the Triton GEMM too
+DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_triton:\
+SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
+kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
 42)
   # issue 20: the split-keys attention with the key shares' states merged in the kernel by

@@ -88,10 +88,12 @@ class TritonTiles:
 
 
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
-# Off until timed on a GPU (`benchmarks/device_plan.sh` 41): the partials at the dual step's
-# 32 rows (down: 12 splits, 6.3 MB written and read again by XLA's sum in the residual add)
-# are a quarter of the down GEMM's weight bytes. Read when a caller is traced: set it before
-# the first call (the device plan runs one process per setting).
+# The partials at the dual step's 32 rows (down: 12 splits, 6.3 MB written and read again by
+# XLA's sum in the residual add) are a quarter of the down GEMM's weight bytes, but summing
+# them in the kernel made the FFN at 32 rows 15% slower on an H100 (85.4 against 74.4 us of
+# device time, RESULTS.md thirty-second session: each tile's last program reads the 12
+# partials alone, after the others), so it is off. Read when a caller is traced: set it
+# before the first call.
 SUM_IN_KERNEL = 0
 
 

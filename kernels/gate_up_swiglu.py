@@ -20,8 +20,11 @@ otherwise: tensor-parallel shards' narrower F splits K more).
 
 What it saves at the dual step's 32 rows (H200, RESULTS.md twenty-second and twenty-fourth
 sessions' traces): the SwiGLU + quantisation kernel (2.5 us a layer), the split-K sum of
-gate/up (its own fusion before that kernel) and the bf16 product's round trip; not yet run on
-a GPU, so the dispatch leaves it off (`FUSE`) until `benchmarks/device_plan.sh` 41 has.
+gate/up (its own fusion before that kernel) and the bf16 product's round trip. On an H100
+(RESULTS.md thirty-second session) its GPU tests pass, bit for bit the unfused kernels at
+LLaDA's widths, and the FFN alone at 32 rows takes 1.7% less device time, but the batch-1
+dual step runs 1.6% slower with it (5.48 against 5.39 ms, twice each, alternated in one
+process), so the dispatch leaves it off (`FUSE`).
 """
 
 from __future__ import annotations
@@ -116,10 +119,9 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     return q[:M], (s[:, :M].T if group_major else s[:M])
 
 
-# Whether the dispatch fuses where it can (`takes`). Off until its GPU tests have passed and
-# it has been timed against the unfused kernels (`benchmarks/device_plan.sh` 41, which sets
-# it each way); until then only the CPU's interpreter has run it. Read when the FFN is
-# traced: set it before the first call.
+# Whether the dispatch fuses where it can (`takes`). Off: slower in the dual step on an H100
+# (module docstring). Read when the FFN is traced: set it before the first call (the
+# benchmarks' `--settings` time it both ways).
 FUSE = 0
 
 

@@ -39,8 +39,9 @@ PROGRAMS = 264  # aimed-at programs, a wave as `shares` counts it: two per SM of
 # Whether the default merges the key shares' states in the kernel (the last share of each
 # (batch, head, row tile) to finish merges them: `merge="kernel"`) instead of XLA's three
 # fusions after it (1.8 + 1.3 + 1.9 us a layer at the dual step's block, RESULTS.md
-# twenty-fourth session). Off until timed on a GPU (`benchmarks/device_plan.sh` 42). Read when
-# a caller is traced: set it before the first call (the device plan runs one process each).
+# twenty-fourth session). Off: on an H100 (thirty-second session) it passes its GPU tests but
+# takes 12.1 us a call against 8.4 for the kernel + XLA's merge at batch 1's 32 rows, and the
+# dual step is 0.5% slower with it. Read when a caller is traced: set it before the first call.
 MERGE_IN_KERNEL = 0
 
 
