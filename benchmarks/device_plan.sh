@@ -13,7 +13,8 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 39 (on an H200: the power limit is the H200's question), 40; 33
+# Left, in priority order: 44 (why the FP8 GEMM at 32 rows reads at 1.7-2.0 TB/s: its PTX),
+# 39 (on an H200: the power limit is the H200's question), 40; 33
 # again on an H200 (padded once ran 1.05x on the H100, one run each; DPAD_16=both adds no
 # DPad in the same process) and 34 (the same at an unaligned prompt), 26 at M 6144 (batch 8's
 # tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
@@ -21,6 +22,7 @@
 # prefix block size); 21 with TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
 # program pair; only 132 programs, heads cut unevenly, were tried):
+#  44  issue 20: the FP8 FFN's kernels at 32 rows in PTX: what their K loops load and wait on
 #  43  issues 20, 23: 41's settings in the batch-1 dual step
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
@@ -115,6 +117,18 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+44)
+  # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.7-2.0 TB/s, the bf16 GEMM at 2.7
+  # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
+  # step's). Its kernels' PTX from XLA's dump of the FFN at 32 rows: which loads the K loop
+  # issues ahead (cp.async, TMA) and which it waits on (ld.global: the per-group scales?)
+  XLA_FLAGS="--xla_dump_to=/tmp/dump44" timeout -k 5 ${FFN_S:-200} python3 -m \
+    benchmarks.fp8_ffn --ms 32 --ablation-layers 0 > "$OUT/fp8_ffn_dumped.log" 2>&1
+  echo "PTX files: $(find /tmp/dump44 -name "*.ptx" | wc -l)"
+  python3 -m benchmarks.ptx_loops /tmp/dump44 --kernel "" --top 0 | awk '{print $2}' \
+    | sort | uniq -c | sort -rn | head -60 > "$OUT/ptx_kernel_names.log"
+  python3 -m benchmarks.ptx_loops /tmp/dump44 --kernel ${KERNEL:-fp8} --top 4 --save "$OUT" \
+    --most 2 2>&1 | tee "$OUT/ptx_loops_fp8.log" | cut -c1-300 | head -40 ;;
 42)
   # issue 20: the split-keys attention with the key shares' states merged in the kernel by
   # the last share (short_attention.MERGE_IN_KERNEL): GPU tests; the kernel alone, both

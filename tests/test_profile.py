@@ -101,3 +101,56 @@ def test_demo_model_and_task_tokenizers_load_without_leaving_files(tmp_path, mon
     encoder = train_demo._encoder.__wrapped__("arith")
     assert encoder.tokenizer.encode("12+3=") == tok.encode("12+3=")
     assert list(tmp_path.iterdir()) == []
+
+
+PTX = """
+.version 8.4
+.visible .entry fp8_matmul_kernel(
+    .param .u64 p0
+)
+{
+    ld.param.u64 %rd1, [p0];
+$L__BB0_1:
+    cp.async.cg.shared.global [%r1], [%rd2], 16;
+    cp.async.commit_group;
+    @%p1 ld.global.b32 %r2, [%rd3];
+$L__BB0_2:
+    wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%f1}, %rd4, %rd5, 1, 1, 1;
+    @%p2 bra $L__BB0_2;
+    cp.async.wait_group 1;
+    bar.sync 0;
+    @!%p3 bra.uni $L__BB0_1;
+    st.global.b32 [%rd6], %r3;
+    ret;
+}
+.visible .entry other_kernel(
+    .param .u64 p0
+)
+{
+    ld.global.b32 %r1, [%rd1];
+    ret;
+}
+"""
+
+
+def test_ptx_loops_counts_each_loops_instructions(tmp_path, capsys):
+    """`benchmarks.ptx_loops`: a kernel's loops (nested ones too) and what each does, from a
+    dump directory's .ptx files; kernels by name; a directory without one says so."""
+    from benchmarks import ptx_loops
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "module_0001.ptx").write_text(PTX)
+    kernels = ptx_loops.kernels(PTX)
+    assert list(kernels) == ["fp8_matmul_kernel", "other_kernel"]
+    outer, inner = ptx_loops.loops(kernels["fp8_matmul_kernel"])
+    assert (outer.counts["cp.async"], outer.counts["async wait"], outer.counts["ld.global"],
+            outer.counts["wgmma"], outer.counts["bar"], outer.counts["st.global"]) == (
+        1, 2, 1, 1, 1, 0)
+    assert inner.counts["wgmma"] == 1 and inner.counts["instructions"] == 2
+    assert inner.first > outer.first and inner.last < outer.last
+    lines = ptx_loops.report(tmp_path, "fp8_matmul", top=3)
+    assert len(lines) == 3 and lines[0].startswith("module_0001.ptx fp8_matmul_kernel: ")
+    assert "st.global 1" in lines[0] and "ld.global 1" in lines[1]
+    assert ptx_loops.report(tmp_path, "absent", 3)[0].startswith("no kernel named *absent*")
+    saved = ptx_loops.save(tmp_path, "kernel", tmp_path / "out", most=1)
+    assert [p.name for p in saved] == ["fp8_matmul_kernel.ptx"]
+    assert saved[0].read_text().splitlines() == kernels["fp8_matmul_kernel"]
