@@ -13,13 +13,14 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 44 (why the FP8 GEMM at 32 rows reads at 1.7-2.0 TB/s: its PTX),
-# 39 (on an H200: the power limit is the H200's question), 40; 33
-# again on an H200 (padded once ran 1.05x on the H100, one run each; DPAD_16=both adds no
-# DPad in the same process) and 34 (the same at an unaligned prompt), 26 at M 6144 (batch 8's
-# tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
-# QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8 rows, and the shares at every
-# prefix block size); 21 with TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
+# Left, in priority order: 44 (why the FP8 GEMM at 32 rows reads at 1.7-2.1 TB/s: its PTX)
+# and 40 (its tiles with the K groups loaded ahead, TritonTiles.prefetch), 39 (on an H200:
+# the power limit is the H200's question); 33 again on an H200 (padded once ran 1.05x on
+# the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
+# at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
+# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8
+# rows, and the shares at every prefix block size); 21 with
+# TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
 # program pair; only 132 programs, heads cut unevenly, were tried):
 #  44  issue 20: the FP8 FFN's kernels at 32 rows in PTX: what their K loops load and wait on
@@ -27,7 +28,8 @@
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
 #      rows: GPU tests, the FFN
-#  40  issues 20, 23: the Triton (and Mosaic GPU) FP8 decode tiles at 32 rows by device time
+#  40  issues 20, 23: the Triton FP8 decode tiles at 32 rows by device time, the K groups
+#      loaded ahead (TritonTiles.prefetch) among them; the Mosaic GPU ones
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
 #  38  issue 20: the split-keys kernel's shares at 128-256 rows and batch 8's 32
 #  37  issue 20: the split-keys kernel's shares filling one wave at the prefix step's row
@@ -118,7 +120,7 @@ SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_K
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
 44)
-  # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.7-2.0 TB/s, the bf16 GEMM at 2.7
+  # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.7-2.1 TB/s, the bf16 GEMM at 2.7
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
   # step's). Its kernels' PTX from XLA's dump of the FFN at 32 rows: which loads the K loop
   # issues ahead (cp.async, TMA) and which it waits on (ld.global: the per-group scales?)
@@ -164,13 +166,19 @@ case "${1:-1}" in
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
-  # column tile x K splits x stages, transposed and not, the split-K sum by XLA and in the
-  # kernel
-  for spec in ${TILE_SPECS:-gate_up:1,2,4 down:3,6,12}; do
+  # K splits x Triton's pipeline stages (1: none) x the K groups loaded ahead in registers
+  # (TritonTiles.prefetch), at the 128-column default tile (BLOCK_NS; the narrow tiles ran
+  # in the sixteenth and seventeenth sessions, the split-K sum in the kernel lost in the
+  # thirty-second): does loading ahead lift the weight reads from 1.7-2.1 TB/s? Its GPU test
+  # first (the same bits as without)
+  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
+    -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1
+  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
     timeout -k 5 ${TILE_S:-200} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
-      --shapes ${spec%%:*} --block-ns 64,128 --splits ${spec#*:} --rounds ${ROUNDS:-2} \
-      --device-time --sum-in-kernel 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet \
-      | grep "^best\|xla"
+      --shapes ${spec%%:*} --block-ns ${BLOCK_NS:-128} --splits ${spec#*:} --stages \
+      ${STAGES:-1,3,4} --prefetch ${PREFETCH:-0,1,2} --rounds ${ROUNDS:-2} --device-time \
+      2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet | grep "^best\|xla"
   done
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
   # same measure: does TMA streaming beat Triton's loads at 32 rows?

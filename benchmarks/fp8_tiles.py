@@ -3,12 +3,13 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--rounds 5] [--device-time] [--sum-in-kernel]
+        [--stages 3,4] [--prefetch 0,1,2] [--sum-in-kernel] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
-warps, 3 and 4 stages, tiles under 128 columns transposed and not: at decode rows each
+warps, over `--stages` (default 3 and 4) and `--prefetch` (`TritonTiles.prefetch`, default
+0), tiles under 128 columns transposed and not: at decode rows each
 program's K loop is short (down at M 32 in 128-column tiles: 96 K groups over 12 splits, 8 a
 program), and narrower column tiles give as many programs with fewer splits (longer loops,
 fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
@@ -41,28 +42,43 @@ from lacache_jax.quant import quantize_act, quantize_weight
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeSweep:
+    """The Pallas decode sweep's axes; without column tiles or splits there is none."""
+    block_ns: tuple[int, ...] = ()
+    splits: tuple[int, ...] = ()
+    stages: tuple[int, ...] = (3, 4)
+    prefetches: tuple[int, ...] = (0,)
+    sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
+
+    def __bool__(self) -> bool:
+        return bool(self.block_ns or self.splits)
+
+
 def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
-            block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
-            sum_in_kernel: bool = False):
-    """With `block_ns` or `splits` (Pallas): the decode sweep of the module docstring.
+            decode: DecodeSweep = DecodeSweep()):
+    """With `decode`'s column tiles or splits (Pallas): the decode sweep of the module
+    docstring.
     Otherwise Pallas (Triton): row tile from M up to 64, 128 columns, warps, pipeline stages
     (the first sweep, RESULTS.md, found 128-row and 256-column tiles slower), and from 64 rows
     down each tile transposed (`swap`: the weights on the MMA's wide side). Mosaic GPU (128
     columns: 256 was slower in the second sweep): warp-specialised or not (not at decode
     shapes, whose 64 rows fill one warpgroup), TMA stages, K groups per pipeline step, K
     splits (where the output tiles are fewer than 2 per SM)."""
-    if pallas and (block_ns or splits):
+    if pallas and decode:
         # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
-        # are left out) x stages; a narrow tile also untransposed: `swap` puts the weight rows
-        # on the MMA's M side, where fewer than 64 of them miss wgmma
-        base, G = TritonTiles.get_default(M, N, K), K // GROUP
+        # are left out) x stages x prefetch; a narrow tile also untransposed: `swap` puts the
+        # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
+        d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk)
-                for bn in block_ns or (base.block_n,) if N % bn == 0
-                for sp in splits or (k_splits(-(-M // base.block_m), N // bn, G),) if G % sp == 0
+                                    sum_in_kernel=sk, prefetch=pf)
+                for bn in d.block_ns or (base.block_n,) if N % bn == 0
+                for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
+                if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
-                for ns in (3, 4)
-                for sk in ((False, True) if sum_in_kernel and sp > 1 else (False,))]
+                for ns in d.stages
+                for pf in d.prefetches
+                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -82,8 +98,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
 
 
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
-          copy_tb_s: float, block_ns: tuple[int, ...] = (), splits: tuple[int, ...] = (),
-          rounds: int = 1, device_time: bool = False, sum_in_kernel: bool = False) -> None:
+          copy_tb_s: float, decode: DecodeSweep = DecodeSweep(), rounds: int = 1,
+          device_time: bool = False) -> None:
     K, N = SHAPES[shape]
     kx, kw = jax.random.split(jax.random.key(M))
     xq, xs = quantize_act(jax.random.normal(kx, (M, K), jnp.bfloat16))
@@ -110,8 +126,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
     cfgs = [(kernel, cfg) for kernel in kernels
-            for cfg in configs(M, N, K, kernel == "pallas", persistent, block_ns, splits,
-                               sum_in_kernel)]
+            for cfg in configs(M, N, K, kernel == "pallas", persistent, decode)]
     # one function object per setting: `time_chained` compiles it once for every round
     fns = {cfg: functools.partial(timed, kernel, cfg, wq, ws) for kernel, cfg in cfgs}
     failed = set()
@@ -172,11 +187,16 @@ def main():
     ap.add_argument("--device-time", action="store_true",
                     help="time by the profiler's device span per call, not the chained wall "
                          "time (which holds each program's dispatch)")
+    ap.add_argument("--stages", default="3,4", help="Pallas decode sweep: pipeline stages")
+    ap.add_argument("--prefetch", default="0",
+                    help="Pallas decode sweep: K groups loaded ahead (TritonTiles.prefetch)")
     ap.add_argument("--sum-in-kernel", action="store_true",
                     help="Pallas decode sweep: each split setting also with the split-K sum "
                          "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
+    decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
+                         ints(args.prefetch), args.sum_in_kernel)
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()
@@ -185,8 +205,7 @@ def main():
         for shape in args.shapes.split(","):
             for M in map(int, args.ms.split(",")):
                 sweep(shape, M, rows, args.kernels.split(","), args.persistent,
-                      ceilings["copy_tb_per_s"], ints(args.block_ns), ints(args.splits),
-                      args.rounds, args.device_time, args.sum_in_kernel)
+                      ceilings["copy_tb_per_s"], decode, args.rounds, args.device_time)
     finally:
         best = best_settings(rows)
         for key, r in best.items():

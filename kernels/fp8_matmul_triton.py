@@ -11,6 +11,13 @@ summation order. On Hopper the dispatch gives it up
 to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
 Hopper).
 
+At 32 rows the kernel reads its weights at 1.7-2.1 TB/s, where the bf16 GEMM reads at 2.7
+(RESULTS.md, thirty-second session). `prefetch` loads the operands of the next K groups before
+a group's dots and carries them through the loop in registers, so the weight reads are issued
+ahead even where Triton's software pipeline (`num_stages`) does not issue them. It computes
+the same sums in the same order. It is off (0) until `benchmarks/device_plan.sh` 40 has timed
+it.
+
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
 there) and the few tokens on its N side, which may be as narrow as 8; both operands stay
@@ -67,6 +74,10 @@ class TritonTiles:
     # With splits > 1: the last of a tile's split programs to finish sums the fp32 partials
     # (in split order) and writes the output (`finish_split`), instead of XLA's sum afterwards
     sum_in_kernel: bool = False
+    # K groups whose operands are loaded ahead, in registers carried through the K loop (0:
+    # Triton's software pipeline alone, num_stages): issues the weight reads ahead even where
+    # that pipeline does not
+    prefetch: int = 0
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -97,28 +108,41 @@ class TritonTiles:
 SUM_IN_KERNEL = 0
 
 
-def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
+def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
+               prefetch: int = 0):
     """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
     weight block of its columns: [128, bm] each where `swap` (out^T; `xs_ref` then holds the
-    activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G])."""
+    activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G]). `prefetch`
+    (`TritonTiles.prefetch`): the operands of that many groups ahead are loaded before a
+    group's dots and carried through the loop (the same sums in the same order)."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
     bm = x_ref.shape[0]
 
-    def group(g, accs):
-        g = first + g
+    def load(g):  # K group g's operands: x's tile and scales, each column block's w and scale
         cols = pl.ds(g * GROUP, GROUP)
-        x = x_ref[:, cols]  # loaded once, shared by the column blocks
-        xs = xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)]
-        out = []
-        for c, acc in enumerate(accs):
-            w = w_ref[pl.ds(c * sub, sub), cols]
-            part = (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
-                    jnp.dot(x, w.T, preferred_element_type=jnp.float32))
-            out.append(acc + part * (xs * ws_ref[c, pl.ds(g, 1)]))
-        return tuple(out)
-    zeros = jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32)
-    return jax.lax.fori_loop(0, n_groups, group, (zeros,) * n_sub)
+        return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
+                tuple(w_ref[pl.ds(c * sub, sub), cols] for c in range(n_sub)),
+                tuple(ws_ref[c, pl.ds(g, 1)] for c in range(n_sub)))
+
+    def add(accs, operands):
+        x, xs, ws, w_scales = operands
+        return tuple(
+            acc + (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
+                   jnp.dot(x, w.T, preferred_element_type=jnp.float32)) * (xs * w_scale)
+            for acc, w, w_scale in zip(accs, ws, w_scales))
+    zeros = (jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32),) * n_sub
+    if not prefetch:
+        return jax.lax.fori_loop(0, n_groups, lambda g, accs: add(accs, load(first + g)),
+                                 zeros)
+
+    def step(g, carry):  # the loads of group g + prefetch issued before group g's dots
+        accs, ahead = carry
+        # the last groups' loads re-read the last group (clamped), never used: no branch
+        nxt = load(first + jnp.minimum(g + prefetch, n_groups - 1))
+        return add(accs, ahead[0]), ahead[1:] + (nxt,)
+    ahead = tuple(load(first + min(i, n_groups - 1)) for i in range(prefetch))
+    return jax.lax.fori_loop(0, n_groups, step, (zeros, ahead))[0]
 
 
 def finish_split(part_ref, count_ref, accs, *, r, col, k, slot, arrivals: int, swap: bool,
@@ -148,13 +172,13 @@ def split_sum(part_ref, r, col, width: int, splits: int):
 
 
 def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_poisoned,
-                   splits, n_col_tiles, swap, interpret):
+                   splits, n_col_tiles, swap, prefetch, interpret):
     """`_kernel` with the split-K sum in the kernel (`TritonTiles.sum_in_kernel`)."""
     del count_in  # aliased to count_ref
     o_ref, count_ref, part_ref = refs[n_poisoned:]
     i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bm, bn = x_ref.shape[0], w_ref.shape[0]
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap, prefetch)
     r = pl.ds(i * bm, bm)
     last = finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
                         slot=i * n_col_tiles + j, arrivals=splits, swap=swap,
@@ -166,10 +190,10 @@ def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_po
             o_ref.dtype)
 
 
-def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, prefetch):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap, prefetch)
     sub = min(w_ref.shape[0], GROUP)
     for c, acc in enumerate(accs):
         o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
@@ -229,7 +253,8 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     out = pl.pallas_call(
-        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap),
+        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap,
+                          prefetch=t.prefetch),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
@@ -250,7 +275,8 @@ def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles
     whole = pl.no_block_spec
     out, _, _ = pl.pallas_call(
         functools.partial(_kernel_summed, n_groups=G // S, n_poisoned=len(poisoned), splits=S,
-                          n_col_tiles=N // bn, swap=t.swap, interpret=interpret),
+                          n_col_tiles=N // bn, swap=t.swap, prefetch=t.prefetch,
+                          interpret=interpret),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
         out_specs=[whole] * 3, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 1, **({5: 0} if poison else {})},

@@ -565,8 +565,8 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     """benchmarks/fp8_tiles.py's decode sweep: each column tile with k_splits' choice for it
     (down at M 32: 128 column tiles of 32 need 3 splits for 264 programs, 64 of 64 need 6,
     32 of 128 need 12), or with the splits given where they divide the K groups."""
-    from benchmarks.fp8_tiles import configs
-    got = configs(32, 4096, 12288, True, block_ns=(32, 64, 128))
+    from benchmarks.fp8_tiles import DecodeSweep, configs
+    got = configs(32, 4096, 12288, True, decode=DecodeSweep(block_ns=(32, 64, 128)))
     # narrow tiles transposed (the default at 32 rows) and not; 128 as the default, transposed
     assert [(t.block_n, t.splits, t.swap, t.num_stages) for t in got] == [
         (32, 3, True, 3), (32, 3, True, 4), (32, 3, False, 3), (32, 3, False, 4),
@@ -577,12 +577,18 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     # as the default does
     got = configs(32, 4096, 12288, True)
     assert {(t.block_m, t.block_n, t.splits) for t in got} == {(32, 128, 12), (64, 128, 12)}
-    got = configs(32, 24576, 4096, True, splits=(1, 3, 4))  # 32 K groups: 3 does not divide
+    # 32 K groups: 3 does not divide them
+    got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 3, 4)))
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
     # --sum-in-kernel: each split setting also with the sum in the kernel (no split: no sum)
-    got = configs(32, 24576, 4096, True, splits=(1, 4), sum_in_kernel=True)
+    got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 4), sum_in_kernel=True))
     assert [(t.splits, t.num_stages, t.sum_in_kernel) for t in got] == [
         (1, 3, False), (1, 4, False), (4, 3, False), (4, 3, True), (4, 4, False), (4, 4, True)]
+    # --stages and --prefetch: each setting at each depth and prefetch
+    got = configs(32, 4096, 12288, True,
+                  decode=DecodeSweep(block_ns=(128,), stages=(1, 3), prefetches=(0, 2)))
+    assert [(t.splits, t.num_stages, t.prefetch) for t in got] == [
+        (12, 1, 0), (12, 1, 2), (12, 3, 0), (12, 3, 2)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
@@ -733,3 +739,34 @@ def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
     monkeypatch.setattr(tr, "SUM_IN_KERNEL", 1)
     assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 128, 12, 4, 3, swap=True,
                                                                    sum_in_kernel=True)
+
+
+def test_gemm_prefetch_changes_no_bit(monkeypatch):
+    """`TritonTiles.prefetch`: the operands of the next groups loaded before a group's dots
+    and carried through the K loop (clamped at the end, never used there) give the same sums
+    in the same order: every output bit of `prefetch=0`, for split K, several row and column
+    tiles, transposed and not, a prefetch as deep as a split's groups and deeper, with the
+    split-K sum in the kernel, and in the fused gate/up + SwiGLU kernel. The Triton IR
+    verifies."""
+    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
+    _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=3)
+    for bm, bn, splits, swap, prefetch in ((16, 128, 2, True, 1), (32, 256, 1, True, 2),
+                                           (16, 64, 2, True, 2), (64, 128, 1, False, 4),
+                                           (16, 32, 4, False, 1), (16, 128, 2, True, 3)):
+        t = TritonTiles(bm, bn, splits, swap=swap)
+        want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
+                                            interpret=True))
+        for sum_in_kernel in (False, True):
+            ahead = dataclasses.replace(t, prefetch=prefetch, sum_in_kernel=sum_in_kernel)
+            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=ahead, interpret=True,
+                                    poison=True)
+            if not sum_in_kernel or splits <= 2:  # > 2 partials: the sum's order may differ
+                np.testing.assert_array_equal(np.asarray(got), want)
+    t = TritonTiles(16, 128, 2, swap=True)
+    fused = [gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
+             for tiles in (t, dataclasses.replace(t, prefetch=2))]
+    for a, b in zip(*fused):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    ahead = TritonTiles(32, 128, 2, swap=True, prefetch=2)
+    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws,
+                        monkeypatch=monkeypatch)

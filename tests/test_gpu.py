@@ -5,6 +5,7 @@ GPU; the cuBLASLt FP8 GEMM (built on first use) against the exact per-group prod
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import jax
@@ -332,6 +333,26 @@ def test_split_k_summed_in_the_kernel_on_gpu():
         t = TritonTiles(32, bn, 12, swap=swap, sum_in_kernel=True)
         out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t, poison=True)
         assert rel_err(out, ref) <= 1e-5, (bn, swap)
+
+
+def test_prefetch_changes_no_bit_on_gpu():
+    """`TritonTiles.prefetch` (the K groups loaded ahead in registers) at LLaDA-8B's decode
+    shapes and the settings the decode sweep times (stage 40): every output bit of the
+    default tiles (the same sums in the same order), every tile written (poisoned output)."""
+    from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
+    from lacache_jax.quant import quantize_act, quantize_weight
+    k = jax.random.split(jax.random.key(13), 3)
+    for K, N, splits in ((12288, 4096, (6, 12)), (4096, 24576, (2, 4))):
+        wq, ws = quantize_weight(jax.random.normal(k[0], (K, N)) * K ** -0.5)
+        xq, xs = quantize_act(jax.random.normal(k[1], (32, K)))
+        base = TritonTiles.get_default(32, N, K)
+        for sp, stages, prefetch in itertools.product(splits, (1, 3), (1, 2)):
+            t = dataclasses.replace(base, splits=sp, num_stages=stages)
+            want = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t)
+            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True,
+                                    tiles=dataclasses.replace(t, prefetch=prefetch))
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
+                                          err_msg=f"{(K, N, sp, stages, prefetch)}")
 
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
