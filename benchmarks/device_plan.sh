@@ -124,13 +124,15 @@ case "${1:-1}" in
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
   # step's). Its kernels' PTX from XLA's dump of the FFN at 32 rows: which loads the K loop
   # issues ahead (cp.async, TMA) and which it waits on (ld.global: the per-group scales?)
-  XLA_FLAGS="--xla_dump_to=/tmp/dump44" timeout -k 5 ${FFN_S:-200} python3 -m \
+  rm -rf /tmp/dump44
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=/tmp/dump44" timeout -k 5 ${FFN_S:-200} python3 -m \
     benchmarks.fp8_ffn --ms 32 --ablation-layers 0 > "$OUT/fp8_ffn_dumped.log" 2>&1
   echo "PTX files: $(find /tmp/dump44 -name "*.ptx" | wc -l)"
   python3 -m benchmarks.ptx_loops /tmp/dump44 --kernel "" --top 0 | awk '{print $2}' \
     | sort | uniq -c | sort -rn | head -60 > "$OUT/ptx_kernel_names.log"
   python3 -m benchmarks.ptx_loops /tmp/dump44 --kernel ${KERNEL:-fp8} --top 4 --save "$OUT" \
-    --most 2 2>&1 | tee "$OUT/ptx_loops_fp8.log" | cut -c1-300 | head -40 ;;
+    --most 2 > "$OUT/ptx_loops_fp8.log" 2>&1
+  cut -c1-300 "$OUT/ptx_loops_fp8.log" | head -40 ;;
 42)
   # issue 20: the split-keys attention with the key shares' states merged in the kernel by
   # the last share (short_attention.MERGE_IN_KERNEL): GPU tests; the kernel alone, both
@@ -171,18 +173,18 @@ case "${1:-1}" in
   # in the sixteenth and seventeenth sessions, the split-K sum in the kernel lost in the
   # thirty-second): does loading ahead lift the weight reads from 1.7-2.1 TB/s? Its GPU test
   # first (the same bits as without)
-  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
     -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
   tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1
   for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
-    timeout -k 5 ${TILE_S:-200} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
+    timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
       --shapes ${spec%%:*} --block-ns ${BLOCK_NS:-128} --splits ${spec#*:} --stages \
       ${STAGES:-1,3,4} --prefetch ${PREFETCH:-0,1,2} --rounds ${ROUNDS:-2} --device-time \
       2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet | grep "^best\|xla"
   done
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
   # same measure: does TMA streaming beat Triton's loads at 32 rows?
-  timeout -k 5 ${MGPU_S:-150} python3 -m benchmarks.fp8_tiles --ms 32 --kernels mgpu \
+  timeout -k 5 ${MGPU_S:-120} python3 -m benchmarks.fp8_tiles --ms 32 --kernels mgpu \
     --rounds ${ROUNDS:-2} --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" \
     | quiet | grep "^best" ;;
 39)

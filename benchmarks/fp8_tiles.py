@@ -197,6 +197,12 @@ def main():
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
                          ints(args.prefetch), args.sum_in_kernel)
+    if not (decode.stages and decode.prefetches):
+        ap.error("--stages and --prefetch need at least one value each")
+    if not decode and (decode.stages, decode.prefetches) != (DecodeSweep.stages,
+                                                             DecodeSweep.prefetches):
+        ap.error("--stages and --prefetch are axes of the decode sweep: give --block-ns or "
+                 "--splits too")
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()

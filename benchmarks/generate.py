@@ -199,7 +199,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
             r, tokens = run_one(params, cfg, ceil, gen, B, P, args.iters, traced=args.trace,
                                 top=args.trace_top)
         if mode == "none" and not fp8 and dp is None:
-            baseline[B, P, decoding] = tokens
+            baseline[B, P, decoding, spec] = tokens
         if update == "xla":
             baseline[B, P, decoding, mode, fp8, dp, spec] = tokens
         if spec == args.settings[0]:
@@ -208,8 +208,8 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
         r.update(B=B, prompt=P, cache=mode, decoding=decoding, fp8_ffn=fp8, dual_update=update,
                  short_attention=short, settings=spec,
                  dpad=None if dp is None else dp.strategy, same_generated_as_none=(
-                     float(np.mean(tokens == baseline[B, P, decoding]))
-                     if (B, P, decoding) in baseline and dp is None else None))
+                     float(np.mean(tokens == baseline[B, P, decoding, spec]))
+                     if (B, P, decoding, spec) in baseline and dp is None else None))
         xla = baseline.get((B, P, decoding, mode, fp8, dp, spec))
         if update != "xla" and xla is not None:  # bf16: another summation order, near-ties
             r["same_generated_as_xla_update"] = float(np.mean(tokens == xla))

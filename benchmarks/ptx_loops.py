@@ -29,20 +29,24 @@ import dataclasses
 import re
 from pathlib import Path
 
-# Instruction kinds in the order printed: (name, opcode prefixes). The first match counts.
+# Instruction kinds in the order printed: (name, a regular expression its opcode matches);
+# the first match counts (so the waits before the copies they wait on, the wgmma wait before
+# the MMAs; wgmma's fences and commits count as none).
 KINDS = (
-    ("tma", ("cp.async.bulk",)),
-    ("cp.async", ("cp.async.ca", "cp.async.cg")),
-    ("async wait", ("cp.async.wait", "cp.async.bulk.wait", "cp.async.commit", "mbarrier")),
-    ("ld.global", ("ld.global",)),
-    ("ld.shared", ("ld.shared", "ldmatrix")),
-    ("wgmma", ("wgmma",)),
-    ("mma", ("mma",)),
-    ("st.global", ("st.global", "red.global")),
-    ("st.shared", ("st.shared", "stmatrix")),
-    ("atom", ("atom",)),
-    ("bar", ("bar.", "barrier")),
+    ("async wait", r"cp\.async(\.bulk)?\.(wait|commit)|mbarrier"),
+    ("tma", r"cp\.async\.bulk"),
+    ("cp.async", r"cp\.async"),
+    ("ld.global", r"ld\.(\w+\.)*global"),
+    ("ld.shared", r"ld\.(\w+\.)*shared|ldmatrix"),
+    ("wgmma wait", r"wgmma\.wait_group"),
+    ("wgmma", r"wgmma\.mma_async"),
+    ("mma", r"mma\."),
+    ("st.global", r"(st|red)\.(\w+\.)*global"),
+    ("st.shared", r"st\.(\w+\.)*shared|stmatrix"),
+    ("atom", r"atom\."),
+    ("bar", r"bar\.|barrier\."),
 )
+_KINDS = tuple((name, re.compile(pattern)) for name, pattern in KINDS)
 
 _ENTRY = re.compile(r"^\s*\.(?:visible\s+)?\.?entry\s+([\w$.]+)\s*\(", re.M)
 _LABEL = re.compile(r"^\s*([\w$]+):")
@@ -51,18 +55,20 @@ _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+([\w$]+)\s*;")
 
 @dataclasses.dataclass
 class Loop:
-    first: int   # line of its label, within the kernel
+    first: int   # line of its label, within the kernel (0-based; printed 1-based)
     last: int    # line of the branch back
     counts: collections.Counter
 
 
 def kind(line: str) -> str | None:
     """The kind of one PTX instruction line (None: another instruction or not one)."""
-    body = line.strip()
-    if body.startswith("@"):  # a predicate: "@%p1 ld.global..." or "@!%p1 ..."
-        body = body.split(None, 1)[1] if " " in body else ""
-    for name, prefixes in KINDS:
-        if body.startswith(prefixes):
+    parts = line.split()
+    if parts and parts[0].startswith("@"):  # a predicate: "@%p1 ld.global..." or "@!%p1 ..."
+        parts = parts[1:]
+    if not parts:
+        return None
+    for name, pattern in _KINDS:
+        if pattern.match(parts[0]):
             return name
     return None
 
@@ -110,7 +116,7 @@ def report(directory: Path, kernel: str, top: int) -> list[str]:
     for path, name, lines in matching(directory, kernel):
         out.append(f"{path.name} {name}: {fmt(count(lines))}")
         for lp in loops(lines)[:top]:
-            out.append(f"  loop lines {lp.first}-{lp.last}: {fmt(lp.counts)}")
+            out.append(f"  loop lines {lp.first + 1}-{lp.last + 1}: {fmt(lp.counts)}")
     return out or [f"no kernel named *{kernel}* in the .ptx files under {directory}"]
 
 

@@ -138,7 +138,10 @@ def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
 
     def step(g, carry):  # the loads of group g + prefetch issued before group g's dots
         accs, ahead = carry
-        # the last groups' loads re-read the last group (clamped), never used: no branch
+        # Every group's sum in this one loop body: the last groups added after the loop came
+        # out 1 ulp apart (another contraction into FMAs, seen in interpret mode). So the last
+        # iterations load the last group again (clamped; never used, an L2 hit: it was just
+        # read).
         nxt = load(first + jnp.minimum(g + prefetch, n_groups - 1))
         return add(accs, ahead[0]), ahead[1:] + (nxt,)
     ahead = tuple(load(first + min(i, n_groups - 1)) for i in range(prefetch))
@@ -213,6 +216,8 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
                          f"N {N}")
     if G % S:
         raise ValueError(f"splits {S} must divide the {G} K groups")
+    if t.prefetch < 0:
+        raise ValueError(f"prefetch {t.prefetch} must be >= 0")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])

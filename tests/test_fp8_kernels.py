@@ -743,11 +743,11 @@ def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
 
 def test_gemm_prefetch_changes_no_bit(monkeypatch):
     """`TritonTiles.prefetch`: the operands of the next groups loaded before a group's dots
-    and carried through the K loop (clamped at the end, never used there) give the same sums
-    in the same order: every output bit of `prefetch=0`, for split K, several row and column
-    tiles, transposed and not, a prefetch as deep as a split's groups and deeper, with the
-    split-K sum in the kernel, and in the fused gate/up + SwiGLU kernel. The Triton IR
-    verifies."""
+    and carried through the K loop (the last ones loaded again, unused) give the same sums
+    in the same order: every output bit of `prefetch=0`, for split K, several row and column tiles,
+    transposed and not, a prefetch as deep as a split's groups and deeper, with the split-K
+    sum in the kernel, and in the fused gate/up + SwiGLU kernel. The Triton IR verifies,
+    transposed and not; a negative prefetch is refused."""
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=3)
     for bm, bn, splits, swap, prefetch in ((16, 128, 2, True, 1), (32, 256, 1, True, 2),
@@ -757,16 +757,22 @@ def test_gemm_prefetch_changes_no_bit(monkeypatch):
         want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
                                             interpret=True))
         for sum_in_kernel in (False, True):
-            ahead = dataclasses.replace(t, prefetch=prefetch, sum_in_kernel=sum_in_kernel)
-            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=ahead, interpret=True,
-                                    poison=True)
-            if not sum_in_kernel or splits <= 2:  # > 2 partials: the sum's order may differ
-                np.testing.assert_array_equal(np.asarray(got), want)
+            if sum_in_kernel:  # against the same sum (XLA's may associate > 2 otherwise)
+                t = dataclasses.replace(t, sum_in_kernel=True)
+                want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
+                                                    interpret=True))
+            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
+                                    tiles=dataclasses.replace(t, prefetch=prefetch))
+            np.testing.assert_array_equal(np.asarray(got), want)
     t = TritonTiles(16, 128, 2, swap=True)
     fused = [gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
              for tiles in (t, dataclasses.replace(t, prefetch=2))]
     for a, b in zip(*fused):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-    ahead = TritonTiles(32, 128, 2, swap=True, prefetch=2)
-    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws,
-                        monkeypatch=monkeypatch)
+    for swap in (True, False):
+        ahead = TritonTiles(32, 128, 2, swap=swap, prefetch=2)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws,
+                            monkeypatch=monkeypatch)
+    with pytest.raises(ValueError, match="prefetch -1"):
+        fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(16, 128, 2, prefetch=-1),
+                          interpret=True)
