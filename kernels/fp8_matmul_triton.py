@@ -102,9 +102,9 @@ class TritonTiles:
 # The partials at the dual step's 32 rows (down: 12 splits, 6.3 MB written and read again by
 # XLA's sum in the residual add) are a quarter of the down GEMM's weight bytes, but summing
 # them in the kernel made the FFN at 32 rows 15% slower on an H100 (85.4 against 74.4 us of
-# device time, RESULTS.md thirty-second session: each tile's last program reads the 12
-# partials alone, after the others), so it is off. Read when a caller is traced: set it
-# before the first call.
+# device time, RESULTS.md thirty-second session; likely because each tile's last program
+# reads the 12 partials alone, after the others), so it is off. Read when a caller is
+# traced: set it before the first call.
 SUM_IN_KERNEL = 0
 
 
