@@ -168,19 +168,20 @@ case "${1:-1}" in
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
-  # K splits x Triton's pipeline stages (1: none) x the K groups loaded ahead in registers
-  # (TritonTiles.prefetch), at the 128-column default tile (BLOCK_NS; the narrow tiles ran
-  # in the sixteenth and seventeenth sessions, the split-K sum in the kernel lost in the
-  # thirty-second): does loading ahead lift the weight reads from 1.7-2.1 TB/s? Its GPU test
-  # first (the same bits as without)
+  # K splits x Triton's pipeline stages (1: none; 3 and 4 timed alike before) x the K groups
+  # loaded ahead in registers (TritonTiles.prefetch) x 4 or 8 warps, at the 128-column tile
+  # (BLOCK_NS; the narrow tiles ran in the sixteenth and seventeenth sessions, the split-K sum
+  # in the kernel lost in the thirty-second): does loading ahead lift the weight reads from
+  # 1.7-2.1 TB/s? Its GPU test first (the same bits as without)
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
     -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
   tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1
   for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
     timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
       --shapes ${spec%%:*} --block-ns ${BLOCK_NS:-128} --splits ${spec#*:} --stages \
-      ${STAGES:-1,3,4} --prefetch ${PREFETCH:-0,1,2} --rounds ${ROUNDS:-2} --device-time \
-      2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet | grep "^best\|xla"
+      ${STAGES:-1,3} --prefetch ${PREFETCH:-0,1,2} --warps ${WARPS:-4,8} --rounds \
+      ${ROUNDS:-2} --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet \
+      | grep "^best\|xla"
   done
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
   # same measure: does TMA streaming beat Triton's loads at 32 rows?

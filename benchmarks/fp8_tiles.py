@@ -3,13 +3,14 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--stages 3,4] [--prefetch 0,1,2] [--sum-in-kernel] [--rounds 5] [--device-time]
+        [--stages 3,4] [--prefetch 0,1,2] [--warps 4,8] [--sum-in-kernel] [--rounds 5]
+        [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
-warps, over `--stages` (default 3 and 4) and `--prefetch` (`TritonTiles.prefetch`, default
-0), tiles under 128 columns transposed and not: at decode rows each
+warps (or `--warps`), over `--stages` (default 3 and 4) and `--prefetch`
+(`TritonTiles.prefetch`, default 0), tiles under 128 columns transposed and not: at decode rows each
 program's K loop is short (down at M 32 in 128-column tiles: 96 K groups over 12 splits, 8 a
 program), and narrower column tiles give as many programs with fewer splits (longer loops,
 fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
@@ -49,6 +50,7 @@ class DecodeSweep:
     splits: tuple[int, ...] = ()
     stages: tuple[int, ...] = (3, 4)
     prefetches: tuple[int, ...] = (0,)
+    warps: tuple[int, ...] = ()  # empty: the default tiles' warps
     sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
 
     def __bool__(self) -> bool:
@@ -71,13 +73,14 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
         # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk, prefetch=pf)
+                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw)
                 for bn in d.block_ns or (base.block_n,) if N % bn == 0
                 for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
                 if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
                 for ns in d.stages
                 for pf in d.prefetches
+                for nw in d.warps or (base.num_warps,)
                 for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
@@ -190,19 +193,20 @@ def main():
     ap.add_argument("--stages", default="3,4", help="Pallas decode sweep: pipeline stages")
     ap.add_argument("--prefetch", default="0",
                     help="Pallas decode sweep: K groups loaded ahead (TritonTiles.prefetch)")
+    ap.add_argument("--warps", default="", help="Pallas decode sweep: warps a program")
     ap.add_argument("--sum-in-kernel", action="store_true",
                     help="Pallas decode sweep: each split setting also with the split-K sum "
                          "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
-                         ints(args.prefetch), args.sum_in_kernel)
+                         ints(args.prefetch), ints(args.warps), args.sum_in_kernel)
     if not (decode.stages and decode.prefetches):
         ap.error("--stages and --prefetch need at least one value each")
-    if not decode and (decode.stages, decode.prefetches) != (DecodeSweep.stages,
-                                                             DecodeSweep.prefetches):
-        ap.error("--stages and --prefetch are axes of the decode sweep: give --block-ns or "
-                 "--splits too")
+    if not decode and (decode.stages, decode.prefetches, decode.warps) != (
+            DecodeSweep.stages, DecodeSweep.prefetches, DecodeSweep.warps):
+        ap.error("--stages, --prefetch and --warps are axes of the decode sweep: give "
+                 "--block-ns or --splits too")
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()

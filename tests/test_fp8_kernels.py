@@ -584,11 +584,14 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 4), sum_in_kernel=True))
     assert [(t.splits, t.num_stages, t.sum_in_kernel) for t in got] == [
         (1, 3, False), (1, 4, False), (4, 3, False), (4, 3, True), (4, 4, False), (4, 4, True)]
-    # --stages and --prefetch: each setting at each depth and prefetch
+    # --stages, --prefetch and --warps: each setting at each depth, prefetch and warp count
     got = configs(32, 4096, 12288, True,
                   decode=DecodeSweep(block_ns=(128,), stages=(1, 3), prefetches=(0, 2)))
-    assert [(t.splits, t.num_stages, t.prefetch) for t in got] == [
-        (12, 1, 0), (12, 1, 2), (12, 3, 0), (12, 3, 2)]
+    assert [(t.splits, t.num_stages, t.prefetch, t.num_warps) for t in got] == [
+        (12, 1, 0, 4), (12, 1, 2, 4), (12, 3, 0, 4), (12, 3, 2, 4)]
+    got = configs(32, 4096, 12288, True, decode=DecodeSweep(splits=(6,), warps=(4, 8)))
+    assert [(t.splits, t.num_stages, t.num_warps) for t in got] == [
+        (6, 3, 4), (6, 3, 8), (6, 4, 4), (6, 4, 8)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
