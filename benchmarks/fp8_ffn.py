@@ -44,8 +44,10 @@ def ffn_layer(cfg, key):
     return dataclasses.replace(layer, ffn8=None), layer
 
 
-def layer_times(cfg, ceil, ms, rows, traced: bool = False, settings: str = ""):
-    bf16_layer, fp8_layer = ffn_layer(cfg, jax.random.key(0))
+def layer_times(cfg, ceil, ms, rows, layers, traced: bool = False, settings: str = ""):
+    """The FFN rows at each of `ms` rows for `layers` (`ffn_layer`'s pair), under `settings`
+    (the caller has set them)."""
+    bf16_layer, fp8_layer = layers
     w = fp8_layer.ffn8
     D, F = cfg.d_model, cfg.d_ff
     fp8_bytes = w.gate_up.size + w.down.size + 4 * (w.gate_up_scale.size + w.down_scale.size)
@@ -195,10 +197,11 @@ def main():
     try:  # the ablation first: it is cheap, and a time-boxed run keeps what finished
         if args.ablation_layers:
             abl.update(ablation(cfg, args.ablation_layers))
+        layers = ffn_layer(cfg, jax.random.key(0))  # built once: every setting times these
         for spec in args.settings:
             with module_settings(spec):
-                layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, args.trace,
-                            spec)
+                layer_times(cfg, ceil, [int(m) for m in args.ms.split(",")], rows, layers,
+                            args.trace, spec)
         if args.quant_tiles:
             tiles = [QuantTiles(*map(int, t.split("x"))) for t in args.quant_tiles.split(",")]
             quant_tiles(cfg, ceil, tiles, [int(m) for m in args.quant_ms.split(",")], qrows,

@@ -218,10 +218,10 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
                 tokens == baseline[B, P, decoding, mode, fp8, dp, update, short]))
         rows.append(r)
         rows_txt = ", ".join(f"{a}/{b}" for a, b in r["rows_per_block"])
-        vs_xla = ("" if update == "xla" else
+        compared = ("" if update == "xla" else
                   f"  generated tokens as the xla update's {r.get('same_generated_as_xla_update')}")
         if spec != args.settings[0]:
-            vs_xla += (f"  generated tokens as {args.settings[0] or 'no settings'}'s "
+            compared += (f"  generated tokens as {args.settings[0] or 'no settings'}'s "
                        f"{r['same_generated_as_first_settings']}")
         print(f"B={B} P={P} {mode:6s} {decoding:9s} fp8 {fp8:d} dpad {r['dpad'] or 'off'} "
               f"update {update} short {short} {spec} "
@@ -230,7 +230,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
               f"x{r['x_floor']:.2f}; reference floor {r['ref_floor_ms']:.2f}, "
               f"x{r['x_ref_floor']:.2f})  NFE {r['nfe']:.0f}  generated tokens as none's "
               f"{r['same_generated_as_none']}  compile {r['compile_s']:.0f} s"
-              f"{vs_xla}\n"
+              f"{compared}\n"
               + (f"    trace per step: device {r['trace_device_ms_per_step']:.3f} ms, idle "
                  f"{r['trace_idle_ms_per_step']:.3f} ms, wall {r['trace_wall_ms_per_step']:.3f}"
                  f" ms; top {[(n[:60], round(ms, 3)) for n, ms, _ in r['trace_top'][:6]]}\n"
