@@ -13,7 +13,7 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 44 (why the FP8 GEMM at 32 rows reads at 1.7-2.1 TB/s: its PTX)
+# Left, in priority order: 44 (why the FP8 GEMM at 32 rows reads at 1.4-2.1 TB/s: its PTX)
 # and 40 (its tiles with the K groups loaded ahead, TritonTiles.prefetch), 39 (on an H200:
 # the power limit is the H200's question); 33 again on an H200 (padded once ran 1.05x on
 # the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
@@ -120,7 +120,7 @@ SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_K
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
 44)
-  # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.7-2.1 TB/s, the bf16 GEMM at 2.7
+  # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
   # step's). Its kernels' PTX from XLA's dump of the FFN at 32 rows: which loads the K loop
   # issues ahead (cp.async, TMA) and which it waits on (ld.global: the per-group scales?)
@@ -172,7 +172,7 @@ case "${1:-1}" in
   # loaded ahead in registers (TritonTiles.prefetch) x 4 or 8 warps, at the 128-column tile
   # (BLOCK_NS; the narrow tiles ran in the sixteenth and seventeenth sessions, the split-K sum
   # in the kernel lost in the thirty-second): does loading ahead lift the weight reads from
-  # 1.7-2.1 TB/s? Its GPU test first (the same bits as without)
+  # 1.4-2.1 TB/s? Its GPU test first (the same bits as without)
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
     -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
   tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1

@@ -11,12 +11,12 @@ summation order. On Hopper the dispatch gives it up
 to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
 Hopper).
 
-At 32 rows the kernel reads its weights at 1.7-2.1 TB/s, where the bf16 GEMM reads at 2.7
-(RESULTS.md, thirty-second session). `prefetch` loads the operands of the next K groups before
-a group's dots and carries them through the loop in registers, so the weight reads are issued
-ahead even where Triton's software pipeline (`num_stages`) does not issue them. It computes
-the same sums in the same order. It is off (0) until `benchmarks/device_plan.sh` 40 has timed
-it.
+At 32 rows the kernel reads its weights at 1.4 (down) and 2.1 (gate/up) TB/s on an H100,
+where the bf16 FFN reads at 2.7 (RESULTS.md, thirty-second session). `prefetch` loads the
+operands of the next K groups before a group's dots and carries them through the loop in
+registers, so the weight reads are issued ahead even where Triton's software pipeline
+(`num_stages`) does not issue them. It computes the same sums in the same order. It is off
+(0) until `benchmarks/device_plan.sh` 40 has timed it.
 
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
