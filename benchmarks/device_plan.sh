@@ -23,6 +23,8 @@
 # TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
 # program pair; only 132 programs, heads cut unevenly, were tried):
+#  45  issues 20, 23: the FP8 GEMM at 32 rows over persistent programs (TritonTiles.programs):
+#      GPU test, then by device time against a program per tile and split
 #  44  issue 20: the FP8 FFN's kernels at 32 rows in PTX: what their K loops load and wait on
 #  43  issues 20, 23: 41's settings in the batch-1 dual step
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
@@ -119,6 +121,24 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+45)
+  # issues 20, 23: the Triton FP8 GEMM at 32 rows with its (column tile, K split) items cut
+  # into persistent programs' ranges, each one flat K loop (TritonTiles.programs): the
+  # pipeline fills once a program, not once a tile (the gate/up and down GEMMs' excess over
+  # their read floor, 1.21x and 1.40x on the H200, fits one fixed cost of ~3 K groups' reads
+  # a program). Its GPU test first (the same bits as a program per item)
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    persistent_programs -p no:cacheprovider > "$OUT/pytest_persistent_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_persistent_gpu.log" "passed\|failed\|Error" || exit 1
+  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
+    timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
+      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3,4} \
+      --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3} --device-time 2>&1 \
+      | tee -a "$OUT/fp8_tiles_persistent.log" | quiet | grep "^best\|xla\|error"
+  done
+  grep "^{" "$OUT/fp8_tiles_persistent.log" | python3 -c "import ast, sys; [print(r['shape'], \
+r.get('splits'), r.get('num_stages'), r.get('programs'), r.get('round'), r.get('ms')) for r in \
+(ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']" ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual

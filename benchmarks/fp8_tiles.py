@@ -3,14 +3,16 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--stages 3,4] [--prefetch 0,1,2] [--warps 4,8] [--sum-in-kernel] [--rounds 5]
-        [--device-time]
+        [--stages 3,4] [--prefetch 0,1,2] [--warps 4,8] [--programs 0,132,264]
+        [--sum-in-kernel] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
 warps (or `--warps`), over `--stages` (default 3 and 4) and `--prefetch`
-(`TritonTiles.prefetch`, default 0), tiles under 128 columns transposed and not: at decode rows each
+(`TritonTiles.prefetch`, default 0) and `--programs` (`TritonTiles.programs`: persistent
+programs, default 0: one per tile and split), tiles under 128 columns transposed and not: at
+decode rows each
 program's K loop is short (down at M 32 in 128-column tiles: 96 K groups over 12 splits, 8 a
 program), and narrower column tiles give as many programs with fewer splits (longer loops,
 fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
@@ -52,6 +54,7 @@ class DecodeSweep:
     prefetches: tuple[int, ...] = (0,)
     warps: tuple[int, ...] = ()  # empty: the default tiles' warps
     sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
+    programs: tuple[int, ...] = (0,)  # persistent programs (0: one per tile and split)
 
     def __bool__(self) -> bool:
         return bool(self.block_ns or self.splits)
@@ -69,11 +72,12 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
     splits (where the output tiles are fewer than 2 per SM)."""
     if pallas and decode:
         # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
-        # are left out) x stages x prefetch; a narrow tile also untransposed: `swap` puts the
+        # are left out) x stages x prefetch x warps x persistent programs (alone: without
+        # prefetch or the sum in the kernel); a narrow tile also untransposed: `swap` puts the
         # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw)
+                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw, programs=pr)
                 for bn in d.block_ns or (base.block_n,) if N % bn == 0
                 for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
                 if G % sp == 0
@@ -81,7 +85,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
                 for ns in d.stages
                 for pf in d.prefetches
                 for nw in d.warps or (base.num_warps,)
-                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))]
+                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))
+                for pr in d.programs if not (pr and (pf or sk))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -194,19 +199,23 @@ def main():
     ap.add_argument("--prefetch", default="0",
                     help="Pallas decode sweep: K groups loaded ahead (TritonTiles.prefetch)")
     ap.add_argument("--warps", default="", help="Pallas decode sweep: warps a program")
+    ap.add_argument("--programs", default="0",
+                    help="Pallas decode sweep: persistent programs a row tile "
+                         "(TritonTiles.programs; 0: one per tile and split)")
     ap.add_argument("--sum-in-kernel", action="store_true",
                     help="Pallas decode sweep: each split setting also with the split-K sum "
                          "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
-                         ints(args.prefetch), ints(args.warps), args.sum_in_kernel)
-    if not (decode.stages and decode.prefetches):
-        ap.error("--stages and --prefetch need at least one value each")
-    if not decode and (decode.stages, decode.prefetches, decode.warps) != (
-            DecodeSweep.stages, DecodeSweep.prefetches, DecodeSweep.warps):
-        ap.error("--stages, --prefetch and --warps are axes of the decode sweep: give "
-                 "--block-ns or --splits too")
+                         ints(args.prefetch), ints(args.warps), args.sum_in_kernel,
+                         ints(args.programs))
+    if not (decode.stages and decode.prefetches and decode.programs):
+        ap.error("--stages, --prefetch and --programs need at least one value each")
+    if not decode and (decode.stages, decode.prefetches, decode.warps, decode.programs) != (
+            DecodeSweep.stages, DecodeSweep.prefetches, DecodeSweep.warps, DecodeSweep.programs):
+        ap.error("--stages, --prefetch, --warps and --programs are axes of the decode sweep: "
+                 "give --block-ns or --splits too")
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()

@@ -78,6 +78,10 @@ class TritonTiles:
     # Triton's software pipeline alone, num_stages): issues the weight reads ahead even where
     # that pipeline does not
     prefetch: int = 0
+    # Persistent programs a row tile (0: one program per column tile and K split): each
+    # takes a contiguous range of the (column tile, K split) items as one flat K loop
+    # (`_kernel_persistent`), so Triton's pipeline fills once a program, not once a tile
+    programs: int = 0
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -108,6 +112,29 @@ class TritonTiles:
 SUM_IN_KERNEL = 0
 
 
+def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int,
+               w_row=0, s_row=0):
+    """K group g's operands: x's tile and scales, then each of the `n_sub` column blocks' w
+    (`sub` rows from w_ref's row `w_row`) and its weight scale (from ws_ref's row `s_row`)."""
+    cols = pl.ds(g * GROUP, GROUP)
+    return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
+            tuple(w_ref[pl.ds(w_row + c * sub, sub), cols] for c in range(n_sub)),
+            tuple(ws_ref[s_row + c, pl.ds(g, 1)] for c in range(n_sub)))
+
+
+def add_group(accs, operands, swap: bool):
+    """The fp32 sums `accs` plus one K group's scaled dots (`load_group`'s operands)."""
+    x, xs, ws, w_scales = operands
+    return tuple(
+        acc + (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
+               jnp.dot(x, w.T, preferred_element_type=jnp.float32)) * (xs * w_scale)
+        for acc, w, w_scale in zip(accs, ws, w_scales))
+
+
+def zero_sums(n_sub: int, sub: int, bm: int, swap: bool):
+    return (jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32),) * n_sub
+
+
 def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
                prefetch: int = 0):
     """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
@@ -117,24 +144,12 @@ def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
     group's dots and carried through the loop (the same sums in the same order)."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
-    bm = x_ref.shape[0]
-
-    def load(g):  # K group g's operands: x's tile and scales, each column block's w and scale
-        cols = pl.ds(g * GROUP, GROUP)
-        return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
-                tuple(w_ref[pl.ds(c * sub, sub), cols] for c in range(n_sub)),
-                tuple(ws_ref[c, pl.ds(g, 1)] for c in range(n_sub)))
-
-    def add(accs, operands):
-        x, xs, ws, w_scales = operands
-        return tuple(
-            acc + (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
-                   jnp.dot(x, w.T, preferred_element_type=jnp.float32)) * (xs * w_scale)
-            for acc, w, w_scale in zip(accs, ws, w_scales))
-    zeros = (jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32),) * n_sub
+    load = functools.partial(load_group, x_ref, xs_ref, w_ref, ws_ref, swap=swap,
+                             n_sub=n_sub, sub=sub)
+    zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
     if not prefetch:
-        return jax.lax.fori_loop(0, n_groups, lambda g, accs: add(accs, load(first + g)),
-                                 zeros)
+        return jax.lax.fori_loop(
+            0, n_groups, lambda g, accs: add_group(accs, load(first + g), swap), zeros)
 
     def step(g, carry):  # the loads of group g + prefetch issued before group g's dots
         accs, ahead = carry
@@ -143,7 +158,7 @@ def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
         # iterations load the last group again (clamped; never used, an L2 hit: it was just
         # read).
         nxt = load(first + jnp.minimum(g + prefetch, n_groups - 1))
-        return add(accs, ahead[0]), ahead[1:] + (nxt,)
+        return add_group(accs, ahead[0], swap), ahead[1:] + (nxt,)
     ahead = tuple(load(first + min(i, n_groups - 1)) for i in range(prefetch))
     return jax.lax.fori_loop(0, n_groups, step, (zeros, ahead))[0]
 
@@ -202,6 +217,42 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, pre
         o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
 
 
+def _kernel_persistent(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, n_items,
+                       programs, splits, bn, swap):
+    """`_kernel` as `programs` persistent programs a row tile (`TritonTiles.programs`): the
+    row tile's work items (column tile j, K split k; item j * splits + k) cut into
+    `programs` contiguous ranges, each range's K groups one flat loop, so that Triton's
+    software pipeline loads across the items' boundaries and the pipeline fills once a
+    program, not once a tile. An item's sums are stored at its last group (o_ref
+    [splits, rows, N]: the partials, or the output where splits is 1) and then restart: the
+    same sums in the same order as `_kernel`'s."""
+    o_ref = refs[n_poisoned]
+    # lax's div and rem (the indices are >= 0): jnp's floor division lowers with a mixed-type
+    # remainder that the Triton lowering refuses
+    div, rem = jax.lax.div, jax.lax.rem
+    p = pl.program_id(1)
+    start, stop = div(p * n_items, programs), div((p + 1) * n_items, programs)
+    sub = min(bn, GROUP)
+    n_sub = bn // sub
+
+    def body(u, accs):
+        item, g = start + div(u, n_groups), rem(u, n_groups)
+        j, k = div(item, splits), rem(item, splits)
+        operands = load_group(x_ref, xs_ref, w_ref, ws_ref, k * n_groups + g, swap=swap,
+                              n_sub=n_sub, sub=sub, w_row=j * bn, s_row=div(j * bn, GROUP))
+        accs = add_group(accs, operands, swap)
+        last = g == n_groups - 1
+
+        @pl.when(last)
+        def _():
+            for c, acc in enumerate(accs):
+                o_ref[k, :, pl.ds(j * bn + c * sub, sub)] = (
+                    acc.T if swap else acc).astype(o_ref.dtype)
+        return tuple(jnp.where(last, 0.0, acc) for acc in accs)
+    jax.lax.fori_loop(0, (stop - start) * n_groups, body,
+                      zero_sums(n_sub, sub, x_ref.shape[0], swap))
+
+
 def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
     """The grid's operands and their blocks for tiles `t`, shared with the kernels that add
     an epilogue to this GEMM (`kernels/gate_up_swiglu.py`): (x, its scales, w, its scales)
@@ -218,6 +269,9 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
         raise ValueError(f"splits {S} must divide the {G} K groups")
     if t.prefetch < 0:
         raise ValueError(f"prefetch {t.prefetch} must be >= 0")
+    if t.programs < 0 or t.programs and (t.prefetch or t.sum_in_kernel):
+        raise ValueError(f"programs {t.programs} must be >= 0, and 0 with prefetch or "
+                         "sum_in_kernel")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -254,6 +308,8 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
     if S > 1 and t.sum_in_kernel:
         return _summed_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
+    if t.programs:
+        return _persistent_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
     out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
@@ -288,3 +344,27 @@ def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles
         compiler_params=compiler_params(t),
     )(*args, jnp.zeros((n_tiles,), jnp.int32), *poisoned)
     return out[:M]
+
+
+def _persistent_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles,
+                     out_dtype, interpret: bool, poison: bool):
+    """`fp8_matmul_pallas` over persistent programs (`TritonTiles.programs`): a grid of row
+    tiles x programs; the weights and their scales whole-array refs, each program's items
+    addressed in the kernel; the output block a row tile's whole [splits, rows, N]."""
+    bm, S = t.block_m, t.splits
+    x_spec, xs_spec = (pl.BlockSpec(spec.block_shape, lambda i, p, f=spec.index_map: f(i, 0, 0))
+                       for spec in in_specs[:2])
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_spec = pl.BlockSpec((S, bm, N), lambda i, p: (0, i, 0))
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
+    w_spec, ws_spec = (pl.BlockSpec(a.shape, lambda i, p: (0, 0)) for a in args[2:])
+    out = pl.pallas_call(
+        functools.partial(_kernel_persistent, n_groups=G // S, n_poisoned=len(poisoned),
+                          n_items=N // t.block_n * S,
+                          programs=t.programs, splits=S, bn=t.block_n, swap=t.swap),
+        grid=(Mp // bm, t.programs), in_specs=[x_spec, xs_spec, w_spec, ws_spec] +
+        [out_spec] * len(poisoned), out_specs=out_spec, out_shape=out_shape,
+        interpret=interpret, name="fp8_matmul", input_output_aliases={4: 0} if poison else {},
+        compiler_params=compiler_params(t),
+    )(*args, *poisoned)
+    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
