@@ -126,18 +126,20 @@ case "${1:-1}" in
   # into persistent programs' ranges, each one flat K loop (TritonTiles.programs): the
   # pipeline fills once a program, not once a tile (the gate/up and down GEMMs' excess over
   # their read floor, 1.21x and 1.40x on the H200, fits one fixed cost of ~3 K groups' reads
-  # a program). Its GPU test first (the same bits as a program per item)
+  # a program); with the next K group loaded ahead in registers (prefetch 1) or not, should
+  # Triton's pipeline not take the flat loop. Its GPU test first (the same bits)
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
     persistent_programs -p no:cacheprovider > "$OUT/pytest_persistent_gpu.log" 2>&1
   tests_passed "$OUT/pytest_persistent_gpu.log" "passed\|failed\|Error" || exit 1
   for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
     timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
-      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3,4} \
-      --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3} --device-time 2>&1 \
+      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3} \
+      --prefetch ${PREFETCH:-0,1} --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3} \
+      --device-time 2>&1 \
       | tee -a "$OUT/fp8_tiles_persistent.log" | quiet | grep "^best\|xla\|error"
   done
   grep "^{" "$OUT/fp8_tiles_persistent.log" | python3 -c "import ast, sys; [print(r['shape'], \
-r.get('splits'), r.get('num_stages'), r.get('programs'), r.get('round'), r.get('ms')) for r in \
+r.get('splits'), r.get('prefetch'), r.get('programs'), r.get('round'), r.get('ms')) for r in \
 (ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']" ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7

@@ -72,8 +72,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
     splits (where the output tiles are fewer than 2 per SM)."""
     if pallas and decode:
         # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
-        # are left out) x stages x prefetch x warps x persistent programs (alone: without
-        # prefetch or the sum in the kernel); a narrow tile also untransposed: `swap` puts the
+        # are left out) x stages x prefetch x warps x persistent programs (not with the sum
+        # in the kernel); a narrow tile also untransposed: `swap` puts the
         # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
@@ -86,7 +86,7 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
                 for pf in d.prefetches
                 for nw in d.warps or (base.num_warps,)
                 for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))
-                for pr in d.programs if not (pr and (pf or sk))]
+                for pr in d.programs if not (pr and sk)]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,

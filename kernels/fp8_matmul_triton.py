@@ -18,6 +18,15 @@ registers, so the weight reads are issued ahead even where Triton's software pip
 (`num_stages`) does not issue them. It computes the same sums in the same order. It is off
 (0) until `benchmarks/device_plan.sh` 40 has timed it.
 
+`programs` makes the grid persistent: a row tile's (column tile, K split) items are cut into
+that many contiguous ranges, and each program runs its range's K groups as one flat loop,
+storing an item's sums at its last group. Per tile, the pipeline's fill (the first loads'
+latency) and the partials' store are paid once per program, not once per tile. At 32 rows
+the gate/up and down GEMMs run at 1.21x and 1.40x of their read floor (H200). One fixed cost
+of about three K groups' reads per program fits both, and the down GEMM's programs have only
+8 groups each. The sums and their order are the same as with one program per item. It is
+off (0) until `benchmarks/device_plan.sh` 45 has timed it.
+
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
 there) and the few tokens on its N side, which may be as narrow as 8; both operands stay
@@ -218,29 +227,41 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, pre
 
 
 def _kernel_persistent(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, n_items,
-                       programs, splits, bn, swap):
+                       programs, splits, bn, swap, prefetch):
     """`_kernel` as `programs` persistent programs a row tile (`TritonTiles.programs`): the
     row tile's work items (column tile j, K split k; item j * splits + k) cut into
-    `programs` contiguous ranges, each range's K groups one flat loop, so that Triton's
-    software pipeline loads across the items' boundaries and the pipeline fills once a
-    program, not once a tile. An item's sums are stored at its last group (o_ref
-    [splits, rows, N]: the partials, or the output where splits is 1) and then restart: the
-    same sums in the same order as `_kernel`'s."""
+    `programs` contiguous ranges, each range's K groups one flat loop of units, so that
+    Triton's software pipeline loads across the items' boundaries and fills once a program,
+    not once a tile. An item's sums are stored at its last group (o_ref [splits, rows, N]:
+    the partials, or the output where splits is 1) and then restart: the same sums in the
+    same order as `_kernel`'s. `prefetch` as in `accumulate`, across items too."""
     o_ref = refs[n_poisoned]
     # lax's div and rem (the indices are >= 0): jnp's floor division lowers with a mixed-type
     # remainder that the Triton lowering refuses
     div, rem = jax.lax.div, jax.lax.rem
     p = pl.program_id(1)
     start, stop = div(p * n_items, programs), div((p + 1) * n_items, programs)
+    n_units = (stop - start) * n_groups  # start < n_items: an empty range's unit 0 is valid
     sub = min(bn, GROUP)
     n_sub = bn // sub
 
-    def body(u, accs):
-        item, g = start + div(u, n_groups), rem(u, n_groups)
-        j, k = div(item, splits), rem(item, splits)
-        operands = load_group(x_ref, xs_ref, w_ref, ws_ref, k * n_groups + g, swap=swap,
-                              n_sub=n_sub, sub=sub, w_row=j * bn, s_row=div(j * bn, GROUP))
+    def where(u):  # unit u's column tile, K split and group within the split
+        item = start + div(u, n_groups)
+        return div(item, splits), rem(item, splits), rem(u, n_groups)
+
+    def load(u):
+        j, k, g = where(jnp.clip(u, 0, n_units - 1))  # prefetch's last units: loaded again
+        return load_group(x_ref, xs_ref, w_ref, ws_ref, k * n_groups + g, swap=swap,
+                          n_sub=n_sub, sub=sub, w_row=j * bn, s_row=div(j * bn, GROUP))
+
+    def body(u, carry):
+        accs, ahead = carry
+        if prefetch:
+            operands, ahead = ahead[0], ahead[1:] + (load(u + prefetch),)
+        else:
+            operands = load(u)
         accs = add_group(accs, operands, swap)
+        j, k, g = where(u)
         last = g == n_groups - 1
 
         @pl.when(last)
@@ -248,9 +269,9 @@ def _kernel_persistent(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned
             for c, acc in enumerate(accs):
                 o_ref[k, :, pl.ds(j * bn + c * sub, sub)] = (
                     acc.T if swap else acc).astype(o_ref.dtype)
-        return tuple(jnp.where(last, 0.0, acc) for acc in accs)
-    jax.lax.fori_loop(0, (stop - start) * n_groups, body,
-                      zero_sums(n_sub, sub, x_ref.shape[0], swap))
+        return tuple(jnp.where(last, 0.0, acc) for acc in accs), ahead
+    zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
+    jax.lax.fori_loop(0, n_units, body, (zeros, tuple(load(i) for i in range(prefetch))))
 
 
 def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
@@ -269,9 +290,8 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
         raise ValueError(f"splits {S} must divide the {G} K groups")
     if t.prefetch < 0:
         raise ValueError(f"prefetch {t.prefetch} must be >= 0")
-    if t.programs < 0 or t.programs and (t.prefetch or t.sum_in_kernel):
-        raise ValueError(f"programs {t.programs} must be >= 0, and 0 with prefetch or "
-                         "sum_in_kernel")
+    if t.programs < 0 or t.programs and t.sum_in_kernel:
+        raise ValueError(f"programs {t.programs} must be >= 0, and 0 with sum_in_kernel")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -361,7 +381,8 @@ def _persistent_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonT
     out = pl.pallas_call(
         functools.partial(_kernel_persistent, n_groups=G // S, n_poisoned=len(poisoned),
                           n_items=N // t.block_n * S,
-                          programs=t.programs, splits=S, bn=t.block_n, swap=t.swap),
+                          programs=t.programs, splits=S, bn=t.block_n, swap=t.swap,
+                          prefetch=t.prefetch),
         grid=(Mp // bm, t.programs), in_specs=[x_spec, xs_spec, w_spec, ws_spec] +
         [out_spec] * len(poisoned), out_specs=out_spec, out_shape=out_shape,
         interpret=interpret, name="fp8_matmul", input_output_aliases={4: 0} if poison else {},

@@ -592,10 +592,12 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     got = configs(32, 4096, 12288, True, decode=DecodeSweep(splits=(6,), warps=(4, 8)))
     assert [(t.splits, t.num_stages, t.num_warps) for t in got] == [
         (6, 3, 4), (6, 3, 8), (6, 4, 4), (6, 4, 8)]
-    # --programs: persistent programs alone, never with prefetch (the kernel refuses both)
+    # --programs: persistent programs, never with the sum in the kernel (the kernel refuses it)
     got = configs(32, 4096, 12288, True, decode=DecodeSweep(
-        splits=(12,), stages=(3,), prefetches=(0, 1), programs=(0, 132)))
-    assert [(t.prefetch, t.programs) for t in got] == [(0, 0), (0, 132), (1, 0)]
+        splits=(12,), stages=(3,), prefetches=(0, 1), programs=(0, 132), sum_in_kernel=True))
+    assert [(t.prefetch, t.sum_in_kernel, t.programs) for t in got] == [
+        (0, False, 0), (0, False, 132), (0, True, 0), (1, False, 0), (1, False, 132),
+        (1, True, 0)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
@@ -791,23 +793,25 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
     same sums in the same order as a program per item: every output bit (every element
     written: the output starts NaN), for fewer programs than items (ranges of unequal length),
     more (empty ranges), split K or not, two row tiles, wide and narrow column tiles,
-    transposed and not. The Triton IR verifies; settings that cannot combine are refused."""
+    transposed and not, with groups loaded ahead (`prefetch`, across the items) or not. The
+    Triton IR verifies; settings that cannot combine are refused."""
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 512, seed=4)
     for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
                                  (64, 128, 1, False), (16, 32, 4, True)):
         t = TritonTiles(bm, bn, splits, swap=swap)
         want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
                                             interpret=True))
-        for programs in (1, 3, 7, 2 * (512 // bn) * splits + 1):
+        for programs, prefetch in ((1, 0), (3, 0), (7, 0), (2 * (512 // bn) * splits + 1, 0),
+                                   (3, 2), (2 * (512 // bn) * splits + 1, 1)):
             got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
-                                    tiles=dataclasses.replace(t, programs=programs))
-            np.testing.assert_array_equal(np.asarray(got), want)
-    for swap in (True, False):
-        t = TritonTiles(32, 128, 2, swap=swap, programs=5)
+                                    tiles=dataclasses.replace(t, programs=programs,
+                                                              prefetch=prefetch))
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{programs=}")
+    for swap, prefetch in ((True, 0), (False, 0), (True, 2)):
+        t = TritonTiles(32, 128, 2, swap=swap, programs=5, prefetch=prefetch)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws,
                             monkeypatch=monkeypatch)
-    for bad in (TritonTiles(16, 128, 2, programs=-1), TritonTiles(16, 128, 2, programs=4,
-                                                                  prefetch=1),
+    for bad in (TritonTiles(16, 128, 2, programs=-1),
                 TritonTiles(16, 128, 2, programs=4, sum_in_kernel=True)):
         with pytest.raises(ValueError, match="programs"):
             fp8_matmul_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)

@@ -359,7 +359,8 @@ def test_persistent_programs_change_no_bit_on_gpu():
     """`TritonTiles.programs` (persistent programs, one flat K loop over a range of tiles and
     splits) at LLaDA-8B's decode shapes and the counts stage 45 times: every output bit of
     a program per tile and split (the same sums in the same order), every tile written
-    (poisoned output), also where the items do not divide evenly (384 over 132)."""
+    (poisoned output), also where the items do not divide evenly (384 over 132), with the
+    next group loaded ahead (`prefetch`) or not."""
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from lacache_jax.quant import quantize_act, quantize_weight
     k = jax.random.split(jax.random.key(17), 3)
@@ -367,13 +368,13 @@ def test_persistent_programs_change_no_bit_on_gpu():
         wq, ws = quantize_weight(jax.random.normal(k[0], (K, N)) * K ** -0.5)
         xq, xs = quantize_act(jax.random.normal(k[1], (32, K)))
         base = TritonTiles.get_default(32, N, K)
-        for sp, programs in itertools.product(splits, (132, 264)):
+        for sp, programs, prefetch in itertools.product(splits, (132, 264), (0, 1)):
             t = dataclasses.replace(base, splits=sp)
             want = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t)
-            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True,
-                                    tiles=dataclasses.replace(t, programs=programs))
+            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True, tiles=(
+                dataclasses.replace(t, programs=programs, prefetch=prefetch)))
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
-                                          err_msg=f"{(K, N, sp, programs)}")
+                                          err_msg=f"{(K, N, sp, programs, prefetch)}")
 
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
