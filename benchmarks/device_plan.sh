@@ -23,6 +23,8 @@
 # TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
 # program pair; only 132 programs, heads cut unevenly, were tried):
+#  46  issues 20, 23: 45's best persistent setting (PSETS) in the FFN at 32 rows and in the
+#      batch-1 dual step (FP8), against the tiles as now, alternated
 #  45  issues 20, 23: the FP8 GEMM at 32 rows over persistent programs (TritonTiles.programs):
 #      GPU test, then by device time against a program per tile and split
 #  44  issue 20: the FP8 FFN's kernels at 32 rows in PTX: what their K loops load and wait on
@@ -121,6 +123,18 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+46)
+  # issues 20, 23: the default decode tiles as now against persistent programs (PSETS: the
+  # module switches kernels.fp8_matmul_triton:PROGRAMS / PREFETCH), the FFN at 32 rows by
+  # device time, then the batch-1 dual step (FP8, threshold), the settings alternated
+  P=kernels.fp8_matmul_triton
+  PSETS=${PSETS:-"$P:PROGRAMS=0 $P:PROGRAMS=132 $P:PROGRAMS=0 $P:PROGRAMS=132"}
+  timeout -k 5 ${FFN_S:-150} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+    --trace --settings $PSETS 2>&1 | tee "$OUT/fp8_ffn_persistent.log" | grep "^{'M'" \
+    | python3 -c "$FFN_ROW"
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $PSETS 2>&1 \
+    | tee "$OUT/generate_dual_persistent.log" | quiet | grep "^B=\|ceilings" ;;
 45)
   # issues 20, 23: the Triton FP8 GEMM at 32 rows with its (column tile, K split) items cut
   # into persistent programs' ranges, each one flat K loop (TritonTiles.programs): the

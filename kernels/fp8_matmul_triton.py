@@ -108,7 +108,8 @@ class TritonTiles:
         bm = row_tile(M)
         return cls(block_m=bm, block_n=GROUP,
                    splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
-                   swap=swapped(M), sum_in_kernel=bool(SUM_IN_KERNEL))
+                   swap=swapped(M), sum_in_kernel=bool(SUM_IN_KERNEL),
+                   prefetch=PREFETCH, programs=PROGRAMS if swapped(M) else 0)
 
 
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
@@ -119,6 +120,11 @@ class TritonTiles:
 # reads the 12 partials alone, after the others), so it is off. Read when a caller is
 # traced: set it before the first call.
 SUM_IN_KERNEL = 0
+# The default tiles' `prefetch`, and their persistent `programs` at decode rows (the
+# transposed tiles): 0 until timed in the step (device_plan.sh 40, 45). Module switches, as
+# SUM_IN_KERNEL, read when a caller is traced.
+PREFETCH = 0
+PROGRAMS = 0
 
 
 def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int,

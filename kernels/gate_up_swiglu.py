@@ -87,6 +87,9 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     M, K = xq.shape
     N = wq.shape[0]
     t = tiles or tr.TritonTiles.get_default(M, N, K)
+    if t.programs:
+        raise ValueError(f"programs {t.programs}: persistent programs are not built for the "
+                         "fused gate/up + SwiGLU kernel (set 0)")
     if N % (2 * GROUP):
         raise ValueError(f"gate|up needs 2F rows with F a multiple of {GROUP}, got {N}")
     if t.block_n % GROUP or (N // 2) % t.block_n:

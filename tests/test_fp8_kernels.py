@@ -815,3 +815,16 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
                 TritonTiles(16, 128, 2, programs=4, sum_in_kernel=True)):
         with pytest.raises(ValueError, match="programs"):
             fp8_matmul_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
+    from kernels import fp8_matmul_triton as tr
+    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
+    with pytest.raises(ValueError, match="programs 4"):
+        gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=TritonTiles(16, 128, 2, swap=True,
+                                                                      programs=4),
+                                    interpret=True)
+    # the module switches set the default tiles' programs (decode rows only) and prefetch
+    assert TritonTiles.get_default(32, 4096, 12288).programs == 0
+    monkeypatch.setattr(tr, "PROGRAMS", 132)
+    monkeypatch.setattr(tr, "PREFETCH", 1)
+    assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(
+        32, 128, 12, 4, 3, swap=True, prefetch=1, programs=132)
+    assert TritonTiles.get_default(768, 4096, 12288).programs == 0
