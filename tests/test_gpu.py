@@ -335,46 +335,33 @@ def test_split_k_summed_in_the_kernel_on_gpu():
         assert rel_err(out, ref) <= 1e-5, (bn, swap)
 
 
-def test_prefetch_changes_no_bit_on_gpu():
-    """`TritonTiles.prefetch` (the K groups loaded ahead in registers) at LLaDA-8B's decode
-    shapes and the settings the decode sweep times (stage 40): every output bit of the
-    default tiles (the same sums in the same order), every tile written (poisoned output)."""
+@pytest.mark.parametrize("variant", ["prefetch", "persistent_programs"])
+def test_decode_tiles_change_no_bit_on_gpu(variant):
+    """At LLaDA-8B's decode shapes and the settings the decode sweeps time, every output bit
+    of the default tiles (the same sums in the same order), every tile written (poisoned
+    output): `TritonTiles.prefetch` (the K groups loaded ahead in registers; stage 40) over
+    K splits and pipeline depths, and `TritonTiles.programs` (persistent programs, one flat
+    K loop over a range of tiles and splits; stage 45) over K splits, program counts that
+    do not divide the items (384 over 132) and with the next group loaded ahead or not."""
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from lacache_jax.quant import quantize_act, quantize_weight
     k = jax.random.split(jax.random.key(13), 3)
+    axes = (dict(num_stages=(1, 3), prefetch=(1, 2)) if variant == "prefetch" else
+            dict(programs=(132, 264), prefetch=(0, 1)))
     for K, N, splits in ((12288, 4096, (6, 12)), (4096, 24576, (2, 4))):
         wq, ws = quantize_weight(jax.random.normal(k[0], (K, N)) * K ** -0.5)
         xq, xs = quantize_act(jax.random.normal(k[1], (32, K)))
         base = TritonTiles.get_default(32, N, K)
-        for sp, stages, prefetch in itertools.product(splits, (1, 3), (1, 2)):
-            t = dataclasses.replace(base, splits=sp, num_stages=stages)
+        for sp, values in itertools.product(splits, itertools.product(*axes.values())):
+            change = dict(zip(axes, values))
+            # the reference: the same pipeline depth, neither prefetch nor persistence
+            t = dataclasses.replace(base, splits=sp,
+                                    num_stages=change.get("num_stages", base.num_stages))
             want = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t)
             got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True,
-                                    tiles=dataclasses.replace(t, prefetch=prefetch))
+                                    tiles=dataclasses.replace(t, **change))
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
-                                          err_msg=f"{(K, N, sp, stages, prefetch)}")
-
-
-def test_persistent_programs_change_no_bit_on_gpu():
-    """`TritonTiles.programs` (persistent programs, one flat K loop over a range of tiles and
-    splits) at LLaDA-8B's decode shapes and the counts stage 45 times: every output bit of
-    a program per tile and split (the same sums in the same order), every tile written
-    (poisoned output), also where the items do not divide evenly (384 over 132), with the
-    next group loaded ahead (`prefetch`) or not."""
-    from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
-    from lacache_jax.quant import quantize_act, quantize_weight
-    k = jax.random.split(jax.random.key(17), 3)
-    for K, N, splits in ((12288, 4096, (6, 12)), (4096, 24576, (2, 4))):
-        wq, ws = quantize_weight(jax.random.normal(k[0], (K, N)) * K ** -0.5)
-        xq, xs = quantize_act(jax.random.normal(k[1], (32, K)))
-        base = TritonTiles.get_default(32, N, K)
-        for sp, programs, prefetch in itertools.product(splits, (132, 264), (0, 1)):
-            t = dataclasses.replace(base, splits=sp)
-            want = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t)
-            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, poison=True, tiles=(
-                dataclasses.replace(t, programs=programs, prefetch=prefetch)))
-            np.testing.assert_array_equal(np.asarray(got), np.asarray(want),
-                                          err_msg=f"{(K, N, sp, programs, prefetch)}")
+                                          err_msg=f"{(K, N, sp, change)}")
 
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
