@@ -8,15 +8,14 @@
 # the thirtieth, on an H200: 37, 36 (the FP8 GEMMs' rates at the power limit); the
 # thirty-first was lent none (one failed start, then loans paused); the thirty-second, on an
 # H100 after four failed starts: 41, 42, 43 (each new kernel slower in the step: all stay off)
-# and 22 (all 50 GPU tests pass at 529a41c); the thirty-third found no machine in ten tries.
+# and 22 (all 50 GPU tests pass at 529a41c); the thirty-third, on an H100 after two hours of
+# failed starts: 45 (persistent programs and prefetch both slower: off) and 44 (no PTX in
+# jax 0.11.2's XLA dump: stage 44 needs another source before it runs again).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 45 (the FP8 GEMM at 32 rows over persistent programs,
-# TritonTiles.programs) and, where one of its settings beats the tiles as now, 46 with it
-# (PSETS: the FFN and the dual step); 44 (why the FP8 GEMM at 32 rows reads at 1.4-2.1 TB/s:
-# its PTX) and 40 (its tiles with the K groups loaded ahead, TritonTiles.prefetch), 39 (on an H200:
+# Left, in priority order: 39 (on an H200:
 # the power limit is the H200's question); 33 again on an H200 (padded once ran 1.05x on
 # the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
 # at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
@@ -24,7 +23,10 @@
 # rows, and the shares at every prefix block size); 21 with
 # TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
 # (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
-# program pair; only 132 programs, heads cut unevenly, were tried):
+# program pair; only 132 programs, heads cut unevenly, were tried); 40's other axes (stages 1,
+# 8 warps; prefetch 1 at 3 stages and 4 warps was 1.65-1.78x slower); 44 once it has a PTX
+# source (Triton's own compile of the lowered module); 46 if a decode-tile setting ever beats
+# the tiles as now in 45 or 40:
 #  46  issues 20, 23: 45's best persistent setting (PSETS) in the FFN at 32 rows and in the
 #      batch-1 dual step (FP8), against the tiles as now, alternated
 #  45  issues 20, 23: the FP8 GEMM at 32 rows over persistent programs (TritonTiles.programs):

@@ -15,17 +15,17 @@ At 32 rows the kernel reads its weights at 1.4 (down) and 2.1 (gate/up) TB/s on 
 where the bf16 FFN reads at 2.7 (RESULTS.md, thirty-second session). `prefetch` loads the
 operands of the next K groups before a group's dots and carries them through the loop in
 registers, so the weight reads are issued ahead even where Triton's software pipeline
-(`num_stages`) does not issue them. It computes the same sums in the same order. It is off
-(0) until `benchmarks/device_plan.sh` 40 has timed it.
+(`num_stages`) does not issue them. It computes the same sums in the same order. On an H100
+at 32 rows (3 stages, 4 warps) one group ahead took 1.65-1.78x the time (RESULTS.md,
+thirty-third session), so it is off (0).
 
 `programs` makes the grid persistent: a row tile's (column tile, K split) items are cut into
 that many contiguous ranges, and each program runs its range's K groups as one flat loop,
-storing an item's sums at its last group. Per tile, the pipeline's fill (the first loads'
-latency) and the partials' store are paid once per program, not once per tile. At 32 rows
-the gate/up and down GEMMs run at 1.21x and 1.40x of their read floor (H200). One fixed cost
-of about three K groups' reads per program fits both, and the down GEMM's programs have only
-8 groups each. The sums and their order are the same as with one program per item. It is
-off (0) until `benchmarks/device_plan.sh` 45 has timed it.
+storing an item's sums at its last group. It computes the same sums in the same order as one
+program per item (bit for bit on the GPU too). It was built to pay the pipeline's fill once a
+program rather than once a tile, but on an H100 at 32 rows it took 1.2-1.4x the time: 264
+programs 32.2-32.7 us against 25.7-26.6 for down, and 50.8-51.8 against 44.4-45.0 for
+gate/up; 132 programs were slower still (RESULTS.md, thirty-third session). So it is off (0).
 
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
@@ -89,7 +89,7 @@ class TritonTiles:
     prefetch: int = 0
     # Persistent programs a row tile (0: one program per column tile and K split): each
     # takes a contiguous range of the (column tile, K split) items as one flat K loop
-    # (`_kernel_persistent`), so Triton's pipeline fills once a program, not once a tile
+    # (`_kernel_persistent`; slower at 32 rows, see the module docstring)
     programs: int = 0
 
     @classmethod
@@ -121,8 +121,9 @@ class TritonTiles:
 # traced: set it before the first call.
 SUM_IN_KERNEL = 0
 # The default tiles' `prefetch`, and their persistent `programs` at decode rows (the
-# transposed tiles): 0 until timed in the step (device_plan.sh 40, 45). Module switches, as
-# SUM_IN_KERNEL, read when a caller is traced.
+# transposed tiles): both 0, each slower at 32 rows on an H100 (RESULTS.md, thirty-third
+# session). Module switches, as SUM_IN_KERNEL (read when a caller is traced), so that the
+# FFN and the step can time them (`--settings`, device_plan.sh 46).
 PREFETCH = 0
 PROGRAMS = 0
 
