@@ -15,7 +15,8 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 39 (on an H200:
+# Left, in priority order: 47 and 48 (the decode tiles' scales loaded before the K loop: the
+# PTX shows the loop waiting on them), 39 (on an H200:
 # the power limit is the H200's question); 33 again on an H200 (padded once ran 1.05x on
 # the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
 # at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
@@ -27,6 +28,9 @@
 # 8 warps; prefetch 1 at 3 stages and 4 warps was 1.65-1.78x slower); 44 once it has a PTX
 # source (Triton's own compile of the lowered module); 46 if a decode-tile setting ever beats
 # the tiles as now in 45 or 40:
+#  48  issues 20, 23: 47's switch in the batch-1 dual step (FP8)
+#  47  issues 20, 23: the FP8 decode tiles with their scales loaded before the K loop
+#      (TritonTiles.scales_ahead): GPU test, the GEMMs at 32 rows, the FFN
 #  46  issues 20, 23: 45's best persistent setting (PSETS) in the FFN at 32 rows and in the
 #      batch-1 dual step (FP8), against the tiles as now, alternated
 #  45  issues 20, 23: the FP8 GEMM at 32 rows over persistent programs (TritonTiles.programs):
@@ -127,6 +131,37 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+47)
+  # issues 20, 23: in PTX of the down GEMM at 32 rows (Triton 3.9's compile of the lowered
+  # module, CPU, thirty-third session) the K loop waits each group on 5 global loads, the
+  # per-group scales, which Triton's pipeline does not issue ahead; with a program's scales
+  # loaded before the loop (TritonTiles.scales_ahead) it waits on none. GPU test (the same
+  # bits), the GEMMs by device time, then the FFN with the module switch off / on,
+  # alternated (48: the dual step)
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    scales_ahead -p no:cacheprovider > "$OUT/pytest_scales_ahead_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_scales_ahead_gpu.log" "passed\|failed\|Error" || exit 1
+  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
+    timeout -k 5 ${TILE_S:-120} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
+      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3,4} \
+      --scales-ahead 0,1 --rounds ${ROUNDS:-3} --device-time 2>&1 \
+      | tee -a "$OUT/fp8_tiles_scales_ahead.log" | quiet | grep "^best\|error"
+  done
+  grep "^{" "$OUT/fp8_tiles_scales_ahead.log" | python3 -c "import ast, sys; [print(r['shape'], \
+r.get('splits'), r.get('num_stages'), r.get('scales_ahead'), r.get('round'), r.get('ms')) for r \
+in (ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']"
+  P=kernels.fp8_matmul_triton
+  SSETS="$P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1 $P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1"
+  timeout -k 5 ${FFN_S:-120} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+    --trace --settings $SSETS 2>&1 | tee "$OUT/fp8_ffn_scales_ahead.log" | grep "^{'M'" \
+    | python3 -c "$FFN_ROW" ;;
+48)
+  # issues 20, 23: 47's switch in the batch-1 dual step (FP8, threshold), off / on alternated
+  P=kernels.fp8_matmul_triton
+  SSETS="$P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1 $P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1"
+  timeout -k 5 ${GEN_S:-360} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $SSETS 2>&1 \
+    | tee "$OUT/generate_dual_scales_ahead.log" | quiet | grep "^B=\|ceilings" ;;
 46)
   # issues 20, 23: the default decode tiles as now against persistent programs (PSETS: the
   # module switches kernels.fp8_matmul_triton:PROGRAMS / PREFETCH), the FFN at 32 rows by

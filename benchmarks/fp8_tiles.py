@@ -4,7 +4,7 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
         [--stages 3,4] [--prefetch 0,1,2] [--warps 4,8] [--programs 0,132,264]
-        [--sum-in-kernel] [--rounds 5] [--device-time]
+        [--scales-ahead 0,1] [--sum-in-kernel] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
@@ -55,6 +55,7 @@ class DecodeSweep:
     warps: tuple[int, ...] = ()  # empty: the default tiles' warps
     sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
     programs: tuple[int, ...] = (0,)  # persistent programs (0: one per tile and split)
+    scales_ahead: tuple[bool, ...] = (False,)  # a program's scales loaded before its loop
 
     def __bool__(self) -> bool:
         return bool(self.block_ns or self.splits)
@@ -77,7 +78,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
         # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw, programs=pr)
+                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw, programs=pr,
+                                    scales_ahead=sa)
                 for bn in d.block_ns or (base.block_n,) if N % bn == 0
                 for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
                 if G % sp == 0
@@ -86,7 +88,8 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
                 for pf in d.prefetches
                 for nw in d.warps or (base.num_warps,)
                 for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))
-                for pr in d.programs if not (pr and sk)]
+                for pr in d.programs if not (pr and sk)
+                for sa in d.scales_ahead if not (sa and (pf or pr or sk))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -202,6 +205,9 @@ def main():
     ap.add_argument("--programs", default="0",
                     help="Pallas decode sweep: persistent programs a row tile "
                          "(TritonTiles.programs; 0: one per tile and split)")
+    ap.add_argument("--scales-ahead", default="0",
+                    help="Pallas decode sweep: 0,1: a program's scales loaded before its loop "
+                         "(TritonTiles.scales_ahead) or not")
     ap.add_argument("--sum-in-kernel", action="store_true",
                     help="Pallas decode sweep: each split setting also with the split-K sum "
                          "in the kernel (TritonTiles.sum_in_kernel)")
@@ -209,11 +215,13 @@ def main():
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
                          ints(args.prefetch), ints(args.warps), args.sum_in_kernel,
-                         ints(args.programs))
+                         ints(args.programs), tuple(map(bool, ints(args.scales_ahead))))
     if not (decode.stages and decode.prefetches and decode.programs):
         ap.error("--stages, --prefetch and --programs need at least one value each")
-    if not decode and (decode.stages, decode.prefetches, decode.warps, decode.programs) != (
-            DecodeSweep.stages, DecodeSweep.prefetches, DecodeSweep.warps, DecodeSweep.programs):
+    if not decode and (decode.stages, decode.prefetches, decode.warps, decode.programs,
+                       decode.scales_ahead) != (DecodeSweep.stages, DecodeSweep.prefetches,
+                                                DecodeSweep.warps, DecodeSweep.programs,
+                                                DecodeSweep.scales_ahead):
         ap.error("--stages, --prefetch, --warps and --programs are axes of the decode sweep: "
                  "give --block-ns or --splits too")
     rows: list = []

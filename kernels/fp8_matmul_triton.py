@@ -17,7 +17,8 @@ operands of the next K groups before a group's dots and carries them through the
 registers, so the weight reads are issued ahead even where Triton's software pipeline
 (`num_stages`) does not issue them. It computes the same sums in the same order. On an H100
 at 32 rows (3 stages, 4 warps) one group ahead took 1.65-1.78x the time (RESULTS.md,
-thirty-third session), so it is off (0).
+thirty-third session): in Triton 3.9's PTX its loop has no cp.async left, the pipeline off.
+It is off (0).
 
 `programs` makes the grid persistent: a row tile's (column tile, K split) items are cut into
 that many contiguous ranges, and each program runs its range's K groups as one flat loop,
@@ -30,8 +31,16 @@ gate/up; 132 programs were slower still (RESULTS.md, thirty-third session). So i
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
 there) and the few tokens on its N side, which may be as narrow as 8; both operands stay
-K-major, as FP8 MMAs require. Measured 1.09x at M 32 on the H200; that the untransposed
-16-32-row tiles miss wgmma is the likely reason, not checked in the PTX.
+K-major, as FP8 MMAs require. Measured 1.09x at M 32 on the H200. Yet in Triton 3.9's own
+compile of the lowered module (`benchmarks/triton_ptx.py`, CPU) the swapped 32-row tile's
+dots are `mma.sync` (64 a K loop iteration), not wgmma; XLA's Triton is unchecked.
+
+`scales_ahead` loads a program's K-group scales once, before its loop, as vectors; each
+group's are then picked from registers by a masked sum (exact: the other terms are zeros).
+In that PTX of the down GEMM at 32 rows the loop otherwise waits on 5 plain global loads a
+group, the scales, which Triton's pipeline does not issue ahead (it copies only the dots'
+operands, by cp.async); with it the loop has none, for 3 shared stores and 4 more barriers.
+It is off until `benchmarks/device_plan.sh` 47 has timed it.
 """
 
 from __future__ import annotations
@@ -91,6 +100,10 @@ class TritonTiles:
     # takes a contiguous range of the (column tile, K split) items as one flat K loop
     # (`_kernel_persistent`; slower at 32 rows, see the module docstring)
     programs: int = 0
+    # A program's K-group scales loaded once before its loop (vectors in registers, each
+    # group's picked by a masked sum) instead of one scalar load a group that the loop waits
+    # on (Triton pipelines only the dots' operands); needs a power-of-two group count a split
+    scales_ahead: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -109,7 +122,9 @@ class TritonTiles:
         return cls(block_m=bm, block_n=GROUP,
                    splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
                    swap=swapped(M), sum_in_kernel=bool(SUM_IN_KERNEL),
-                   prefetch=PREFETCH, programs=PROGRAMS if swapped(M) else 0)
+                   prefetch=PREFETCH, programs=PROGRAMS if swapped(M) else 0,
+                   scales_ahead=bool(SCALES_AHEAD) and swapped(M) and _pow2_split(
+                       K // GROUP, k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)))
 
 
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
@@ -126,6 +141,15 @@ SUM_IN_KERNEL = 0
 # FFN and the step can time them (`--settings`, device_plan.sh 46).
 PREFETCH = 0
 PROGRAMS = 0
+# The default decode tiles' `scales_ahead`: 0 until timed (device_plan.sh 47). In PTX of the
+# down GEMM at 32 rows (Triton 3.9's compile of the lowered module, on the CPU) the K loop
+# waits on 5 global loads a group, the scales, and with it on none.
+SCALES_AHEAD = 0
+
+
+def _pow2_split(n_groups: int, splits: int) -> bool:
+    n = n_groups // splits
+    return n & (n - 1) == 0
 
 
 def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int,
@@ -136,6 +160,25 @@ def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: 
     return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
             tuple(w_ref[pl.ds(w_row + c * sub, sub), cols] for c in range(n_sub)),
             tuple(ws_ref[s_row + c, pl.ds(g, 1)] for c in range(n_sub)))
+
+
+def all_scales(xs_ref, ws_ref, first, n_groups: int, swap: bool, n_sub: int):
+    """The activation scales of K groups [first, first + n_groups) ([n_groups, bm] where
+    `swap`, else [bm, n_groups]) and each column block's weight scales ([n_groups] each)."""
+    groups = pl.ds(first, n_groups)
+    return (xs_ref[groups, :] if swap else xs_ref[:, groups],
+            tuple(ws_ref[c, groups] for c in range(n_sub)))
+
+
+def picked_scales(scales, g, swap: bool, ws):
+    """Group g's scales from `all_scales`' vectors, shaped as `load_group` gives them (a
+    masked sum: exact, the other terms are zeros), between its x tile and weights `ws`."""
+    xs, w_scales = scales
+    hit = jnp.arange(w_scales[0].shape[0]) == g
+    x_scale = (jnp.sum(jnp.where(hit[:, None], xs, 0.0), axis=0, keepdims=True) if swap else
+               jnp.sum(jnp.where(hit[None, :], xs, 0.0), axis=1, keepdims=True))
+    return (x_scale, ws,
+            tuple(jnp.sum(jnp.where(hit, w, 0.0), keepdims=True) for w in w_scales))
 
 
 def add_group(accs, operands, swap: bool):
@@ -152,17 +195,26 @@ def zero_sums(n_sub: int, sub: int, bm: int, swap: bool):
 
 
 def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
-               prefetch: int = 0):
+               prefetch: int = 0, scales_ahead: bool = False):
     """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
     weight block of its columns: [128, bm] each where `swap` (out^T; `xs_ref` then holds the
     activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G]). `prefetch`
     (`TritonTiles.prefetch`): the operands of that many groups ahead are loaded before a
-    group's dots and carried through the loop (the same sums in the same order)."""
+    group's dots and carried through the loop (the same sums in the same order).
+    `scales_ahead` (`TritonTiles.scales_ahead`): the scales of all n_groups loaded before
+    the loop (`picked_scales`), the same values."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
     load = functools.partial(load_group, x_ref, xs_ref, w_ref, ws_ref, swap=swap,
                              n_sub=n_sub, sub=sub)
     zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
+    if scales_ahead:
+        scales = all_scales(xs_ref, ws_ref, first, n_groups, swap, n_sub)
+
+        def body(g, accs):
+            x, _, ws, _ = load(first + g)
+            return add_group(accs, (x,) + picked_scales(scales, g, swap, ws), swap)
+        return jax.lax.fori_loop(0, n_groups, body, zeros)
     if not prefetch:
         return jax.lax.fori_loop(
             0, n_groups, lambda g, accs: add_group(accs, load(first + g), swap), zeros)
@@ -224,10 +276,12 @@ def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_po
             o_ref.dtype)
 
 
-def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, prefetch):
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, prefetch,
+            scales_ahead):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap, prefetch)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap, prefetch,
+                      scales_ahead)
     sub = min(w_ref.shape[0], GROUP)
     for c, acc in enumerate(accs):
         o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
@@ -299,6 +353,10 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
         raise ValueError(f"prefetch {t.prefetch} must be >= 0")
     if t.programs < 0 or t.programs and t.sum_in_kernel:
         raise ValueError(f"programs {t.programs} must be >= 0, and 0 with sum_in_kernel")
+    n = G // S
+    if t.scales_ahead and (t.prefetch or t.programs or t.sum_in_kernel or n & (n - 1)):
+        raise ValueError(f"scales_ahead needs a power-of-two group count a split (got {n}) "
+                         "and no prefetch, programs or sum_in_kernel")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -342,7 +400,7 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     out = pl.pallas_call(
         functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap,
-                          prefetch=t.prefetch),
+                          prefetch=t.prefetch, scales_ahead=t.scales_ahead),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),

@@ -598,6 +598,10 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     assert [(t.prefetch, t.sum_in_kernel, t.programs) for t in got] == [
         (0, False, 0), (0, False, 132), (0, True, 0), (1, False, 0), (1, False, 132),
         (1, True, 0)]
+    # --scales-ahead: alone (no prefetch, persistence or sum in the kernel: refused there)
+    got = configs(32, 4096, 12288, True, decode=DecodeSweep(
+        splits=(12,), stages=(3,), prefetches=(0, 1), scales_ahead=(False, True)))
+    assert [(t.prefetch, t.scales_ahead) for t in got] == [(0, False), (0, True), (1, False)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
@@ -828,3 +832,40 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
     assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(
         32, 128, 12, 4, 3, swap=True, prefetch=1, programs=132)
     assert TritonTiles.get_default(768, 4096, 12288).programs == 0
+
+
+def test_gemm_scales_ahead_change_no_bit(monkeypatch):
+    """`TritonTiles.scales_ahead`: a program's K-group scales loaded once before its loop and
+    each group's picked from registers by a masked sum give every output bit of one load a
+    group (every element written), split K or not, wide and narrow column tiles, transposed
+    and not; the Triton IR verifies; settings it cannot take are refused; the module switch
+    sets it in the decode tiles only, where a split's group count is a power of two."""
+    from kernels import fp8_matmul_triton as tr
+    _, _, (xq, xs), (wq, ws) = operands(40, 512, 1024, seed=5)
+    for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
+                                 (64, 128, 1, False), (16, 32, 2, True)):
+        t = TritonTiles(bm, bn, splits, swap=swap)
+        want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
+                                            interpret=True))
+        got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
+                                tiles=dataclasses.replace(t, scales_ahead=True))
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for swap in (True, False):
+        t = TritonTiles(32, 128, 2, swap=swap, scales_ahead=True)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws,
+                            monkeypatch=monkeypatch)
+    for bad in (TritonTiles(16, 128, 2, prefetch=1, scales_ahead=True),
+                TritonTiles(16, 128, 2, programs=4, scales_ahead=True),
+                TritonTiles(16, 128, 2, sum_in_kernel=True, scales_ahead=True)):
+        with pytest.raises(ValueError, match="scales_ahead"):
+            fp8_matmul_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
+    _, _, (xq3, xs3), (wq3, ws3) = operands(16, 384, 256, seed=5)  # 3 K groups
+    with pytest.raises(ValueError, match="got 3"):
+        fp8_matmul_pallas(xq3, xs3, wq3, ws3, tiles=TritonTiles(16, 128, 1, scales_ahead=True),
+                          interpret=True)
+    assert not TritonTiles.get_default(32, 4096, 12288).scales_ahead
+    monkeypatch.setattr(tr, "SCALES_AHEAD", 1)
+    assert TritonTiles.get_default(32, 4096, 12288).scales_ahead      # 96 groups / 12: 8
+    assert not TritonTiles.get_default(768, 4096, 12288).scales_ahead  # not a decode tile
+    assert TritonTiles.get_default(32, 1536, 9216).splits == 24  # 72 groups: 3 a split
+    assert not TritonTiles.get_default(32, 1536, 9216).scales_ahead

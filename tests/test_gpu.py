@@ -335,19 +335,21 @@ def test_split_k_summed_in_the_kernel_on_gpu():
         assert rel_err(out, ref) <= 1e-5, (bn, swap)
 
 
-@pytest.mark.parametrize("variant", ["prefetch", "persistent_programs"])
+@pytest.mark.parametrize("variant", ["prefetch", "persistent_programs", "scales_ahead"])
 def test_decode_tiles_change_no_bit_on_gpu(variant):
     """At LLaDA-8B's decode shapes and the settings the decode sweeps time, every output bit
     of the default tiles (the same sums in the same order), every tile written (poisoned
     output): `TritonTiles.prefetch` (the K groups loaded ahead in registers; stage 40) over
     K splits and pipeline depths, and `TritonTiles.programs` (persistent programs, one flat
     K loop over a range of tiles and splits; stage 45) over K splits, program counts that
-    do not divide the items (384 over 132) and with the next group loaded ahead or not."""
+    do not divide the items (384 over 132) and with the next group loaded ahead or not;
+    `TritonTiles.scales_ahead` (a program's scales loaded before its loop; stage 47)."""
     from kernels.fp8_matmul_triton import TritonTiles, fp8_matmul_pallas
     from lacache_jax.quant import quantize_act, quantize_weight
     k = jax.random.split(jax.random.key(13), 3)
-    axes = (dict(num_stages=(1, 3), prefetch=(1, 2)) if variant == "prefetch" else
-            dict(programs=(132, 264), prefetch=(0, 1)))
+    axes = {"prefetch": dict(num_stages=(1, 3), prefetch=(1, 2)),
+            "persistent_programs": dict(programs=(132, 264), prefetch=(0, 1)),
+            "scales_ahead": dict(num_stages=(3, 4), scales_ahead=(True,))}[variant]
     for K, N, splits in ((12288, 4096, (6, 12)), (4096, 24576, (2, 4))):
         wq, ws = quantize_weight(jax.random.normal(k[0], (K, N)) * K ** -0.5)
         xq, xs = quantize_act(jax.random.normal(k[1], (32, K)))
