@@ -15,10 +15,11 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 47 and 48 (the decode tiles' scales loaded before the K loop: the
-# PTX shows the loop waiting on them), 39 (on an H200:
-# the power limit is the H200's question); 33 again on an H200 (padded once ran 1.05x on
-# the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
+# Left, in priority order: 49 (the FP8 dots on wgmma: Pallas' lowering leaves
+# maxNumImpreciseAcc unset, so Triton upcasts FP8 to f16 for mma.sync), 47 and 48 (the
+# decode tiles' scales loaded before the K loop: the PTX shows the loop waiting on them), 39
+# (on an H200: the power limit is the H200's question); 33 again on an H200 (padded once ran
+# 1.05x on the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
 # at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
 # 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8
 # rows, and the shares at every prefix block size); 21 with
@@ -28,6 +29,8 @@
 # 8 warps; prefetch 1 at 3 stages and 4 warps was 1.65-1.78x slower); 44 once it has a PTX
 # source (Triton's own compile of the lowered module); 46 if a decode-tile setting ever beats
 # the tiles as now in 45 or 40:
+#  49  issues 20, 23: the FP8 dots' maxNumImpreciseAcc (IMPRECISE_ACC=32: Hopper's FP8 wgmma
+#      instead of f16 mma.sync): GPU test, the FFN at 32 rows, the batch-1 dual step
 #  48  issues 20, 23: 47's switch in the batch-1 dual step (FP8)
 #  47  issues 20, 23: the FP8 decode tiles with their scales loaded before the K loop
 #      (TritonTiles.scales_ahead): GPU test, the GEMMs at 32 rows, the FFN
@@ -131,6 +134,23 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+49)
+  # issues 20, 23: Pallas lowers the FP8 dot without maxNumImpreciseAcc, so Triton (3.9, at
+  # least) refuses wgmma and upcasts to f16 for mma.sync; IMPRECISE_ACC=32 sets it (thirty-
+  # third session, CPU: the down GEMM's K loop 282 instructions with 8 wgmma against 505
+  # with 64 mma.sync). GPU test (numerics; whether XLA's Triton changed the bits), then the
+  # FFN at 32 rows and the batch-1 dual step (FP8, threshold) with it off / on, alternated
+  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -s -m gpu tests/test_gpu.py -k \
+    imprecise_acc -p no:cacheprovider > "$OUT/pytest_imprecise_acc_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_imprecise_acc_gpu.log" "passed\|failed\|Error\|imprecise" || exit 1
+  P=kernels.fp8_matmul_triton
+  ISETS="$P:IMPRECISE_ACC=0 $P:IMPRECISE_ACC=32 $P:IMPRECISE_ACC=0 $P:IMPRECISE_ACC=32"
+  timeout -k 5 ${FFN_S:-120} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+    --trace --settings $ISETS 2>&1 | tee "$OUT/fp8_ffn_imprecise_acc.log" | grep "^{'M'" \
+    | python3 -c "$FFN_ROW"
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $ISETS 2>&1 \
+    | tee "$OUT/generate_dual_imprecise_acc.log" | quiet | grep "^B=\|ceilings" ;;
 47)
   # issues 20, 23: in PTX of the down GEMM at 32 rows (Triton 3.9's compile of the lowered
   # module, CPU, thirty-third session) the K loop waits each group on 5 global loads, the

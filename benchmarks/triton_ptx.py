@@ -83,6 +83,8 @@ def main():
     ap.add_argument("--shape", default="down", choices=("down", "gate_up"))
     ap.add_argument("--m", type=int, default=32)
     ap.add_argument("--tiles", default="", help="TritonTiles fields changed: name=int,...")
+    ap.add_argument("--imprecise-acc", type=int, default=0,
+                    help="kernels.fp8_matmul_triton.IMPRECISE_ACC while lowering (32: wgmma)")
     ap.add_argument("--compile", action="store_true",
                     help="only compile OUT/fp8_matmul.ttir (needs triton, not jax)")
     ap.add_argument("--warps", type=int, default=4, help="with --compile")
@@ -92,7 +94,9 @@ def main():
         print("\n".join(compile_ptx(args.out, args.warps, args.stages)))
         return
     from benchmarks.fp8_tiles import SHAPES
+    from kernels import fp8_matmul_triton
     from kernels.fp8_matmul_triton import TritonTiles
+    fp8_matmul_triton.IMPRECISE_ACC = args.imprecise_acc
     K, N = SHAPES[args.shape]
     tiles = parse_tiles(TritonTiles.get_default(args.m, N, K), args.tiles)
     args.out.mkdir(parents=True, exist_ok=True)

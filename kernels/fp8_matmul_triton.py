@@ -147,6 +147,46 @@ PROGRAMS = 0
 SCALES_AHEAD = 0
 
 
+# maxNumImpreciseAcc of the FP8 dots Pallas lowers to Triton (0: unset, as Pallas leaves it).
+# Triton's own `tl.dot` sets 2**30 for FP8; unset, Triton refuses Hopper's wgmma for an FP8
+# dot with an f32 result and upcasts both operands to f16 for mma.sync (Triton 3.9's
+# compile of our module: the down GEMM's K loop 505 instructions with 64 mma.sync, against
+# 282 with 8 wgmma at 32 (187 at 2**30); benchmarks/triton_ptx.py, RESULTS.md thirty-third session).
+# Set, the tensor cores accumulate that many products before each fp32 add: 32 (one wgmma's
+# K) is the least that allows wgmma; every 128-wide group is scaled into fp32 anyway. Read
+# when a kernel is lowered (a module switch, as SUM_IN_KERNEL): 0 until timed and its
+# numerics checked on the GPU (device_plan.sh 49).
+IMPRECISE_ACC = 0
+
+
+def _install_fp8_dot_rule():
+    """Wrap Pallas' Triton rule for dot_general so that an FP8 x FP8 dot gets
+    maxNumImpreciseAcc = IMPRECISE_ACC where that is set (read at lowering time)."""
+    try:
+        from jax._src.lib.mlir import ir
+        from jax._src.pallas.triton import lowering
+    except ImportError:  # another jax layout: the dots stay as Pallas lowers them
+        return
+    original = lowering.triton_lowering_rules[jax.lax.dot_general_p]
+    if getattr(original, "fp8_imprecise_acc", False):
+        return
+
+    def rule(ctx, a, b, **params):
+        out = original(ctx, a, b, **params)
+        fp8 = all(aval.dtype == jnp.float8_e4m3fn for aval in ctx.avals_in)
+        op = getattr(out, "owner", None)
+        op = getattr(op, "operation", op)
+        if IMPRECISE_ACC and fp8 and op is not None and op.name == "tt.dot":
+            op.attributes["maxNumImpreciseAcc"] = ir.IntegerAttr.get(
+                ir.IntegerType.get_signless(32), int(IMPRECISE_ACC))
+        return out
+    rule.fp8_imprecise_acc = True
+    lowering.triton_lowering_rules[jax.lax.dot_general_p] = rule
+
+
+_install_fp8_dot_rule()
+
+
 def _pow2_split(n_groups: int, splits: int) -> bool:
     n = n_groups // splits
     return n & (n - 1) == 0

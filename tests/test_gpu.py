@@ -366,6 +366,34 @@ def test_decode_tiles_change_no_bit_on_gpu(variant):
                                           err_msg=f"{(K, N, sp, change)}")
 
 
+def test_fp8_gemm_with_imprecise_acc_on_gpu(monkeypatch):
+    """`fp8_matmul_triton.IMPRECISE_ACC = 32` (the FP8 dots' maxNumImpreciseAcc: Triton may
+    then use Hopper's FP8 wgmma instead of upcasting to f16 for mma.sync) at LLaDA-8B's decode
+    and padded shapes: within the bound of the Mosaic GPU kernel's wgmma (2^-12: a wgmma
+    sums at most 32 products with about 14 significant bits before the fp32 add; DeepSeek-V3
+    report 3.3.2), every tile written. Prints whether the bits changed (they do if XLA's
+    Triton took wgmma)."""
+    from kernels import fp8_matmul_triton as tr
+    from kernels.fp8_matmul import fp8_matmul_ref
+    from lacache_jax.quant import quantize_act, quantize_weight
+    k = jax.random.split(jax.random.key(21), 2)
+    cases = []
+    for M, K in [(9, 4096), (32, 12288), (33, 4096)]:
+        xq, xs = quantize_act(jax.random.normal(k[0], (M, K)))
+        wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        cases.append(((xq, xs, wq, ws), ref, tr.fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32)))
+    monkeypatch.setattr(tr, "IMPRECISE_ACC", 32)
+    jax.clear_caches()  # read at lowering: nothing compiled before may be reused
+    for args, ref, before in cases:
+        out = tr.fp8_matmul_pallas(*args, jnp.float32, poison=True)
+        changed = not np.array_equal(np.asarray(out), np.asarray(before))
+        print("imprecise_acc 32", args[0].shape, rel_err(out, ref), "bits changed:", changed)
+        assert rel_err(out, ref) <= 2.0 ** -12
+    jax.clear_caches()
+
+
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
     """Hopper with the cuBLASLt handler: the FFN's quantisation kernels write the activation
     scales group-major, the layout cuBLASLt (768 rows) and Triton's transposed decode tiles

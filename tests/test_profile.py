@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from benchmarks.common import idle_gaps
@@ -170,3 +172,24 @@ def test_triton_ptx_writes_the_fp8_gemms_triton_module(tmp_path):
     assert all("tt.func public @fp8_matmul" in t for t in texts) and texts[0] != texts[1]
     with pytest.raises(SystemExit, match="no field 'stages'"):
         parse_tiles(base, "stages=1")
+
+
+def test_fp8_dots_get_max_num_imprecise_acc_when_set(monkeypatch):
+    """`fp8_matmul_triton.IMPRECISE_ACC`: unset, the FP8 dot is lowered as Pallas lowers it
+    (no maxNumImpreciseAcc: Triton then upcasts to f16 for mma.sync); set, every FP8 dot of
+    the module carries it (Triton may then use wgmma) and the module still verifies."""
+    from benchmarks.triton_ptx import triton_module
+    from kernels import fp8_matmul_triton as tr
+    from tests.conftest import assert_valid_triton
+    t = tr.TritonTiles.get_default(32, 4096, 12288)
+    dots = lambda text: [line for line in text.splitlines() if "tt.dot" in line]
+    assert all("maxNumImpreciseAcc" not in d for d in dots(triton_module(32, 12288, 4096, t)))
+    monkeypatch.setattr(tr, "IMPRECISE_ACC", 32)
+    got = dots(triton_module(32, 12288, 4096, t))
+    assert got and all("maxNumImpreciseAcc = 32 : i32" in d for d in got)
+    x = jax.ShapeDtypeStruct((32, 12288), jnp.float8_e4m3fn)
+    xs = jax.ShapeDtypeStruct((32, 96), jnp.float32)
+    w = jax.ShapeDtypeStruct((4096, 12288), jnp.float8_e4m3fn)
+    ws = jax.ShapeDtypeStruct((32, 96), jnp.float32)
+    assert_valid_triton(lambda *a: tr.fp8_matmul_pallas(*a, tiles=t), x, xs, w, ws,
+                        monkeypatch=monkeypatch)
