@@ -119,12 +119,12 @@ class TritonTiles:
         warps and 3 stages the fastest by a margin under the run's spread. GPUs other than the
         H200 (Ada has no wgmma) are unmeasured."""
         bm = row_tile(M)
-        return cls(block_m=bm, block_n=GROUP,
-                   splits=k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP), num_warps=4,
-                   swap=swapped(M), sum_in_kernel=bool(SUM_IN_KERNEL),
-                   prefetch=PREFETCH, programs=PROGRAMS if swapped(M) else 0,
+        splits = k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)
+        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=4, swap=swapped(M),
+                   sum_in_kernel=bool(SUM_IN_KERNEL), prefetch=PREFETCH,
+                   programs=PROGRAMS if swapped(M) else 0,
                    scales_ahead=bool(SCALES_AHEAD) and swapped(M) and _pow2_split(
-                       K // GROUP, k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)))
+                       K // GROUP, splits))
 
 
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
@@ -188,6 +188,7 @@ _install_fp8_dot_rule()
 
 
 def _pow2_split(n_groups: int, splits: int) -> bool:
+    """Whether a split's group count is a power of two (`scales_ahead`'s vectors)."""
     n = n_groups // splits
     return n & (n - 1) == 0
 
@@ -393,10 +394,10 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
         raise ValueError(f"prefetch {t.prefetch} must be >= 0")
     if t.programs < 0 or t.programs and t.sum_in_kernel:
         raise ValueError(f"programs {t.programs} must be >= 0, and 0 with sum_in_kernel")
-    n = G // S
-    if t.scales_ahead and (t.prefetch or t.programs or t.sum_in_kernel or n & (n - 1)):
-        raise ValueError(f"scales_ahead needs a power-of-two group count a split (got {n}) "
-                         "and no prefetch, programs or sum_in_kernel")
+    if t.scales_ahead and (t.prefetch or t.programs or t.sum_in_kernel or
+                           not _pow2_split(G, S)):
+        raise ValueError(f"scales_ahead needs a power-of-two group count a split (got "
+                         f"{G // S}) and no prefetch, programs or sum_in_kernel")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -435,9 +436,8 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         return _summed_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
     if t.programs:
         return _persistent_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
-    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
-    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     out = pl.pallas_call(
         functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap,
                           prefetch=t.prefetch, scales_ahead=t.scales_ahead),
@@ -445,7 +445,19 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
     )(*args, *poisoned)
-    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
+    return _split_sum(out, out_dtype, M)
+
+
+def _split_outputs(S: int, Mp: int, N: int, out_dtype, poison: bool):
+    """The [S, Mp, N] output of S K splits (fp32 partials, or `out_dtype` where S is 1) and,
+    where `poison`, a NaN-filled buffer for it (aliased: an unwritten element shows)."""
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    return out_shape, [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
+
+
+def _split_sum(out, out_dtype, M: int):
+    """`_split_outputs`' output summed over the splits (by XLA), its first M rows."""
+    return (out[0] if out.shape[0] == 1 else out.sum(0)).astype(out_dtype)[:M]
 
 
 def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles, out_dtype,
@@ -479,18 +491,16 @@ def _persistent_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonT
     bm, S = t.block_m, t.splits
     x_spec, xs_spec = (pl.BlockSpec(spec.block_shape, lambda i, p, f=spec.index_map: f(i, 0, 0))
                        for spec in in_specs[:2])
-    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
     out_spec = pl.BlockSpec((S, bm, N), lambda i, p: (0, i, 0))
-    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     w_spec, ws_spec = (pl.BlockSpec(a.shape, lambda i, p: (0, 0)) for a in args[2:])
     out = pl.pallas_call(
         functools.partial(_kernel_persistent, n_groups=G // S, n_poisoned=len(poisoned),
-                          n_items=N // t.block_n * S,
-                          programs=t.programs, splits=S, bn=t.block_n, swap=t.swap,
-                          prefetch=t.prefetch),
+                          n_items=N // t.block_n * S, programs=t.programs, splits=S,
+                          bn=t.block_n, swap=t.swap, prefetch=t.prefetch),
         grid=(Mp // bm, t.programs), in_specs=[x_spec, xs_spec, w_spec, ws_spec] +
         [out_spec] * len(poisoned), out_specs=out_spec, out_shape=out_shape,
         interpret=interpret, name="fp8_matmul", input_output_aliases={4: 0} if poison else {},
         compiler_params=compiler_params(t),
     )(*args, *poisoned)
-    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
+    return _split_sum(out, out_dtype, M)
