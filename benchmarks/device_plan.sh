@@ -121,6 +121,29 @@ quiet() { grep -v -i "warn" | cut -c1-400; }
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'settings', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
+# fp8_ffn at 32 rows by device time in each module setting ($3...: one process, jax's
+# caches cleared between), its log $OUT/$1, its box FFN_S or $2 seconds
+ffn_settings() {
+  local log=$1 box=$2; shift 2
+  timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+    --trace --settings "$@" 2>&1 | tee "$OUT/$log" | grep "^{'M'" | python3 -c "$FFN_ROW"
+}
+# The batch-1 dual step (FP8 FFN, threshold) in each module setting, as ffn_settings
+dual_settings() {
+  local log=$1 box=$2; shift 2
+  timeout -k 5 ${GEN_S:-$box} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings "$@" 2>&1 \
+    | tee "$OUT/$log" | quiet | grep "^B=\|ceilings"
+}
+# The module switch $1 (module:NAME) at $2 and $3, alternated twice
+alternated() { echo "$1=$2 $1=$3 $1=$2 $1=$3"; }
+# fp8_tiles' Pallas rows of the log $OUT/$1: shape, the fields $2..., round, ms
+tile_rows() {
+  local log=$1; shift
+  grep "^{" "$OUT/$log" | python3 -c "import ast, sys; [print(r['shape'], *(r.get(f) for f \
+in sys.argv[1:]), r.get('round'), r.get('ms')) for r in (ast.literal_eval(line) for line in \
+sys.stdin) if r['kernel'] == 'pallas']" "$@"
+}
 # After a GPU test run written to $1 (its status in $?): the lines matching $2; false, with a
 # line saying so, where a test failed (new code's stages then time nothing)
 tests_passed() {
@@ -143,14 +166,9 @@ case "${1:-1}" in
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -s -m gpu tests/test_gpu.py -k \
     imprecise_acc -p no:cacheprovider > "$OUT/pytest_imprecise_acc_gpu.log" 2>&1
   tests_passed "$OUT/pytest_imprecise_acc_gpu.log" "passed\|failed\|Error\|imprecise" || exit 1
-  P=kernels.fp8_matmul_triton
-  ISETS="$P:IMPRECISE_ACC=0 $P:IMPRECISE_ACC=32 $P:IMPRECISE_ACC=0 $P:IMPRECISE_ACC=32"
-  timeout -k 5 ${FFN_S:-120} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
-    --trace --settings $ISETS 2>&1 | tee "$OUT/fp8_ffn_imprecise_acc.log" | grep "^{'M'" \
-    | python3 -c "$FFN_ROW"
-  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $ISETS 2>&1 \
-    | tee "$OUT/generate_dual_imprecise_acc.log" | quiet | grep "^B=\|ceilings" ;;
+  ISETS=$(alternated kernels.fp8_matmul_triton:IMPRECISE_ACC 0 32)
+  ffn_settings fp8_ffn_imprecise_acc.log 120 $ISETS
+  dual_settings generate_dual_imprecise_acc.log 300 $ISETS ;;
 47)
   # issues 20, 23: in PTX of the down GEMM at 32 rows (Triton 3.9's compile of the lowered
   # module, CPU, thirty-third session) the K loop waits each group on 5 global loads, the
@@ -167,33 +185,20 @@ case "${1:-1}" in
       --scales-ahead 0,1 --rounds ${ROUNDS:-3} --device-time 2>&1 \
       | tee -a "$OUT/fp8_tiles_scales_ahead.log" | quiet | grep "^best\|error"
   done
-  grep "^{" "$OUT/fp8_tiles_scales_ahead.log" | python3 -c "import ast, sys; [print(r['shape'], \
-r.get('splits'), r.get('num_stages'), r.get('scales_ahead'), r.get('round'), r.get('ms')) for r \
-in (ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']"
-  P=kernels.fp8_matmul_triton
-  SSETS="$P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1 $P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1"
-  timeout -k 5 ${FFN_S:-120} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
-    --trace --settings $SSETS 2>&1 | tee "$OUT/fp8_ffn_scales_ahead.log" | grep "^{'M'" \
-    | python3 -c "$FFN_ROW" ;;
+  tile_rows fp8_tiles_scales_ahead.log splits num_stages scales_ahead
+  ffn_settings fp8_ffn_scales_ahead.log 120 \
+    $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
 48)
   # issues 20, 23: 47's switch in the batch-1 dual step (FP8, threshold), off / on alternated
-  P=kernels.fp8_matmul_triton
-  SSETS="$P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1 $P:SCALES_AHEAD=0 $P:SCALES_AHEAD=1"
-  timeout -k 5 ${GEN_S:-360} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $SSETS 2>&1 \
-    | tee "$OUT/generate_dual_scales_ahead.log" | quiet | grep "^B=\|ceilings" ;;
+  dual_settings generate_dual_scales_ahead.log 360 \
+    $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
 46)
   # issues 20, 23: the default decode tiles as now against persistent programs (PSETS: the
   # module switches kernels.fp8_matmul_triton:PROGRAMS / PREFETCH), the FFN at 32 rows by
   # device time, then the batch-1 dual step (FP8, threshold), the settings alternated
-  P=kernels.fp8_matmul_triton
-  PSETS=${PSETS:-"$P:PROGRAMS=0 $P:PROGRAMS=132 $P:PROGRAMS=0 $P:PROGRAMS=132"}
-  timeout -k 5 ${FFN_S:-150} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
-    --trace --settings $PSETS 2>&1 | tee "$OUT/fp8_ffn_persistent.log" | grep "^{'M'" \
-    | python3 -c "$FFN_ROW"
-  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings $PSETS 2>&1 \
-    | tee "$OUT/generate_dual_persistent.log" | quiet | grep "^B=\|ceilings" ;;
+  PSETS=${PSETS:-$(alternated kernels.fp8_matmul_triton:PROGRAMS 0 132)}
+  ffn_settings fp8_ffn_persistent.log 150 $PSETS
+  dual_settings generate_dual_persistent.log 300 $PSETS ;;
 45)
   # issues 20, 23: the Triton FP8 GEMM at 32 rows with its (column tile, K split) items cut
   # into persistent programs' ranges, each one flat K loop (TritonTiles.programs): the
@@ -211,9 +216,7 @@ in (ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']"
       --device-time 2>&1 \
       | tee -a "$OUT/fp8_tiles_persistent.log" | quiet | grep "^best\|xla\|error"
   done
-  grep "^{" "$OUT/fp8_tiles_persistent.log" | python3 -c "import ast, sys; [print(r['shape'], \
-r.get('splits'), r.get('prefetch'), r.get('programs'), r.get('round'), r.get('ms')) for r in \
-(ast.literal_eval(line) for line in sys.stdin) if r['kernel'] == 'pallas']" ;;
+  tile_rows fp8_tiles_persistent.log splits prefetch programs ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
@@ -252,14 +255,10 @@ r.get('splits'), r.get('prefetch'), r.get('programs'), r.get('round'), r.get('ms
     "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider \
     > "$OUT/pytest_decode_ffn_gpu.log" 2>&1
   tests_passed "$OUT/pytest_decode_ffn_gpu.log" "passed\|failed\|identical" || exit 1
-  timeout -k 5 ${FFN_S:-240} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
-    --trace --settings $DECODE_SETS 2>&1 | tee "$OUT/fp8_ffn_fused.log" | grep "^{'M'" \
-    | python3 -c "$FFN_ROW" ;;
+  ffn_settings fp8_ffn_fused.log 240 $DECODE_SETS ;;
 43)
   # issues 20, 23: the batch-1 dual step (FP8 FFN) in 41's three settings
-  timeout -k 5 ${GEN_S:-360} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-3} --settings $DECODE_SETS 2>&1 \
-    | tee "$OUT/generate_dual_fused.log" | quiet | grep "^B=\|ceilings" ;;
+  ITERS=${ITERS:-3} dual_settings generate_dual_fused.log 360 $DECODE_SETS ;;
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):
