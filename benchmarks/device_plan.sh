@@ -10,25 +10,22 @@
 # H100 after four failed starts: 41, 42, 43 (each new kernel slower in the step: all stay off)
 # and 22 (all 50 GPU tests pass at 529a41c); the thirty-third, on an H100 after two hours of
 # failed starts: 45 (persistent programs and prefetch both slower: off) and 44 (no PTX in
-# jax 0.11.2's XLA dump: stage 44 needs another source before it runs again).
+# jax 0.11.2's XLA dump: stage 44 needs another source before it runs again); the
+# thirty-fourth, on an H200 at the first try: 49, 47, 48 (wgmma FP8 dots and scales loaded
+# ahead: the step's time unchanged, both stay off; the FFN's 120 s boxes timed one setting of
+# four: ffn_settings needs about 60 s a setting), 21 at four more tilings (slower), 39 (the
+# heuristic's configuration the fastest), 33 (padded once 1.04x) and 38.
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 49 (the FP8 dots on wgmma: Pallas' lowering leaves
-# maxNumImpreciseAcc unset, so Triton upcasts FP8 to f16 for mma.sync), 47 and 48 (the
-# decode tiles' scales loaded before the K loop: the PTX shows the loop waiting on them), 39
-# (on an H200: the power limit is the H200's question); 33 again on an H200 (padded once ran
-# 1.05x on the H100, one run each; DPAD_16=both adds no DPad in the same process) and 34 (the same
-# at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
-# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 38 (37's batch-8
-# rows, and the shares at every prefix block size); 21 with
-# TILES=64:64:4:4,64:64:4:4:1:192,64:128:4:3:1:192,64:64:4:4:1:384
-# (issue 17: the 64-row default's heads each split over 2 or 4 programs, whole heads per
-# program pair; only 132 programs, heads cut unevenly, were tried); 40's other axes (stages 1,
-# 8 warps; prefetch 1 at 3 stages and 4 warps was 1.65-1.78x slower); 44 once it has a PTX
-# source (Triton's own compile of the lowered module); 46 if a decode-tile setting ever beats
-# the tiles as now in 45 or 40:
+# Left, in priority order: 22 (the GPU suite: its last full run was at 529a41c), 50, 34 (33 at an
+# unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
+# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
+# (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
+# (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
+# decode-tile setting ever beats the tiles as now:
+#  50  issue 20: batch 8's dual step with one key share in the split-keys attention
 #  49  issues 20, 23: the FP8 dots' maxNumImpreciseAcc (IMPRECISE_ACC=32: Hopper's FP8 wgmma
 #      instead of f16 mma.sync): GPU test, the FFN at 32 rows, the batch-1 dual step
 #  48  issues 20, 23: 47's switch in the batch-1 dual step (FP8)
@@ -157,6 +154,16 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+50)
+  # issue 20: batch 8's dual step with one key share a (batch, head) in the split-keys
+  # attention (short_attention.PROGRAMS 256: cdiv(256, 8 x 32) = 1, no merge) against two
+  # (264, as now): one share ran 39.8 us a call against 43.4 (thirty-fourth session, H200).
+  # Batch 1's shares stay the same at 768 keys (the dual step: 6 shares of 2 key tiles either
+  # way; the prefix's 2, 3, 4 row tiles: 4, 2, 2). Alternated in one process, FP8 FFN
+  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 8 --prompt 512 --modes \
+    dual --decoding threshold --fp8-ffn ${FP8:-on} --iters ${ITERS:-2} --settings \
+    $(alternated kernels.short_attention:PROGRAMS 264 256) 2>&1 \
+    | tee "$OUT/generate_b8_shares.log" | quiet | grep "^B=\|ceilings" ;;
 49)
   # issues 20, 23: Pallas lowers the FP8 dot without maxNumImpreciseAcc, so Triton (3.9, at
   # least) refuses wgmma and upcasts to f16 for mma.sync; IMPRECISE_ACC=32 sets it (thirty-
@@ -167,7 +174,7 @@ case "${1:-1}" in
     imprecise_acc -p no:cacheprovider > "$OUT/pytest_imprecise_acc_gpu.log" 2>&1
   tests_passed "$OUT/pytest_imprecise_acc_gpu.log" "passed\|failed\|Error\|imprecise" || exit 1
   ISETS=$(alternated kernels.fp8_matmul_triton:IMPRECISE_ACC 0 32)
-  ffn_settings fp8_ffn_imprecise_acc.log 120 $ISETS
+  ffn_settings fp8_ffn_imprecise_acc.log 240 $ISETS
   dual_settings generate_dual_imprecise_acc.log 300 $ISETS ;;
 47)
   # issues 20, 23: in PTX of the down GEMM at 32 rows (Triton 3.9's compile of the lowered
@@ -186,7 +193,7 @@ case "${1:-1}" in
       | tee -a "$OUT/fp8_tiles_scales_ahead.log" | quiet | grep "^best\|error"
   done
   tile_rows fp8_tiles_scales_ahead.log splits num_stages scales_ahead
-  ffn_settings fp8_ffn_scales_ahead.log 120 \
+  ffn_settings fp8_ffn_scales_ahead.log 240 \
     $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
 48)
   # issues 20, 23: 47's switch in the batch-1 dual step (FP8, threshold), off / on alternated

@@ -81,9 +81,10 @@ class BlockSizes:
     head cut between programs is summed from fp32 partials by the last of them to finish:
     `Stream`). A batch-1 step of LLaDA-8B has one row tile and 96 heads: one program per
     head leaves 36 of the H200's 132 SMs idle, yet 132 programs ran slower than 96 at every
-    tile (0.93-1.07x the unfused ops against 1.19x; RESULTS.md, twentieth session), so the
-    default stays 0. Programs run row tile fastest, so the row tiles of one head's weight
-    columns follow each other and share them in L2."""
+    tile (0.93-1.07x the unfused ops against 1.19x; RESULTS.md, twentieth session), and 192
+    or 384 at 64-row tiles too (0.87-1.02x against 1.22x; thirty-fourth), so the default
+    stays 0. Programs run row tile fastest, so the row tiles of one head's weight columns
+    follow each other and share them in L2."""
     rows: int = 64
     depth: int = 64
     warps: int = 4

@@ -141,9 +141,10 @@ SUM_IN_KERNEL = 0
 # FFN and the step can time them (`--settings`, device_plan.sh 46).
 PREFETCH = 0
 PROGRAMS = 0
-# The default decode tiles' `scales_ahead`: 0 until timed (device_plan.sh 47). In PTX of the
-# down GEMM at 32 rows (Triton 3.9's compile of the lowered module, on the CPU) the K loop
-# waits on 5 global loads a group, the scales, and with it on none.
+# The default decode tiles' `scales_ahead`: 0. In PTX of the down GEMM at 32 rows (Triton
+# 3.9, on the CPU) the K loop waits on 5 global loads a group, the scales, and with it on
+# none; yet on an H200 it changed the default tiles' time by 0-1% and the batch-1 dual step
+# not at all (4.44 ms both ways; RESULTS.md, thirty-fourth session).
 SCALES_AHEAD = 0
 
 
@@ -151,11 +152,13 @@ SCALES_AHEAD = 0
 # Triton's own `tl.dot` sets 2**30 for FP8; unset, Triton refuses Hopper's wgmma for an FP8
 # dot with an f32 result and upcasts both operands to f16 for mma.sync (Triton 3.9's
 # compile of our module: the down GEMM's K loop 505 instructions with 64 mma.sync, against
-# 282 with 8 wgmma at 32 (187 at 2**30); benchmarks/triton_ptx.py, RESULTS.md thirty-third session).
-# Set, the tensor cores accumulate that many products before each fp32 add: 32 (one wgmma's
-# K) is the least that allows wgmma; every 128-wide group is scaled into fp32 anyway. Read
-# when a kernel is lowered (a module switch, as SUM_IN_KERNEL): 0 until timed and its
-# numerics checked on the GPU (device_plan.sh 49).
+# 282 with 8 wgmma at 32 (187 at 2**30); benchmarks/triton_ptx.py, RESULTS.md thirty-third
+# session). Set, the tensor cores accumulate that many products before each fp32 add: 32
+# (one wgmma's K) is the least that allows wgmma; every 128-wide group is scaled into fp32
+# anyway. Read when a kernel is lowered (a module switch, as SUM_IN_KERNEL). 0: at 32 on an
+# H200 the bits change (relative error 4.5e-5) and the batch-1 dual step does not get
+# faster (4.46 against 4.43-4.44 ms; RESULTS.md, thirty-fourth session): the decode GEMMs
+# wait on their weights, not on the MMA.
 IMPRECISE_ACC = 0
 
 

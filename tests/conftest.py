@@ -192,19 +192,10 @@ def bf16():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def assert_valid_triton(fn, *args, monkeypatch, n_kernels: int = 1):
+def assert_valid_triton(fn, *args, n_kernels: int = 1):
     """Lower jitted `fn(*args)` for CUDA on the CPU and run MLIR's verifier on every Triton
     module it makes: catches what the GPU compiler first rejects (e.g. scf.for bounds of
     mixed types) without a GPU."""
-    from jax._src.pallas.triton import pallas_call_registration as registration
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-    verified = []
-
-    def checked(*a, **kw):
-        result = lower(*a, **kw)
-        verified.append(result.module.operation.verify())
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", checked)
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    from benchmarks.triton_ptx import triton_modules
+    verified = triton_modules(fn, *args, each=lambda module: module.operation.verify())
     assert verified == [True] * n_kernels

@@ -106,7 +106,7 @@ def test_rmsnorm_quant(M, D):
 
 
 @pytest.mark.parametrize("rows,warps", [(1, 1), (2, 2), (16, 4)])
-def test_rmsnorm_quant_whole_rows(rows, warps, monkeypatch):
+def test_rmsnorm_quant_whole_rows(rows, warps):
     """Whole-row programs compute their rows' statistics in the kernel (no XLA pass): against
     the reference within test_rmsnorm_quant's bounds (its 1 / RMS sums in another order: the
     last fp32 bit, then one bf16 rounding of a normed value), at a ragged M; their Triton IR
@@ -123,8 +123,7 @@ def test_rmsnorm_quant_whole_rows(rows, warps, monkeypatch):
     np.testing.assert_allclose(s, sr, rtol=2.0 ** -7)
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
     assert rel_err(dequantize_act(q, s), rms_normed(x, w, 1e-5).astype(jnp.float32)) <= FP8_REL
-    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=tiles), x, w,
-                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=tiles), x, w)
     with pytest.raises(ValueError, match="rows a power of two"):
         swiglu_quant_pallas(jnp.concatenate([x, x], 1), tiles=QuantTiles(12, 1),
                             interpret=True)
@@ -197,15 +196,14 @@ def test_quant_tiles_change_no_bit(monkeypatch):
     monkeypatch.setattr(fq, "BIG_TILES", (32, 8))  # a measured choice would drop in here
     big = QuantTiles.get_default(4096, 512 // 128)
     assert big == QuantTiles(32, 4) and QuantTiles.get_default(32, 4) == small
-    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=big), x, w,
-                        monkeypatch=monkeypatch)
-    assert_valid_triton(lambda gu: swiglu_quant_pallas(gu, tiles=big), gu, monkeypatch=monkeypatch)
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5, tiles=big), x, w)
+    assert_valid_triton(lambda gu: swiglu_quant_pallas(gu, tiles=big), gu)
     with pytest.raises(ValueError, match="groups must be a power of two dividing the 4 groups"):
         swiglu_quant_pallas(gu, tiles=QuantTiles(16, 3), interpret=True)
 
 
 @pytest.mark.parametrize("tiles", [(16, 1, 4), (32, 2, 4), (1, 4, 1)])
-def test_group_major_scales_change_no_bit(tiles, monkeypatch):
+def test_group_major_scales_change_no_bit(tiles):
     """Scales written group-major ([G, M], the layout cuBLASLt reads, handed out as its
     [M, G] transpose) are the row-major ones bit for bit, at a ragged M (padded rows cut
     off), for both kernels and the whole-row RMSNorm form; their Triton IR verifies."""
@@ -222,21 +220,18 @@ def test_group_major_scales_change_no_bit(tiles, monkeypatch):
         np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
                                       np.asarray(q0.astype(jnp.float32)))
         np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
-        assert_valid_triton(lambda *a: fn(*a, tiles=t, group_major=True), *args,
-                            monkeypatch=monkeypatch)
+        assert_valid_triton(lambda *a: fn(*a, tiles=t, group_major=True), *args)
 
 
-def test_kernels_lower_to_valid_triton_ir(monkeypatch):
+def test_kernels_lower_to_valid_triton_ir():
     _, _, (xq, xs), (wq, ws) = operands(32, 512, 256)
     for bn, swap in ((128, False), (256, False), (128, True), (64, True), (32, True), (32, False),
                      (16, True)):
         tiles = dataclasses.replace(TritonTiles.get_default(32, 256, 512), block_n=bn, swap=swap)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws,
-                            monkeypatch=monkeypatch)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=tiles), xq, xs, wq, ws)
     x = jnp.ones((20, 512), jnp.bfloat16)
-    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5), x, x[0],
-                        monkeypatch=monkeypatch)
-    assert_valid_triton(swiglu_quant_pallas, x, monkeypatch=monkeypatch)
+    assert_valid_triton(lambda x, w: rmsnorm_quant_pallas(x, w, 1e-5), x, x[0])
+    assert_valid_triton(swiglu_quant_pallas, x)
 
 
 def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
@@ -651,7 +646,7 @@ def test_gate_up_swiglu_is_the_unfused_kernels_bit_for_bit(M, tiles, group_major
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -8
 
 
-def test_gate_up_swiglu_more_splits_and_refusals(monkeypatch):
+def test_gate_up_swiglu_more_splits_and_refusals():
     """Four K splits (summed in split order in the kernel, by XLA's reduction unfused): within
     one bf16 rounding's flips of the unfused kernels; the Triton IR verifies (transposed and
     not, scales group-major); column tiles that do not end in whole groups of gate and of up
@@ -667,7 +662,7 @@ def test_gate_up_swiglu_more_splits_and_refusals(monkeypatch):
     for tiles, gm in ((t, True), (TritonTiles(64, 128, 2), False)):
         assert_valid_triton(lambda *a: gate_up_swiglu_quant_pallas(*a, tiles=tiles,
                                                                    group_major=gm),
-                            xq, xs, wq, ws, monkeypatch=monkeypatch)
+                            xq, xs, wq, ws)
     for bad in (TritonTiles(32, 64, 2, swap=True), TritonTiles(32, 256, 2, swap=True)):
         with pytest.raises(ValueError, match="must be a multiple of 128 dividing F 384"):
             gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
@@ -746,15 +741,14 @@ def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
                 np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t, interpret=True),
                            np.float32))
     summed = TritonTiles(32, 128, 4, swap=True, sum_in_kernel=True)
-    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=summed), xq, xs, wq, ws,
-                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=summed), xq, xs, wq, ws)
     assert not TritonTiles.get_default(32, 4096, 12288).sum_in_kernel
     monkeypatch.setattr(tr, "SUM_IN_KERNEL", 1)
     assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 128, 12, 4, 3, swap=True,
                                                                    sum_in_kernel=True)
 
 
-def test_gemm_prefetch_changes_no_bit(monkeypatch):
+def test_gemm_prefetch_changes_no_bit():
     """`TritonTiles.prefetch`: the operands of the next groups loaded before a group's dots
     and carried through the K loop (the last ones loaded again, unused) give the same sums
     in the same order: every output bit of `prefetch=0`, for split K, several row and column tiles,
@@ -784,8 +778,7 @@ def test_gemm_prefetch_changes_no_bit(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     for swap in (True, False):
         ahead = TritonTiles(32, 128, 2, swap=swap, prefetch=2)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws,
-                            monkeypatch=monkeypatch)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws)
     with pytest.raises(ValueError, match="prefetch -1"):
         fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(16, 128, 2, prefetch=-1),
                           interpret=True)
@@ -813,8 +806,7 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{programs=}")
     for swap, prefetch in ((True, 0), (False, 0), (True, 2)):
         t = TritonTiles(32, 128, 2, swap=swap, programs=5, prefetch=prefetch)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws,
-                            monkeypatch=monkeypatch)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
     for bad in (TritonTiles(16, 128, 2, programs=-1),
                 TritonTiles(16, 128, 2, programs=4, sum_in_kernel=True)):
         with pytest.raises(ValueError, match="programs"):
@@ -852,8 +844,7 @@ def test_gemm_scales_ahead_change_no_bit(monkeypatch):
         np.testing.assert_array_equal(np.asarray(got), want)
     for swap in (True, False):
         t = TritonTiles(32, 128, 2, swap=swap, scales_ahead=True)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws,
-                            monkeypatch=monkeypatch)
+        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
     for bad in (TritonTiles(16, 128, 2, prefetch=1, scales_ahead=True),
                 TritonTiles(16, 128, 2, programs=4, scales_ahead=True),
                 TritonTiles(16, 128, 2, sum_in_kernel=True, scales_ahead=True)):

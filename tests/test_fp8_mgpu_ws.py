@@ -11,7 +11,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from kernels.fp8_matmul import fp8_matmul_ref
@@ -185,7 +184,8 @@ def test_on_gpu_at_llada_shapes(M, KN):
 @pytest.mark.parametrize("kw", [dict(cluster_dim="m"), dict(cluster=1), dict(steady=False),
                                 dict(wg_rows=64), dict(ctas=7, snake_dim="n", snake_width=16),
                                 dict(stages=3, epi_cols=64, epi_slots=2),
-                                # the sweep's best (twelfth session); passed on the H200 (thirteenth)
+                                # the sweep's best (twelfth session); passed on the H200
+                                # (thirteenth)
                                 dict(wg_rows=64, step_groups=2, stages=3, steady=False)],
                          ids=str)
 def test_knobs_on_gpu(kw):

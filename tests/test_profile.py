@@ -174,6 +174,25 @@ def test_triton_ptx_writes_the_fp8_gemms_triton_module(tmp_path):
         parse_tiles(base, "stages=1")
 
 
+def test_triton_ptx_writes_the_flash_cache_kernels_triton_module():
+    """`triton_ptx --kernel flash_cache`: the fused cache update's Triton module at a batch-1
+    flash step's 128 rows, its tiles changed by `--tiles` (64-deep chunks: the loop's dots
+    take 64-row slices of the weights), a misspelt field refused."""
+    from benchmarks.triton_ptx import flash_cache_module, parse_tiles
+    from kernels.flash_cache import BlockSizes
+    base = BlockSizes.get_default(128, 4096)
+    deep = parse_tiles(base, "rows=128,depth=128,warps=8,stages=3")
+    assert deep == BlockSizes(128, 128, 8, 3)
+    texts = [flash_cache_module(128, b) for b in (base, deep)]
+    assert all("tt.func public @flash_cache" in t for t in texts)
+    dots = [[line for line in t.splitlines() if "tt.dot" in line] for t in texts]
+    assert all(len(d) == 2 for d in dots)  # a dot per RoPE half
+    assert "tensor<64x64xbf16> * tensor<64x64xbf16>" in dots[0][0]
+    assert "tensor<128x128xbf16> * tensor<128x64xbf16>" in dots[1][0]
+    with pytest.raises(SystemExit, match="BlockSizes has no field 'tile'"):
+        parse_tiles(base, "tile=1")
+
+
 def test_fp8_dots_get_max_num_imprecise_acc_when_set(monkeypatch):
     """`fp8_matmul_triton.IMPRECISE_ACC`: unset, the FP8 dot is lowered as Pallas lowers it
     (no maxNumImpreciseAcc: Triton then upcasts to f16 for mma.sync); set, every FP8 dot of
@@ -191,5 +210,4 @@ def test_fp8_dots_get_max_num_imprecise_acc_when_set(monkeypatch):
     xs = jax.ShapeDtypeStruct((32, 96), jnp.float32)
     w = jax.ShapeDtypeStruct((4096, 12288), jnp.float8_e4m3fn)
     ws = jax.ShapeDtypeStruct((32, 96), jnp.float32)
-    assert_valid_triton(lambda *a: tr.fp8_matmul_pallas(*a, tiles=t), x, xs, w, ws,
-                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda *a: tr.fp8_matmul_pallas(*a, tiles=t), x, xs, w, ws)

@@ -273,10 +273,9 @@ def test_facache_per_row_bounds_pallas(monkeypatch):
     np.testing.assert_allclose(got, want, atol=2e-6)
     gpu = functools.partial(ca.cached_attention_pallas, block_q=16, block_k=16)
     monkeypatch.setattr(cache, "cached_attention", gpu)
-    assert_valid_triton(lambda *a: cache.facache(*a, mode="fill"), q, k, v, mask, s, s + 8,
-                        monkeypatch=monkeypatch)
+    assert_valid_triton(lambda *a: cache.facache(*a, mode="fill"), q, k, v, mask, s, s + 8)
     assert_valid_triton(lambda *a: cache.facache(*a, mode="reuse", block_len=8), q, k, v, mask,
-                        s, s + 8, state, monkeypatch=monkeypatch, n_kernels=2)
+                        s, s + 8, state, n_kernels=2)
 
 
 def test_bucket():

@@ -104,12 +104,11 @@ def test_kernel_matches_reference_interpret(case):
         np.testing.assert_array_equal(np.asarray(o_only), np.asarray(o))
 
 
-def test_triton_ir_verifies(monkeypatch):
+def test_triton_ir_verifies():
     q, k, v, mask, w = operands(2, 40, 50, 4, 2, 32, 16, dtype=jnp.bfloat16)
     for weight in (w, None):
         assert_valid_triton(lambda *a: window_attention_pallas(*a),
-                            q, k, v, mask, *(() if weight is None else (weight,)),
-                            monkeypatch=monkeypatch)
+                            q, k, v, mask, *(() if weight is None else (weight,)))
 
 
 def test_bad_shapes_are_refused():
