@@ -19,12 +19,15 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 22 (the GPU suite: its last full run was at 529a41c), 50, 34 (33 at an
-# unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over
-# 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
+# Left, in priority order: 51, 52, 22 (the GPU suite: its last full run was at 529a41c), 50,
+# 34 (33 at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  52  issue 23: 51's switch in batch 8's exact + FP8 step
+#  51  issue 23: gate/up with SwiGLU + quantisation in the Mosaic GPU kernel's epilogue: GPU
+#      tests, the FFN at 4,608 rows
 #  50  issue 20: batch 8's dual step with one key share in the split-keys attention
 #  49  issues 20, 23: the FP8 dots' maxNumImpreciseAcc (IMPRECISE_ACC=32: Hopper's FP8 wgmma
 #      instead of f16 mma.sync): GPU test, the FFN at 32 rows, the batch-1 dual step
@@ -125,12 +128,18 @@ ffn_settings() {
   timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
     --trace --settings "$@" 2>&1 | tee "$OUT/$log" | grep "^{'M'" | python3 -c "$FFN_ROW"
 }
-# The batch-1 dual step (FP8 FFN, threshold) in each module setting, as ffn_settings
+# benchmarks.generate's step (its arguments $3) in each module setting ($4...), as
+# ffn_settings: its log $OUT/$1, its box GEN_S or $2 seconds
+step_settings() {
+  local log=$1 box=$2 args=$3; shift 3
+  timeout -k 5 ${GEN_S:-$box} python3 -m benchmarks.generate $args --iters ${ITERS:-2} \
+    --settings "$@" 2>&1 | tee "$OUT/$log" | quiet | grep "^B=\|ceilings"
+}
+# The batch-1 dual step (FP8 FFN, threshold) in each module setting
 dual_settings() {
   local log=$1 box=$2; shift 2
-  timeout -k 5 ${GEN_S:-$box} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn on --iters ${ITERS:-2} --settings "$@" 2>&1 \
-    | tee "$OUT/$log" | quiet | grep "^B=\|ceilings"
+  step_settings $log $box "--batch 1 --prompt 512 --modes dual --decoding threshold \
+--fp8-ffn on" "$@"
 }
 # The module switch $1 (module:NAME) at $2 and $3, alternated twice
 alternated() { echo "$1=$2 $1=$3 $1=$2 $1=$3"; }
@@ -154,16 +163,32 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+52)
+  # issue 23: 51's switch in batch 8's exact + FP8 step (prompt 512, gen 64: 4,608 canvas
+  # rows, the twenty-seventh session's traced step: 86.9 ms, 3.1 of them the SwiGLU kernel),
+  # off / on alternated in one process
+  step_settings generate_b8_swiglu_mgpu.log 300 "--batch 8 --prompt 512 --gen 64 --modes \
+exact --decoding fixed --fp8-ffn on" $(alternated kernels.gate_up_swiglu:MGPU_MIN_M 0 128) ;;
+51)
+  # issue 23: gate/up with SwiGLU + quantisation in the Mosaic GPU kernel's epilogue
+  # (fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws, dispatched from gate_up_swiglu.MGPU_MIN_M
+  # rows; thirty-fourth session, CPU: lowers, interpreted it is the unfused path): its GPU
+  # tests, then the FFN at batch 8's 4,608 rows by device time, off / on (52: the step)
+  timeout -k 5 ${TEST_S:-240} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
+    swiglu -p no:cacheprovider > "$OUT/pytest_swiglu_mgpu_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_swiglu_mgpu_gpu.log" "passed\|failed\|Error\|swiglu mgpu_ws" || exit 1
+  timeout -k 5 ${FFN_S:-300} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-4608} \
+    --ablation-layers 0 --trace --settings kernels.gate_up_swiglu:MGPU_MIN_M=0 \
+    kernels.gate_up_swiglu:MGPU_MIN_M=128 2>&1 | tee "$OUT/fp8_ffn_swiglu_mgpu.log" \
+    | grep "^{'M'" | python3 -c "$FFN_ROW" ;;
 50)
   # issue 20: batch 8's dual step with one key share a (batch, head) in the split-keys
   # attention (short_attention.PROGRAMS 256: cdiv(256, 8 x 32) = 1, no merge) against two
   # (264, as now): one share ran 39.8 us a call against 43.4 (thirty-fourth session, H200).
   # Batch 1's shares stay the same at 768 keys (the dual step: 6 shares of 2 key tiles either
   # way; the prefix's 2, 3, 4 row tiles: 4, 2, 2). Alternated in one process, FP8 FFN
-  timeout -k 5 ${GEN_S:-300} python3 -m benchmarks.generate --batch 8 --prompt 512 --modes \
-    dual --decoding threshold --fp8-ffn ${FP8:-on} --iters ${ITERS:-2} --settings \
-    $(alternated kernels.short_attention:PROGRAMS 264 256) 2>&1 \
-    | tee "$OUT/generate_b8_shares.log" | quiet | grep "^B=\|ceilings" ;;
+  step_settings generate_b8_shares.log 300 "--batch 8 --prompt 512 --modes dual --decoding \
+threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 264 256) ;;
 49)
   # issues 20, 23: Pallas lowers the FP8 dot without maxNumImpreciseAcc, so Triton (3.9, at
   # least) refuses wgmma and upcasts to f16 for mma.sync; IMPRECISE_ACC=32 sets it (thirty-

@@ -1,9 +1,11 @@
 """The per-group FP8 GEMM (contract: `kernels/fp8_matmul.py::fp8_matmul_ref`) lowered through
 Pallas' Mosaic GPU backend at DeepGEMM's recipe (Hopper only), with its knobs (`WsConfig`).
 
-What it owns: `WsConfig` (tile, pipeline, cluster and tile-order settings, `get_default`) and
-`fp8_matmul_mgpu_ws`. Shapes: x [M, K] fp8 e4m3 with x_scale [M, K/128]; w [N, K] fp8 e4m3
-(K-major) with w_scale [N/128, K/128]; out [M, N].
+What it owns: `WsConfig` (tile, pipeline, cluster and tile-order settings, `get_default`),
+`fp8_matmul_mgpu_ws` and `gate_up_swiglu_mgpu_ws` (the FFN's gate/up GEMM with SwiGLU and the
+1 x 128 quantisation in the epilogue: `_SwiGLU`; the plain store is `_Plain`). Shapes: x
+[M, K] fp8 e4m3 with x_scale [M, K/128]; w [N, K] fp8 e4m3 (K-major) with w_scale
+[N/128, K/128]; out [M, N].
 
 The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
 - A CTA computes a 256 x 128 (M x N) output tile: two consumer warpgroups of `wg_rows` = 128
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +76,7 @@ from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul as fm
 from kernels import hopper
+from kernels.fused_quant import FP8, swiglu_quantize_tile
 
 GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
@@ -111,14 +115,16 @@ class WsConfig:
     def block_m(self) -> int:
         return 2 * self.wg_rows
 
-    def smem_bytes(self, out_dtype=jnp.bfloat16) -> int:
+    def smem_bytes(self, out_dtype=jnp.bfloat16, swiglu: bool = False) -> int:
         """Shared memory the kernel asks for (pipeline buffers + epilogue slots, no
-        barriers)."""
-        x_scales = self.block_m * 4
+        barriers); `swiglu`: `gate_up_swiglu_mgpu_ws`'s (two weight tiles a step, an FP8
+        tile and its row scales per warpgroup)."""
+        parts = 2 if swiglu else 1
         per_stage = self.step_groups * (
-            self.block_m * GROUP + BLOCK_N * GROUP + x_scales + WAVE * 4)
-        return self.stages * per_stage + 2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(
-            out_dtype).itemsize
+            self.block_m * GROUP + self.block_m * 4 + parts * (BLOCK_N * GROUP + WAVE * 4))
+        epilogue = (2 * WAVE * (GROUP + 4) if swiglu else
+                    2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
+        return self.stages * per_stage + epilogue
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int, sm_count: int = 132,
@@ -145,6 +151,22 @@ class WsConfig:
                     if (c.smem_bytes(out_dtype) <= hopper.SMEM_BYTES - 1024  # 1 KiB: barriers
                             and not (steady and groups % stages)):
                         return c
+        raise AssertionError("2 stages always fit")
+
+    @classmethod
+    def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
+        """`gate_up_swiglu_mgpu_ws`'s: 128 x 128 output tiles (two 64-row warpgroups, each
+        with a gate and an up sum), clusters of 2 sharing x where F allows, the deepest
+        pipeline that fits (4 stages at LLaDA-8B: 196 KiB of buffers + 16.5 KiB of epilogue).
+        Unmeasured: reasoned from `get_default`'s."""
+        del M, sm_count  # one tile shape: the register budget leaves no other
+        base = cls(wg_rows=WAVE, cluster=2 if F % (2 * BLOCK_N) == 0 else 1)
+        for steady in (True, False):
+            for stages in (4, 3, 2):
+                c = dataclasses.replace(base, stages=stages, steady=steady)
+                if (c.smem_bytes(swiglu=True) <= hopper.SMEM_BYTES - 1024
+                        and not (steady and (K // GROUP) % stages)):
+                    return c
         raise AssertionError("2 stages always fit")
 
 
@@ -264,17 +286,148 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     simulated; the scales read without the row layout, and each wave's product an fp32 dot in
     place of the wgmma: the interpreter models neither the layouts nor a transposed wgmma
     operand)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     N = wq.shape[0]
     c = config or WsConfig.get_default(M, N, K, sm_count, out_dtype)
     _check_config(c, N, K)
+    return _ws_call(xq, x_scale, wq, w_scale, c, _Plain(c, out_dtype), sm_count, interpret)
+
+
+@functools.partial(jax.jit, static_argnames=("act_dtype", "config", "sm_count", "interpret"))
+def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
+                           config: WsConfig | None = None, sm_count: int = 132,
+                           interpret: bool = False):
+    """The FP8 FFN's gate/up GEMM with SwiGLU and the 1 x 128 quantisation of its output in
+    the epilogue (the contract of `gate_up_swiglu.gate_up_swiglu_quant_ref`): wq [2F, K] holds
+    the gate rows, then the up rows; returns (aq [M, F] fp8, a_scale [M, F / 128] f32), and
+    the bf16 [M, 2F] product is never written (at batch 8's 4,608 rows it is 226 MB written
+    by the GEMM and read again by the SwiGLU kernel: 3.1 ms of a 86.9 ms step, RESULTS.md
+    twenty-seventh session).
+
+    A CTA's tile is 128 rows of output block n's 128 columns: both 64-row warpgroups promote
+    weight block n of gate and of up into two running sums (64 + 64 registers, with the one
+    64-register wgmma accumulator the two parts take in turn: the default kernel's register
+    budget), then round both to `act_dtype` (the GEMM's output dtype in the unfused path),
+    apply `fused_quant.swiglu_quantize_tile` and store the FP8 tile and its row scales (group
+    major, [F / 128, M]: the layout the down GEMM's x scales take) by TMA. `config`: its
+    `wg_rows` must be 64 and `step_groups` 1 (default `WsConfig.get_default_swiglu`)."""
+    fm._check(xq, x_scale, wq, w_scale)
+    M, K = xq.shape
+    F = wq.shape[0] // 2
+    if wq.shape[0] % (2 * BLOCK_N):
+        raise ValueError(f"gate/up rows {wq.shape[0]} must be 2 F with F a multiple of "
+                         f"{BLOCK_N}")
+    c = config or WsConfig.get_default_swiglu(M, F, K, sm_count)
+    _check_config(c, F, K)
+    if c.wg_rows != WAVE or c.step_groups != 1 or c.probe:
+        raise ValueError(f"the SwiGLU epilogue needs wg_rows={WAVE}, step_groups=1 and no "
+                         f"probe (two 64-register sums and one accumulator), got {c}")
+    return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
+                    interpret)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plain:
+    """The GEMM's own epilogue: each wave's sum cast to `out_dtype`, stored by TMA in
+    `epi_cols`-wide pieces through `epi_slots` swizzled SMEM slots per warpgroup."""
+    c: WsConfig
+    out_dtype: Any
+    parts: int = 1  # weight tiles a pipeline step loads (their blocks: `w_blocks`)
+
+    def w_blocks(self, ni):
+        return (ni,)
+
+    def n_blocks(self, N: int) -> int:  # output column blocks of 128
+        return N // BLOCK_N
+
+    def outputs(self, Mp: int, N: int):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        c, bits = self.c, jnp.dtype(self.out_dtype).itemsize * 8
+        swizzle = plgpu.find_swizzle(c.epi_cols * bits)
+        tiled = (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
+        return ([jax.ShapeDtypeStruct((Mp, N), self.out_dtype)],
+                [plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), self.out_dtype,
+                            transforms=tiled)])
+
+    def store(self, refs, sums, wg, ms, ni):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        (o_gmem, o_smem), c = refs, self.c
+        pieces = BLOCK_N // c.epi_cols
+        for h, acc_sum in enumerate(sums):
+            for p in range(pieces):
+                slot = o_smem.at[wg, (h * pieces + p) % c.epi_slots]
+                cols = pl.ds(ni * BLOCK_N + p * c.epi_cols, c.epi_cols)
+                # the slot's previous store must have read it
+                plgpu.wait_smem_to_gmem(c.epi_slots - 1, wait_read_only=True)
+                slot[...] = acc_sum[:, p * c.epi_cols:(p + 1) * c.epi_cols].astype(
+                    self.out_dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(slot, o_gmem.at[ms].at[_wave_rows(wg, c.wg_rows, h),
+                                                               cols])
+
+    def finish(self, outs, M: int, Mp: int):
+        (out,) = outs
+        return out if Mp == M else out[:M]
+
+
+@dataclasses.dataclass(frozen=True)
+class _SwiGLU:
+    """`gate_up_swiglu_mgpu_ws`'s epilogue: a step loads gate block n and up block n (rows
+    n 128 and F + n 128 of w); the two sums become one quantised 128-column group."""
+    c: WsConfig
+    F: int
+    act_dtype: Any
+    parts: int = 2
+
+    def w_blocks(self, ni):
+        return (ni, ni + self.F // BLOCK_N)
+
+    def n_blocks(self, N: int) -> int:
+        return self.F // BLOCK_N
+
+    def outputs(self, Mp: int, N: int):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row, as the x tiles
+        tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+        G = self.F // GROUP
+        return ([jax.ShapeDtypeStruct((Mp, self.F), FP8),
+                 jax.ShapeDtypeStruct((G, Mp), jnp.float32)],
+                [plgpu.SMEM((2, WAVE, GROUP), FP8, transforms=tiled),
+                 plgpu.SMEM((2, WAVE), jnp.float32)])
+
+    def store(self, refs, sums, wg, ms, ni):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        q_gmem, s_gmem, q_smem, s_smem = refs
+        gate, up = (s.astype(self.act_dtype) for s in sums)  # the unfused GEMM's output dtype
+        q, scale = swiglu_quantize_tile(gate, up, keepdims=False)
+        rows = _wave_rows(wg, WAVE, 0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's stores read them
+        q_smem.at[wg][...] = q
+        s_smem.at[wg][...] = scale
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem.at[wg], q_gmem.at[ms].at[rows, pl.ds(ni * GROUP,
+                                                                           GROUP)])
+        plgpu.copy_smem_to_gmem(s_smem.at[wg], s_gmem.at[ni].at[ms].at[rows])
+
+    def finish(self, outs, M: int, Mp: int):
+        q, s = outs
+        return q[:M], s[:, :M].T
+
+
+def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
+             interpret: bool):
+    """The persistent warp-specialised kernel (module docstring) with `epilogue`'s weight
+    blocks per output tile, outputs and store (`_Plain` or `_SwiGLU`)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
     if c.probe and interpret:
         raise ValueError(f"probe {c.probe!r} times the compiled kernel; the interpreter has "
                          f"no wgmma accumulator to carry")
+    M, K = xq.shape
+    N = wq.shape[0]
     G, bm, tn, waves = K // GROUP, c.block_m, BLOCK_N, c.wg_rows // WAVE
     sg, kb = c.step_groups, c.step_groups * GROUP  # K groups and columns per pipeline step
+    parts = epilogue.parts
     pair_m = c.cluster == 2 and c.cluster_dim == "m"
     pair_n = c.cluster == 2 and c.cluster_dim == "n"
     cluster_m = bm * (2 if pair_m else 1)
@@ -284,22 +437,19 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     xs_GM = x_scale.T
     ws_GN = jnp.repeat(w_scale.T, WAVE, axis=1)  # [G, N / 128 * 64]
-    m_iters, n_iters = Mp // cluster_m, N // (tn * (2 if pair_n else 1))
+    m_iters = Mp // cluster_m
+    n_iters = epilogue.n_blocks(N) // (2 if pair_n else 1)
     clusters = min((c.ctas or sm_count) // c.cluster, m_iters * n_iters)
 
     swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
     tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
-    out_bits = jnp.dtype(out_dtype).itemsize * 8
-    out_swizzle = plgpu.find_swizzle(c.epi_cols * out_bits)
-    out_tiled = (plgpu.TilingTransform((8, out_swizzle * 8 // out_bits)),
-                 plgpu.SwizzleTransform(out_swizzle))
     share_x = ("cluster",) if pair_n else ()  # the pair multicasts what both of them read
     share_w = ("cluster",) if pair_m else ()
     in_specs = [
         plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
-        plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x),
+        plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x)] + [
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        plgpu.BlockSpec((sg, WAVE), lambda g: (g, 0), collective_axes=share_w)]
+        plgpu.BlockSpec((sg, WAVE), lambda g: (g, 0), collective_axes=share_w)] * parts
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -312,38 +462,33 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         z = jnp.zeros((WAVE, tn), jnp.float32)
         return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
 
-    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem):
+    out_types, scratch_types = epilogue.outputs(Mp, N)
+
+    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, *refs):
         wg = jax.lax.axis_index("wg")
         cta = jax.lax.axis_index("cluster")
 
-        def body(_, x_smem, xs_smem, w_smem, ws_smem, sums):
+        def body(_, x_smem, xs_smem, *w_and_sums):
+            *w_smems, sums = w_and_sums
             if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
+                w_smem = w_smems[0]
                 for h, acc in enumerate(sums):
                     for j in range(sg):
                         plgpu.wgmma(acc, _group(x_smem.at[_wave_rows(wg, c.wg_rows, h)], j, sg),
                                     plgpu.transpose_ref(_group(w_smem, j, sg), (1, 0)))
                 plgpu.wgmma_wait(0)
                 return sums
-            return _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c.wg_rows,
-                                 interpret, c.early_scales, sg)
-
-        def store(sums, ms, ns):
-            pieces = tn // c.epi_cols
-            for h, acc_sum in enumerate(sums):
-                for p in range(pieces):
-                    slot = o_smem.at[wg, (h * pieces + p) % c.epi_slots]
-                    cols = pl.ds(p * c.epi_cols, c.epi_cols)
-                    # the slot's previous store must have read it
-                    plgpu.wait_smem_to_gmem(c.epi_slots - 1, wait_read_only=True)
-                    slot[...] = acc_sum[:, p * c.epi_cols:(p + 1) * c.epi_cols].astype(
-                        out_dtype)
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(slot, o_gmem.at[ms, ns].at[
-                        _wave_rows(wg, c.wg_rows, h), cols])
+            out = ()
+            for p in range(parts):  # part p's waves: its weight block's running sums
+                out += _promote_step(x_smem, xs_smem, w_smems[2 * p], w_smems[2 * p + 1],
+                                     sums[p * waves:(p + 1) * waves], wg, c.wg_rows,
+                                     interpret, c.early_scales, sg)
+            return out
 
         def ignore(*_, **__):
             return None
-        allocs = pipeline(ignore, ignore).get_allocations(x_gmem, xs_gmem, w_gmem, ws_gmem)
+        gmem_in = (x_gmem, xs_gmem) + (w_gmem, ws_gmem) * parts
+        allocs = pipeline(ignore, ignore).get_allocations(*gmem_in)
 
         @functools.partial(pl.run_scoped, allocations=allocs, collective_axes="wg")
         def _(allocations):
@@ -356,7 +501,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                     mi = 2 * mi + cta
                 if pair_n:
                     ni = 2 * ni + cta
-                ms, ns = pl.ds(mi * bm, bm), pl.ds(ni * tn, tn)
+                ms = pl.ds(mi * bm, bm)
                 state = None
                 if c.steady:  # the first tile fills the pipeline, later ones run on
                     state = jnp.where(info.local_index == 0, plgpu.PipelinePipeline.START,
@@ -364,17 +509,19 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
 
                 def context(run):
                     if c.probe != "carry_acc":
-                        store(run((zeros(),) * waves), ms, ns)
+                        epilogue.store(refs, run((zeros(),) * (waves * parts)), wg, ms, ni)
                         return
 
                     def scoped(*accs):  # zeroed once per tile, summed into over all of K
                         run(accs)
-                        store(tuple(plgpu.wgmma_accumulator_load(a, wait_n=0) for a in accs),
-                              ms, ns)
+                        epilogue.store(refs, tuple(plgpu.wgmma_accumulator_load(a, wait_n=0)
+                                                   for a in accs), wg, ms, ni)
                     pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
-                pipeline(body, context, state)(
-                    x_gmem.at[ms], xs_gmem.at[:, ms], w_gmem.at[ns],
-                    ws_gmem.at[:, pl.ds(ni * WAVE, WAVE)], allocations=allocations)
+                w_in = ()
+                for nb in epilogue.w_blocks(ni):
+                    w_in += (w_gmem.at[pl.ds(nb * tn, tn)], ws_gmem.at[:, pl.ds(nb * WAVE, WAVE)])
+                pipeline(body, context, state)(x_gmem.at[ms], xs_gmem.at[:, ms], *w_in,
+                                               allocations=allocations)
 
             if c.steady:  # drain: what STOP would do after the last tile (every CTA has one)
                 @pl.when(wg == 2)
@@ -384,11 +531,10 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                         plgpu.barrier_wait(consumed.at[s])
         plgpu.wait_smem_to_gmem(0)
 
-    out = plgpu.kernel(
-        kernel, out_type=jax.ShapeDtypeStruct((Mp, N), out_dtype),
-        scratch_types=[plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), out_dtype,
-                                  transforms=out_tiled)],
+    outs = plgpu.kernel(
+        kernel, out_type=tuple(out_types) if len(out_types) > 1 else out_types[0],
+        scratch_types=scratch_types,
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
         cluster_names=("cluster",), num_threads=3, thread_name="wg",
         interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
-    return out if Mp == M else out[:M]
+    return epilogue.finish(outs if len(out_types) > 1 else (outs,), M, Mp)

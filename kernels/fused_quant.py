@@ -130,11 +130,14 @@ def swiglu_quant_ref(gate_up_M2F):
 
 # --- Pallas kernels ------------------------------------------------------------------------
 
-def _quantize_tile(a):
-    """fp32 [..., 128] -> (fp8 tile, fp32 [..., 1] scales); same arithmetic as `to_fp8`."""
-    amax = jnp.max(jnp.abs(a), axis=-1, keepdims=True)
+def _quantize_tile(a, keepdims: bool = True):
+    """fp32 [..., 128] -> (fp8 tile, fp32 [..., 1] scales, or [rows] without `keepdims`:
+    Mosaic GPU reduces a [rows, 128] tile to a row vector and has no reshape of it); same
+    arithmetic as `to_fp8`."""
+    amax = jnp.max(jnp.abs(a), axis=-1, keepdims=keepdims)
     scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
-    return jnp.clip(a / scale, -FP8_MAX, FP8_MAX).astype(FP8), scale
+    full = scale if keepdims else jax.lax.broadcast_in_dim(scale, a.shape, [0])
+    return jnp.clip(a / full, -FP8_MAX, FP8_MAX).astype(FP8), scale
 
 
 def _put_scale(s_ref, g: int, scale_R1, group_major: bool):
@@ -189,12 +192,12 @@ def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interp
     s_ref[...] = scale.T if group_major else scale
 
 
-def swiglu_quantize_tile(gate, up):
+def swiglu_quantize_tile(gate, up, keepdims: bool = True):
     """silu(gate) * up of one [rows, 128] group in fp32, quantised (`_quantize_tile`): the
-    SwiGLU kernels' one expression (the fused gate/up kernel, kernels/gate_up_swiglu.py,
-    gives this kernel's bits by using it too)."""
+    SwiGLU kernels' one expression (the fused gate/up kernels, kernels/gate_up_swiglu.py and
+    fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws, use it too)."""
     gate = gate.astype(jnp.float32)
-    return _quantize_tile(gate * jax.nn.sigmoid(gate) * up.astype(jnp.float32))
+    return _quantize_tile(gate * jax.nn.sigmoid(gate) * up.astype(jnp.float32), keepdims)
 
 
 def _swiglu_quant_kernel(gate_ref, up_ref, q_ref, s_ref, *, group_major: bool):

@@ -6,7 +6,10 @@ Shapes: xq [M, K] fp8 e4m3 with x_scale [M, K / 128] (the RMSNorm's quantised ou
 [2F, K] fp8 (gate rows, then up rows) with w_scale [2F / 128, K / 128]; out (aq [M, F] fp8,
 a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's output.
 `gate_up_swiglu_quant_ref` is that composition on the references; `takes` says where the
-dispatch (`quant.ffn_fp8`) runs the kernel, `gate_up_swiglu_quant` as it runs it there.
+dispatch (`quant.ffn_fp8`) runs a fused kernel, `gate_up_swiglu_quant` as it runs it there:
+this Triton kernel at decode rows (`FUSE`), or from `MGPU_MIN_M` rows on Hopper the Mosaic
+GPU kernel with the same epilogue (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`). Both off
+as shipped.
 
 The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
 column tile j of the 2F, K split k), which at decode rows (M <= 32, where the dispatch takes
@@ -129,13 +132,33 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
 FUSE = 0
 
 
+# Rows from which the dispatch runs the gate/up GEMM with SwiGLU + quantisation in the
+# epilogue of the Mosaic GPU kernel (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`) on Hopper,
+# in place of cuBLASLt's GEMM and the SwiGLU kernel (3.1 ms of batch 8's 86.9 ms exact + FP8
+# step, RESULTS.md twenty-seventh session); 0: never. Off until timed on the GPU against them
+# (device_plan.sh 51): the kernel's plain GEMM ran at 0.94-1.00x cuBLASLt's rate. Read when
+# the FFN is traced, as FUSE.
+MGPU_MIN_M = 0
+
+
+def takes_mgpu(M: int, F: int, K: int) -> bool:
+    """Whether the dispatch fuses into the Mosaic GPU kernel: `MGPU_MIN_M` set and reached, on
+    Hopper, F and K in whole 128-wide groups."""
+    if not MGPU_MIN_M or M < MGPU_MIN_M or jax.default_backend() != "gpu":
+        return False
+    from kernels import fp8_matmul as fm
+    return fm.compute_capability()[0] == 9 and F % GROUP == 0 and K % GROUP == 0
+
+
 def takes(M: int, F: int, K: int) -> bool:
-    """Whether the dispatch fuses: on a GPU, where the FP8 GEMM of these rows is the Triton
-    kernel (`fp8_matmul._kernel_for`) at decode rows (its transposed tiles, up to 32 rows:
-    there K is split and the split-K sum is saved too; with more rows a tile's fp32 partial,
-    8 bytes an output element against the bf16 product's 4, may cost more than the SwiGLU
-    kernel it saves, unmeasured) and its default column tile ends in whole groups of gate
-    and of up."""
+    """Whether the dispatch fuses: into the Mosaic GPU kernel where `takes_mgpu`; else (with
+    `FUSE`) on a GPU, where the FP8 GEMM of these rows is the Triton kernel
+    (`fp8_matmul._kernel_for`) at decode rows (its transposed tiles, up to 32 rows: there K is
+    split and the split-K sum is saved too; with more rows a tile's fp32 partial, 8 bytes an
+    output element against the bf16 product's 4, may cost more than the SwiGLU kernel it
+    saves, unmeasured) and its default column tile ends in whole groups of gate and of up."""
+    if takes_mgpu(M, F, K):
+        return True
     if not FUSE or jax.default_backend() != "gpu" or not tr.swapped(M):
         return False
     from kernels import fp8_matmul as fm
@@ -147,10 +170,15 @@ def takes(M: int, F: int, K: int) -> bool:
 
 def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
     """The fused kernel as the dispatch runs it where `takes` (the caller asks; elsewhere
-    `quant.ffn_fp8` runs the GEMM and `fused_quant.swiglu_quant`): scales written in the
-    layout the down GEMM of these rows reads. wq holds one gate | up column group (all gate
+    `quant.ffn_fp8` runs the GEMM and `fused_quant.swiglu_quant`): the Mosaic GPU one where
+    `takes_mgpu`, else the Triton one; scales written in the layout the down GEMM of these
+    rows reads. wq holds one gate | up column group (all gate
     rows, then all up rows): a layout of several groups (`quant.FP8FFN.tp` above the shards
     running it) must be reordered first, as `quant.ffn_fp8` does."""
     from kernels.fp8_matmul import scales_group_major
+    M, K = xq.shape
+    if takes_mgpu(M, wq.shape[0] // 2, K):  # its scales written group-major
+        from kernels.fp8_matmul_mgpu_ws import gate_up_swiglu_mgpu_ws
+        return gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype)
     return gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype,
-                                       group_major=scales_group_major(xq.shape[0]))
+                                       group_major=scales_group_major(M))

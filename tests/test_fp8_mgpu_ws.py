@@ -11,10 +11,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from kernels.fp8_matmul import fp8_matmul_ref
-from kernels.fp8_matmul_mgpu_ws import WsConfig, _check_config, fp8_matmul_mgpu_ws
+from kernels.fp8_matmul_mgpu_ws import (WsConfig, _check_config, fp8_matmul_mgpu_ws,
+                                        gate_up_swiglu_mgpu_ws)
 from kernels.hopper import SMEM_BYTES
 from lacache_jax.quant import quantize_act, quantize_weight
 from tests.conftest import rel_err
@@ -36,8 +38,11 @@ def shapes(M: int, K: int, N: int):
             jax.ShapeDtypeStruct((N // 128, K // 128), jnp.float32))
 
 
-def export_cuda(M: int, K: int, N: int, out_dtype=jnp.bfloat16, config=None) -> str:
-    fn = functools.partial(fp8_matmul_mgpu_ws, out_dtype=out_dtype, config=config)
+def export_cuda(M: int, K: int, N: int, out_dtype=jnp.bfloat16, config=None,
+                kernel=fp8_matmul_mgpu_ws) -> str:
+    fn = functools.partial(kernel, config=config)
+    if kernel is fp8_matmul_mgpu_ws:
+        fn = functools.partial(fn, out_dtype=out_dtype)
     return jax.export.export(jax.jit(fn), platforms=["cuda"])(*shapes(M, K, N)).mlir_module()
 
 
@@ -199,3 +204,109 @@ def test_knobs_on_gpu(kw):
     print("mgpu_ws", kw, rel_err(out, ref))
     assert rel_err(out, ref) <= 2.0 ** -12  # as above
     assert float(jnp.abs(out - ref).max()) <= 2.0 ** -5 * float(jnp.abs(ref).max())
+
+
+# --- gate/up with SwiGLU + quantisation in the epilogue (gate_up_swiglu_mgpu_ws) ------------
+
+def unfused_swiglu(xq, xs, wq, ws, config, interpret: bool):
+    """The plain kernel's bf16 gate | up product, then the SwiGLU + quantisation kernel."""
+    from kernels.fused_quant import swiglu_quant_pallas
+    gu = fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.bfloat16, config=config,
+                            sm_count=config.ctas or 132, interpret=interpret)
+    return swiglu_quant_pallas(gu, interpret=interpret)
+
+
+@pytest.mark.parametrize("M", [1024, 4608, 1000])
+def test_swiglu_defaults_lower_for_hopper(M):
+    """The fused kernel's default (128 x 128 tiles of two 64-row warpgroups with a gate and an
+    up sum each, clusters of 2, 4 stages) lowers through Mosaic GPU at LLaDA-8B's gate/up
+    shape, batch 8's 4,608 rows and a ragged M: the epilogue's row max, FP8 cast and the
+    stores of the tile and its row scales have layouts; the non-steady pipeline too."""
+    assert "mosaic_gpu" in export_cuda(M, *GATE_UP, kernel=gate_up_swiglu_mgpu_ws)
+    flat = dataclasses.replace(WsConfig.get_default_swiglu(M, 12288, 4096), steady=False,
+                               stages=3, snake_dim="n")
+    assert "mosaic_gpu" in export_cuda(M, *GATE_UP, config=flat, kernel=gate_up_swiglu_mgpu_ws)
+
+
+def test_swiglu_default_config():
+    c = WsConfig.get_default_swiglu(4608, 12288, 4096)
+    assert (c.wg_rows, c.block_m, c.cluster, c.cluster_dim, c.stages, c.steady) == (
+        64, 128, 2, "n", 4, True)
+    assert c.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
+    assert WsConfig.get_default_swiglu(1024, 384, 4096).cluster == 1  # 3 column blocks
+
+
+@pytest.mark.parametrize("M,K,F,kw", [
+    # 2 x 2 tiles of 128 x 128 on 2 CTAs (2 each: the steady pipeline carries over), M
+    # padded (200 -> 256), 4 K groups turning the 2 slots over twice a tile.
+    (200, 512, 256, dict(cluster=1, stages=2, ctas=2)),
+    # One CTA walking 3 column blocks along N, 2 K groups, the pipeline refilled every tile.
+    (100, 256, 384, dict(cluster=1, stages=2, ctas=1, snake_dim="n", steady=False))])
+def test_swiglu_interpreted_is_the_unfused_kernels(M, K, F, kw):
+    """In the Mosaic GPU interpreter against the plain kernel's bf16 gate | up product, then
+    the SwiGLU + quantisation kernel (Triton's interpreter): the same per-group promotions,
+    the same rounding of gate and up to bf16 and `swiglu_quantize_tile` in both, so a wrong
+    weight block, tile, scale row or column shows, and an unwritten one stays NaN (the
+    interpreter's fill). Not bit for bit: the two interpreters' XLA fusions of the fp32
+    expression may round `silu(gate) * up` an ulp apart, which moves an FP8 code by one step
+    (2^-3 of that element, as 144 to 160 in one of 51,200 here) where it sits on a rounding
+    boundary, and a scale by an ulp where the group's largest element moves. Against the
+    reference composition (another fp32 summation order): within what flips a bf16 rounding
+    of gate or up (2^-8 relative) and, through it, rarely an FP8 code (2^-4 relative for
+    that element), as the Triton kernel's test bounds it."""
+    from kernels.gate_up_swiglu import gate_up_swiglu_quant_ref
+    from lacache_jax.quant import dequantize_act
+    xq, xs, wq, ws = operands(M, K, 2 * F, seed=M)
+    c = WsConfig(wg_rows=64, **kw)
+    q, s = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=c.ctas, interpret=True)
+    assert q.shape == (M, F) and q.dtype == jnp.float8_e4m3fn and s.shape == (M, F // 128)
+    q0, s0 = unfused_swiglu(xq, xs, wq, ws, c, interpret=True)
+    a, b = (np.asarray(x.astype(jnp.float32)) for x in (q, q0))
+    assert np.isfinite(a).all() and np.mean(a != b) <= 1e-3
+    # one FP8 step apart where they differ (relative 2^-3 of the larger; 2^-9 subnormal)
+    assert (np.abs(a - b) <= np.maximum(2.0 ** -3 * np.maximum(np.abs(a), np.abs(b)),
+                                        2.0 ** -9)).all()
+    np.testing.assert_allclose(np.asarray(s), np.asarray(s0), rtol=2.0 ** -22)
+    qr, sr = gate_up_swiglu_quant_ref(xq, xs, wq, ws)
+    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -8
+
+
+def test_swiglu_refuses_what_its_registers_do_not_take():
+    xq, xs, wq, ws = operands(40, 256, 512)
+    for kw, msg in ((dict(), "needs wg_rows=64"),
+                    (dict(wg_rows=64, step_groups=2, steady=False), "step_groups=1"),
+                    (dict(wg_rows=64, probe="carry_acc", steady=False), "no probe")):
+        with pytest.raises(ValueError, match=msg):
+            gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, stages=2, **kw))
+    with pytest.raises(ValueError, match="must be 2 F with F a multiple of 128"):
+        gate_up_swiglu_mgpu_ws(xq, xs, wq[:384], ws[:3])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [4608, 1000])
+def test_swiglu_on_gpu_at_llada_shapes(M):
+    """The compiled fused kernel at LLaDA-8B's gate/up shape (batch 8's 4,608 rows, a ragged
+    M), two draws, against the plain kernel + the SwiGLU kernel on the same GPU: gate and up
+    are the same sums rounded the same way; the sigmoid's exp may round otherwise in Mosaic
+    GPU than in Triton (an fp32 ulp), which moves an FP8 code by one step (2^-3 of that
+    element) only where it sits on a rounding boundary: the codes equal but for a few in a
+    thousand, the dequantised activations within 2^-8 relative (as the Triton fused
+    kernel's bound against another summation order). Against the exact product's
+    composition: the wgmma's ~2^-13 a group flips bf16 roundings of gate or up (2^-8) and,
+    rarely, an FP8 code through them: within 2^-6."""
+    from kernels.fused_quant import swiglu_quant_ref
+    from lacache_jax.quant import dequantize_act
+    K, N = GATE_UP
+    for draw in range(2):
+        xq, xs, wq, ws = operands(M, K, N, seed=10 * M + draw)
+        q, s = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws)
+        q0, s0 = unfused_swiglu(xq, xs, wq, ws, WsConfig.get_default(M, N, K), False)
+        same = float(jnp.mean(q.astype(jnp.float32) == q0.astype(jnp.float32)))
+        got, unfused = dequantize_act(q, s), dequantize_act(q0, s0)
+        exact = dequantize_act(*swiglu_quant_ref(
+            reference_chunked(xq, xs, wq, ws).astype(jnp.bfloat16)))
+        print("swiglu mgpu_ws", M, draw, "same codes", same, "vs unfused",
+              rel_err(got, unfused), "vs exact", rel_err(got, exact))
+        assert bool(jnp.isfinite(got).all()) and same >= 0.99
+        assert rel_err(got, unfused) <= 2.0 ** -8
+        assert rel_err(got, exact) <= 2.0 ** -6
