@@ -136,7 +136,8 @@ def _quantize_tile(a, keepdims: bool = True):
     arithmetic as `to_fp8`."""
     amax = jnp.max(jnp.abs(a), axis=-1, keepdims=keepdims)
     scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
-    full = scale if keepdims else jax.lax.broadcast_in_dim(scale, a.shape, [0])
+    full = scale if keepdims else jax.lax.broadcast_in_dim(scale, a.shape,
+                                                           tuple(range(a.ndim - 1)))
     return jnp.clip(a / full, -FP8_MAX, FP8_MAX).astype(FP8), scale
 
 

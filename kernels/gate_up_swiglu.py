@@ -143,8 +143,10 @@ MGPU_MIN_M = 0
 
 def takes_mgpu(M: int, F: int, K: int) -> bool:
     """Whether the dispatch fuses into the Mosaic GPU kernel: `MGPU_MIN_M` set and reached, on
-    Hopper, F and K in whole 128-wide groups."""
-    if not MGPU_MIN_M or M < MGPU_MIN_M or jax.default_backend() != "gpu":
+    Hopper, F and K in whole 128-wide groups, and M in whole 128-row tiles: the FFN pads its
+    rows to 16 only, and the kernel's own padding to 128 would add copies of x, the FP8
+    output and its scales (56 MB near 4,600 rows) that fuse into no custom call."""
+    if not MGPU_MIN_M or M < MGPU_MIN_M or M % GROUP or jax.default_backend() != "gpu":
         return False
     from kernels import fp8_matmul as fm
     return fm.compute_capability()[0] == 9 and F % GROUP == 0 and K % GROUP == 0
@@ -178,7 +180,9 @@ def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
     from kernels.fp8_matmul import scales_group_major
     M, K = xq.shape
     if takes_mgpu(M, wq.shape[0] // 2, K):  # its scales written group-major
+        from kernels.fp8_matmul import sm_count
         from kernels.fp8_matmul_mgpu_ws import gate_up_swiglu_mgpu_ws
-        return gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype)
+        return gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype,
+                                      sm_count=sm_count())
     return gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype,
                                        group_major=scales_group_major(M))

@@ -718,8 +718,9 @@ def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch
 
 def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch):
     """`gate_up_swiglu.MGPU_MIN_M`: 0 (as shipped, untimed) never; set, from that many rows,
-    on Hopper only, F and K in whole groups; `gate_up_swiglu_quant` then runs
-    `gate_up_swiglu_mgpu_ws` on its operands (the Triton kernel below the rows)."""
+    on Hopper only, F, K and M in whole 128-wide groups; `gate_up_swiglu_quant` then runs
+    `gate_up_swiglu_mgpu_ws` on its operands with the device's SM count (the Triton kernel
+    below the rows)."""
     from kernels import fp8_matmul_mgpu_ws as ws_kernel
     from kernels import gate_up_swiglu as gs
     cc = ["9.0"]
@@ -729,17 +730,24 @@ def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch)
     monkeypatch.setattr(gs, "MGPU_MIN_M", 1024)
     assert gs.takes_mgpu(4608, 12288, 4096) and gs.takes(4608, 12288, 4096)
     assert not gs.takes_mgpu(768, 12288, 4096) and not gs.takes(768, 12288, 4096)
-    assert not gs.takes_mgpu(4608, 12288 + 64, 4096)
+    assert not gs.takes_mgpu(4608, 12288 + 64, 4096) and not gs.takes_mgpu(4608, 12288, 4000)
+    assert not gs.takes_mgpu(4600, 12288, 4096)  # not whole 128-row tiles: padding copies
     cc[0] = "8.9"
     assert not gs.takes_mgpu(4608, 12288, 4096)
     cc[0] = "9.0"
     calls = []
-    monkeypatch.setattr(ws_kernel, "gate_up_swiglu_mgpu_ws",
-                        lambda *a: calls.append(tuple(x.shape for x in a[:4])) or "mgpu")
+    sm = []
+
+    def recorded(*a, sm_count):
+        calls.append(tuple(x.shape for x in a[:4]))
+        sm.append(sm_count)
+        return "mgpu"
+    monkeypatch.setattr(ws_kernel, "gate_up_swiglu_mgpu_ws", recorded)
     xq, xs = jnp.zeros((1024, 256), jnp.float8_e4m3fn), jnp.ones((1024, 2), jnp.float32)
     wq, ws = jnp.zeros((512, 256), jnp.float8_e4m3fn), jnp.ones((4, 2), jnp.float32)
     assert gs.gate_up_swiglu_quant(xq, xs, wq, ws) == "mgpu"
     assert calls == [((1024, 256), (1024, 2), (512, 256), (4, 2))]
+    assert sm == [132]  # the device's SM count (the faked device reports none: 132)
 
 
 def test_gemm_split_k_summed_in_the_kernel(monkeypatch):

@@ -289,9 +289,10 @@ def test_swiglu_on_gpu_at_llada_shapes(M):
     M), two draws, against the plain kernel + the SwiGLU kernel on the same GPU: gate and up
     are the same sums rounded the same way; the sigmoid's exp may round otherwise in Mosaic
     GPU than in Triton (an fp32 ulp), which moves an FP8 code by one step (2^-3 of that
-    element) only where it sits on a rounding boundary: the codes equal but for a few in a
-    thousand, the dequantised activations within 2^-8 relative (as the Triton fused
-    kernel's bound against another summation order). Against the exact product's
+    element) only where it sits on a rounding boundary: the dequantised activations within
+    2^-8 relative (as the Triton fused kernel's bound against another summation order), so
+    at most about 2^-10 of the codes (one step each adds ~2^-6 of an element's square: a
+    fraction f of them gives ~sqrt(f) 2^-3) differ. Against the exact product's
     composition: the wgmma's ~2^-13 a group flips bf16 roundings of gate or up (2^-8) and,
     rarely, an FP8 code through them: within 2^-6."""
     from kernels.fused_quant import swiglu_quant_ref
@@ -307,6 +308,6 @@ def test_swiglu_on_gpu_at_llada_shapes(M):
             reference_chunked(xq, xs, wq, ws).astype(jnp.bfloat16)))
         print("swiglu mgpu_ws", M, draw, "same codes", same, "vs unfused",
               rel_err(got, unfused), "vs exact", rel_err(got, exact))
-        assert bool(jnp.isfinite(got).all()) and same >= 0.99
+        assert bool(jnp.isfinite(got).all()) and same >= 1 - 2.0 ** -10
         assert rel_err(got, unfused) <= 2.0 ** -8
         assert rel_err(got, exact) <= 2.0 ** -6
