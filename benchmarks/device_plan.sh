@@ -174,10 +174,16 @@ exact --decoding fixed --fp8-ffn on" $(alternated kernels.gate_up_swiglu:MGPU_MI
   # (fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws, dispatched from gate_up_swiglu.MGPU_MIN_M
   # rows; thirty-fourth session, CPU: lowers, interpreted it is the unfused path): its GPU
   # tests, then the FFN at batch 8's 4,608 rows by device time, off / on (52: the step)
-  timeout -k 5 ${TEST_S:-240} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
+  timeout -k 5 ${TEST_S:-200} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
     swiglu -p no:cacheprovider > "$OUT/pytest_swiglu_mgpu_gpu.log" 2>&1
   tests_passed "$OUT/pytest_swiglu_mgpu_gpu.log" "passed\|failed\|Error\|swiglu mgpu_ws" || exit 1
-  timeout -k 5 ${FFN_S:-300} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-4608} \
+  # ptxas' registers and spills (the epilogue holds both sums and the SwiGLU's temporaries)
+  MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/swd timeout -k 5 60 python3 -c "from \
+tests.test_fp8_mgpu_ws import operands; from kernels.fp8_matmul_mgpu_ws import \
+gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" > /dev/null 2>&1
+  cat /tmp/swd/*.ptxas > "$OUT/swiglu_ptxas.txt" 2>&1
+  grep -i "registers\|spill" "$OUT/swiglu_ptxas.txt" | head -4
+  timeout -k 5 ${FFN_S:-280} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-4608} \
     --ablation-layers 0 --trace --settings kernels.gate_up_swiglu:MGPU_MIN_M=0 \
     kernels.gate_up_swiglu:MGPU_MIN_M=128 2>&1 | tee "$OUT/fp8_ffn_swiglu_mgpu.log" \
     | grep "^{'M'" | python3 -c "$FFN_ROW" ;;
