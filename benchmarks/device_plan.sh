@@ -150,6 +150,17 @@ tile_rows() {
 in sys.argv[1:]), r.get('round'), r.get('ms')) for r in (ast.literal_eval(line) for line in \
 sys.stdin) if r['kernel'] == 'pallas']" "$@"
 }
+# fp8_tiles' Pallas decode tiles at 32 rows by device time, one run a TILE_SPECS entry
+# (shape:splits), each in the box TILE_S or $2 seconds, appended to $OUT/$1; $3...: the
+# sweep's other axes (--block-ns, --stages, --rounds, ...)
+decode_tiles() {
+  local log=$1 box=$2; shift 2
+  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
+    timeout -k 5 ${TILE_S:-$box} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
+      --shapes ${spec%%:*} --splits ${spec#*:} --device-time "$@" 2>&1 \
+      | tee -a "$OUT/$log" | quiet | grep "^best\|xla\|error"
+  done
+}
 # After a GPU test run written to $1 (its status in $?): the lines matching $2; false, with a
 # line saying so, where a test failed (new code's stages then time nothing)
 tests_passed() {
@@ -217,12 +228,8 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
     scales_ahead -p no:cacheprovider > "$OUT/pytest_scales_ahead_gpu.log" 2>&1
   tests_passed "$OUT/pytest_scales_ahead_gpu.log" "passed\|failed\|Error" || exit 1
-  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
-    timeout -k 5 ${TILE_S:-120} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
-      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3,4} \
-      --scales-ahead 0,1 --rounds ${ROUNDS:-3} --device-time 2>&1 \
-      | tee -a "$OUT/fp8_tiles_scales_ahead.log" | quiet | grep "^best\|error"
-  done
+  decode_tiles fp8_tiles_scales_ahead.log 120 --block-ns 128 --stages ${STAGES:-3,4} \
+    --scales-ahead 0,1 --rounds ${ROUNDS:-3}
   tile_rows fp8_tiles_scales_ahead.log splits num_stages scales_ahead
   ffn_settings fp8_ffn_scales_ahead.log 240 \
     $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
@@ -247,13 +254,8 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
     persistent_programs -p no:cacheprovider > "$OUT/pytest_persistent_gpu.log" 2>&1
   tests_passed "$OUT/pytest_persistent_gpu.log" "passed\|failed\|Error" || exit 1
-  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
-    timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
-      --shapes ${spec%%:*} --block-ns 128 --splits ${spec#*:} --stages ${STAGES:-3} \
-      --prefetch ${PREFETCH:-0,1} --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3} \
-      --device-time 2>&1 \
-      | tee -a "$OUT/fp8_tiles_persistent.log" | quiet | grep "^best\|xla\|error"
-  done
+  decode_tiles fp8_tiles_persistent.log 170 --block-ns 128 --stages ${STAGES:-3} \
+    --prefetch ${PREFETCH:-0,1} --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3}
   tile_rows fp8_tiles_persistent.log splits prefetch programs ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
@@ -308,13 +310,8 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
     -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
   tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1
-  for spec in ${TILE_SPECS:-down:6,12 gate_up:2,4}; do
-    timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --kernels pallas \
-      --shapes ${spec%%:*} --block-ns ${BLOCK_NS:-128} --splits ${spec#*:} --stages \
-      ${STAGES:-1,3} --prefetch ${PREFETCH:-0,1,2} --warps ${WARPS:-4,8} --rounds \
-      ${ROUNDS:-2} --device-time 2>&1 | tee -a "$OUT/fp8_tiles_decode_device.log" | quiet \
-      | grep "^best\|xla"
-  done
+  decode_tiles fp8_tiles_decode_device.log 170 --block-ns ${BLOCK_NS:-128} --stages \
+    ${STAGES:-1,3} --prefetch ${PREFETCH:-0,1,2} --warps ${WARPS:-4,8} --rounds ${ROUNDS:-2}
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
   # same measure: does TMA streaming beat Triton's loads at 32 rows?
   timeout -k 5 ${MGPU_S:-120} python3 -m benchmarks.fp8_tiles --ms 32 --kernels mgpu \

@@ -346,7 +346,7 @@ class _Plain:
         c, bits = self.c, jnp.dtype(self.out_dtype).itemsize * 8
         swizzle = plgpu.find_swizzle(c.epi_cols * bits)
         tiled = (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
-        return ([jax.ShapeDtypeStruct((Mp, N), self.out_dtype)],
+        return ((jax.ShapeDtypeStruct((Mp, N), self.out_dtype),),
                 [plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), self.out_dtype,
                             transforms=tiled)])
 
@@ -388,11 +388,10 @@ class _SwiGLU:
 
     def outputs(self, Mp: int, N: int):
         from jax.experimental.pallas import mosaic_gpu as plgpu
-        swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row, as the x tiles
-        tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+        tiled = _fp8_row_tiles()  # as the x and w tiles
         G = self.F // GROUP
-        return ([jax.ShapeDtypeStruct((Mp, self.F), FP8),
-                 jax.ShapeDtypeStruct((G, Mp), jnp.float32)],
+        return ((jax.ShapeDtypeStruct((Mp, self.F), FP8),
+                 jax.ShapeDtypeStruct((G, Mp), jnp.float32)),
                 [plgpu.SMEM((2, WAVE, GROUP), FP8, transforms=tiled),
                  plgpu.SMEM((2, WAVE), jnp.float32)])
 
@@ -413,6 +412,13 @@ class _SwiGLU:
     def finish(self, outs, M: int, Mp: int):
         q, s = outs
         return q[:M], s[:, :M].T
+
+
+def _fp8_row_tiles():
+    """SMEM transforms of FP8 tiles with 128-byte rows (a K group): 8-row tiles, 128B swizzle."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    swizzle = plgpu.find_swizzle(GROUP * 8)
+    return (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
 
 def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
@@ -441,8 +447,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
     n_iters = epilogue.n_blocks(N) // (2 if pair_n else 1)
     clusters = min((c.ctas or sm_count) // c.cluster, m_iters * n_iters)
 
-    swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
-    tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
+    tiled = _fp8_row_tiles()
     share_x = ("cluster",) if pair_n else ()  # the pair multicasts what both of them read
     share_w = ("cluster",) if pair_m else ()
     in_specs = [
@@ -532,9 +537,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         plgpu.wait_smem_to_gmem(0)
 
     outs = plgpu.kernel(
-        kernel, out_type=tuple(out_types) if len(out_types) > 1 else out_types[0],
-        scratch_types=scratch_types,
+        kernel, out_type=out_types, scratch_types=scratch_types,
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
         cluster_names=("cluster",), num_threads=3, thread_name="wg",
         interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
-    return epilogue.finish(outs if len(out_types) > 1 else (outs,), M, Mp)
+    return epilogue.finish(outs, M, Mp)

@@ -40,7 +40,8 @@ group's are then picked from registers by a masked sum (exact: the other terms a
 In that PTX of the down GEMM at 32 rows the loop otherwise waits on 5 plain global loads a
 group, the scales, which Triton's pipeline does not issue ahead (it copies only the dots'
 operands, by cp.async); with it the loop has none, for 3 shared stores and 4 more barriers.
-It is off until `benchmarks/device_plan.sh` 47 has timed it.
+Yet on an H200 it changed the default tiles' time by 0-1% and the batch-1 dual step not at
+all (RESULTS.md, thirty-fourth session), so it is off (`SCALES_AHEAD`).
 """
 
 from __future__ import annotations

@@ -31,6 +31,13 @@ def operands(M, K, N, seed=0):
     return x, w, quantize_groups(x), quantize_weight(w)
 
 
+def gemm_f32(xq, xs, wq, ws, tiles, poison: bool = False):
+    """The Triton GEMM's fp32 output at `tiles` in interpret mode, as numpy (`poison`: the
+    output starts NaN, so an unwritten element shows)."""
+    return np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=tiles,
+                                        interpret=True, poison=poison))
+
+
 @pytest.mark.parametrize("M,K,N", [(1, 128, 128), (5, 256, 384), (33, 384, 256),
                                    (130, 256, 128)])
 def test_gemm_matches_dequantised_fp32(M, K, N):
@@ -795,16 +802,13 @@ def test_gemm_prefetch_changes_no_bit():
                                            (16, 64, 2, True, 2), (64, 128, 1, False, 4),
                                            (16, 32, 4, False, 1), (16, 128, 2, True, 3)):
         t = TritonTiles(bm, bn, splits, swap=swap)
-        want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
-                                            interpret=True))
         for sum_in_kernel in (False, True):
-            if sum_in_kernel:  # against the same sum (XLA's may associate > 2 otherwise)
-                t = dataclasses.replace(t, sum_in_kernel=True)
-                want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
-                                                    interpret=True))
-            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
-                                    tiles=dataclasses.replace(t, prefetch=prefetch))
-            np.testing.assert_array_equal(np.asarray(got), want)
+            # with the sum in the kernel: against the same sum (XLA's may associate > 2
+            # otherwise)
+            t = dataclasses.replace(t, sum_in_kernel=sum_in_kernel)
+            np.testing.assert_array_equal(
+                gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, prefetch=prefetch), poison=True),
+                gemm_f32(xq, xs, wq, ws, t))
     t = TritonTiles(16, 128, 2, swap=True)
     fused = [gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
              for tiles in (t, dataclasses.replace(t, prefetch=2))]
@@ -830,14 +834,12 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
     for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
                                  (64, 128, 1, False), (16, 32, 4, True)):
         t = TritonTiles(bm, bn, splits, swap=swap)
-        want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
-                                            interpret=True))
+        want = gemm_f32(xq, xs, wq, ws, t)
         for programs, prefetch in ((1, 0), (3, 0), (7, 0), (2 * (512 // bn) * splits + 1, 0),
                                    (3, 2), (2 * (512 // bn) * splits + 1, 1)):
-            got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
-                                    tiles=dataclasses.replace(t, programs=programs,
-                                                              prefetch=prefetch))
-            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{programs=}")
+            got = gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, programs=programs,
+                                                               prefetch=prefetch), poison=True)
+            np.testing.assert_array_equal(got, want, err_msg=f"{programs=}")
     for swap, prefetch in ((True, 0), (False, 0), (True, 2)):
         t = TritonTiles(32, 128, 2, swap=swap, programs=5, prefetch=prefetch)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
@@ -871,11 +873,9 @@ def test_gemm_scales_ahead_change_no_bit(monkeypatch):
     for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
                                  (64, 128, 1, False), (16, 32, 2, True)):
         t = TritonTiles(bm, bn, splits, swap=swap)
-        want = np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=t,
-                                            interpret=True))
-        got = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, interpret=True, poison=True,
-                                tiles=dataclasses.replace(t, scales_ahead=True))
-        np.testing.assert_array_equal(np.asarray(got), want)
+        np.testing.assert_array_equal(
+            gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, scales_ahead=True), poison=True),
+            gemm_f32(xq, xs, wq, ws, t))
     for swap in (True, False):
         t = TritonTiles(32, 128, 2, swap=swap, scales_ahead=True)
         assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
