@@ -14,17 +14,23 @@
 # thirty-fourth, on an H200 at the first try: 49, 47, 48 (wgmma FP8 dots and scales loaded
 # ahead: the step's time unchanged, both stay off; the FFN's 120 s boxes timed one setting of
 # four: ffn_settings needs about 60 s a setting), 21 at four more tilings (slower), 39 (the
-# heuristic's configuration the fastest), 33 (padded once 1.04x) and 38.
+# heuristic's configuration the fastest), 33 (padded once 1.04x) and 38; the thirty-fifth, on
+# an H100 at the first try: 51 (the fused SwiGLU epilogue faster at 4,608 rows: on from there;
+# its ptxas dump came back empty), 52, 22 (all 56 GPU tests pass at f80c6fe), batch 8's step
+# traced at 6,144 rows and the FFN at 1,536 / 3,072 rows (the budget ended before the kernel
+# on: the crossing below 4,608 rows is untimed).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 51, 52, 22 (the GPU suite: its last full run was at 529a41c), 50,
+# Left, in priority order: 29 (the paper table with the fused epilogue) and the four-shape
+# end to end, 53 (where the fused epilogue starts to pay), 50,
 # 34 (33 at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  53  issue 23: the FFN with the fused SwiGLU epilogue off / on below batch 8's rows
 #  52  issue 23: 51's switch in batch 8's exact + FP8 step
 #  51  issue 23: gate/up with SwiGLU + quantisation in the Mosaic GPU kernel's epilogue: GPU
 #      tests, the FFN at 4,608 rows
@@ -121,11 +127,11 @@ quiet() { grep -v -i "warn" | cut -c1-400; }
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'settings', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
-# fp8_ffn at 32 rows by device time in each module setting ($3...: one process, jax's
+# fp8_ffn at FFN_MS rows (32) by device time in each module setting ($3...: one process, jax's
 # caches cleared between), its log $OUT/$1, its box FFN_S or $2 seconds
 ffn_settings() {
   local log=$1 box=$2; shift 2
-  timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms 32 --ablation-layers 0 \
+  timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-32} --ablation-layers 0 \
     --trace --settings "$@" 2>&1 | tee "$OUT/$log" | grep "^{'M'" | python3 -c "$FFN_ROW"
 }
 # benchmarks.generate's step (its arguments $3) in each module setting ($4...), as
@@ -191,13 +197,21 @@ exact --decoding fixed --fp8-ffn on" $(alternated kernels.gate_up_swiglu:MGPU_MI
   # ptxas' registers and spills (the epilogue holds both sums and the SwiGLU's temporaries)
   MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_TO=/tmp/swd timeout -k 5 60 python3 -c "from \
 tests.test_fp8_mgpu_ws import operands; from kernels.fp8_matmul_mgpu_ws import \
-gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" > /dev/null 2>&1
+gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" \
+    > "$OUT/swiglu_ptxas_run.log" 2>&1
   cat /tmp/swd/*.ptxas > "$OUT/swiglu_ptxas.txt" 2>&1
   grep -i "registers\|spill" "$OUT/swiglu_ptxas.txt" | head -4
   timeout -k 5 ${FFN_S:-280} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-4608} \
     --ablation-layers 0 --trace --settings kernels.gate_up_swiglu:MGPU_MIN_M=0 \
     kernels.gate_up_swiglu:MGPU_MIN_M=128 2>&1 | tee "$OUT/fp8_ffn_swiglu_mgpu.log" \
     | grep "^{'M'" | python3 -c "$FFN_ROW" ;;
+53)
+  # issue 23: where the fused SwiGLU epilogue (gate_up_swiglu.MGPU_MIN_M, 4,608 as shipped
+  # from the thirty-fifth session: faster there and in batch 8's step at 6,144 rows) starts
+  # to pay: the FFN at fewer rows, off / on (each row count and setting about 140 s; the
+  # thirty-fifth session's 1,536 and 3,072 rows off: results/fp8_ffn-20261206-064821.json)
+  FFN_MS=${FFN_MS:-1536,3072} ffn_settings fp8_ffn_swiglu_mgpu_rows.log 560 \
+    kernels.gate_up_swiglu:MGPU_MIN_M=0 kernels.gate_up_swiglu:MGPU_MIN_M=128 ;;
 50)
   # issue 20: batch 8's dual step with one key share a (batch, head) in the split-keys
   # attention (short_attention.PROGRAMS 256: cdiv(256, 8 x 32) = 1, no merge) against two

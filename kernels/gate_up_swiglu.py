@@ -1,6 +1,6 @@
 """The FP8 FFN's gate/up GEMM with SwiGLU and the 1 x 128 quantisation of its output in the
-GEMM's epilogue, at decode rows (REFERENCE.md §7): the bf16 [M, 2F] gate | up product is never
-written, and the SwiGLU + quantisation kernel and the split-K sum are not launched.
+GEMM's epilogue (REFERENCE.md §7): the bf16 [M, 2F] gate | up product is never written, and
+the SwiGLU + quantisation kernel (and at decode rows the split-K sum) is not launched.
 
 Shapes: xq [M, K] fp8 e4m3 with x_scale [M, K / 128] (the RMSNorm's quantised output), wq
 [2F, K] fp8 (gate rows, then up rows) with w_scale [2F / 128, K / 128]; out (aq [M, F] fp8,
@@ -8,8 +8,8 @@ a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's o
 `gate_up_swiglu_quant_ref` is that composition on the references; `takes` says where the
 dispatch (`quant.ffn_fp8`) runs a fused kernel, `gate_up_swiglu_quant` as it runs it there:
 this Triton kernel at decode rows (`FUSE`), or from `MGPU_MIN_M` rows on Hopper the Mosaic
-GPU kernel with the same epilogue (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`). Both off
-as shipped.
+GPU kernel with the same epilogue (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`). The first
+off as shipped, the second on from batch 8's full canvas.
 
 The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
 column tile j of the 2F, K split k), which at decode rows (M <= 32, where the dispatch takes
@@ -134,11 +134,12 @@ FUSE = 0
 
 # Rows from which the dispatch runs the gate/up GEMM with SwiGLU + quantisation in the
 # epilogue of the Mosaic GPU kernel (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`) on Hopper,
-# in place of cuBLASLt's GEMM and the SwiGLU kernel (3.1 ms of batch 8's 86.9 ms exact + FP8
-# step, RESULTS.md twenty-seventh session); 0: never. Off until timed on the GPU against them
-# (device_plan.sh 51): the kernel's plain GEMM ran at 0.94-1.00x cuBLASLt's rate. Read when
-# the FFN is traced, as FUSE.
-MGPU_MIN_M = 0
+# in place of cuBLASLt's GEMM and the SwiGLU kernel; 0: never. Timed on an H100 (RESULTS.md
+# thirty-fifth session): at batch 8's 4,608 rows the FFN 1.16 ms of kernels against 1.21,
+# batch 8's step at 6,144 rows 112.9 ms against 115.4 (its GEMM 8% slower than cuBLASLt's,
+# the SwiGLU kernel's 4.6 ms gone), the same tokens. Below 4,608 rows untimed, so off there.
+# Read when the FFN is traced, as FUSE.
+MGPU_MIN_M = 4608
 
 
 def takes_mgpu(M: int, F: int, K: int) -> bool:

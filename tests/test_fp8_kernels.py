@@ -724,15 +724,17 @@ def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch
 
 
 def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch):
-    """`gate_up_swiglu.MGPU_MIN_M`: 0 (as shipped, untimed) never; set, from that many rows,
-    on Hopper only, F, K and M in whole 128-wide groups; `gate_up_swiglu_quant` then runs
-    `gate_up_swiglu_mgpu_ws` on its operands with the device's SM count (the Triton kernel
-    below the rows)."""
+    """`gate_up_swiglu.MGPU_MIN_M`: on as shipped at batch 8's 4,608 rows (timed faster there,
+    RESULTS.md thirty-fifth session), 0 never; from that many rows, on Hopper only, F, K and M
+    in whole 128-wide groups; `gate_up_swiglu_quant` then runs `gate_up_swiglu_mgpu_ws` on its
+    operands with the device's SM count (the Triton kernel below the rows)."""
     from kernels import fp8_matmul_mgpu_ws as ws_kernel
     from kernels import gate_up_swiglu as gs
     cc = ["9.0"]
     monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc[0]})])
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert gs.takes_mgpu(4608, 12288, 4096) and not gs.takes_mgpu(4480, 12288, 4096)
+    monkeypatch.setattr(gs, "MGPU_MIN_M", 0)
     assert not gs.takes_mgpu(4608, 12288, 4096) and not gs.takes(4608, 12288, 4096)
     monkeypatch.setattr(gs, "MGPU_MIN_M", 1024)
     assert gs.takes_mgpu(4608, 12288, 4096) and gs.takes(4608, 12288, 4096)
