@@ -24,12 +24,13 @@
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 29 (the paper table with the fused epilogue) and the four-shape
-# end to end, 53 (where the fused epilogue starts to pay), 50,
+# end to end, 54 (the fused epilogue's knobs), 53 (where it starts to pay), 50,
 # 34 (33 at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  54  issue 23: the fused SwiGLU kernel's knobs at batch 8's rows
 #  53  issue 23: the FFN with the fused SwiGLU epilogue off / on below batch 8's rows
 #  52  issue 23: 51's switch in batch 8's exact + FP8 step
 #  51  issue 23: gate/up with SwiGLU + quantisation in the Mosaic GPU kernel's epilogue: GPU
@@ -205,6 +206,15 @@ gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" \
     --ablation-layers 0 --trace --settings kernels.gate_up_swiglu:MGPU_MIN_M=0 \
     kernels.gate_up_swiglu:MGPU_MIN_M=128 2>&1 | tee "$OUT/fp8_ffn_swiglu_mgpu.log" \
     | grep "^{'M'" | python3 -c "$FFN_ROW" ;;
+54)
+  # issue 23: the fused SwiGLU kernel's knobs (fp8_gemm.SWIGLU_SWEEP: the pair sharing w,
+  # snake order and bands, no cluster, per-tile pipelines) beside the GEMM + SwiGLU kernel
+  # it replaces, at batch 8's 4,608 and 6,144 rows: its GEMM ran 8% longer than cuBLASLt's
+  # in the step (thirty-fifth session); `same_as_first` flags a knob that breaks it
+  for m in ${SWIGLU_MS:-4608 6144}; do
+    timeout -k 5 ${SWEEP_S:-250} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep swiglu:$m \
+      2>&1 | tee "$OUT/ws_sweep_swiglu_$m.log" | quiet | grep "tflops\|error" | cut -c1-200
+  done ;;
 53)
   # issue 23: where the fused SwiGLU epilogue (gate_up_swiglu.MGPU_MIN_M, 4,608 as shipped
   # from the thirty-fifth session: faster there and in batch 8's step at 6,144 rows) starts

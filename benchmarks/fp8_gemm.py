@@ -4,7 +4,7 @@ TFLOP/s from M 1024), with a correctness check of the cuBLASLt path first.
 
     python -m benchmarks.fp8_gemm [--ms 1024,4096,768,256,32,16384] [--shapes gate_up,down]
         [--check-only] [--kernels cublaslt,xla_fp8_precise,mgpu_ws]
-    python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096
+    python -m benchmarks.fp8_gemm --mgpu-ws-sweep gate_up:4096  (or swiglu:4608)
     python -m benchmarks.fp8_gemm --cublaslt-search gate_up:1024,down:1024 [--top 6]
         [--rounds 5] [--max-split-k 1] [--search-reps 5] [--chain 20]
     python -m benchmarks.fp8_gemm --cublaslt-harness gate_up:1024,down:1024 [--reps 5,500]
@@ -16,7 +16,8 @@ per-group product; the speed reference) with XLA's default fast accumulation (`x
 and without it (`Precision.HIGHEST`: `xla_fp8_precise`); ours through cuBLASLt's block scaling
 (`cublaslt`; `cublaslt_swap`: the other operand arrangement), the Mosaic GPU kernel (`mgpu`,
 its default pipeline for the shape), the Mosaic GPU kernel at DeepGEMM's recipe (`mgpu_ws`,
-`WsConfig.get_default`; `--mgpu-ws-sweep gate_up:4096` times only its knobs), the Triton
+`WsConfig.get_default`; `--mgpu-ws-sweep gate_up:4096` times only its knobs, `swiglu:4608`
+those of its gate/up GEMM with the SwiGLU epilogue), the Triton
 kernel (`triton`, M <= 256 only: 2x slower above), what `fp8_matmul` dispatches to
 (`dispatch`); XLA's bf16 dot. ms per call with 20 dependent calls chained in one program.
 `--cublaslt-split SHAPE:M:N1,...`: columns from N1 by a second cuBLASLt call
@@ -50,8 +51,9 @@ from benchmarks.common import (device_chained, exit_on_sigterm, rel_l2, time_cha
 from kernels import fp8_cublaslt as lt
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref, sm_count
 from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
-from kernels.fp8_matmul_mgpu_ws import WsConfig, fp8_matmul_mgpu_ws
+from kernels.fp8_matmul_mgpu_ws import WsConfig, fp8_matmul_mgpu_ws, gate_up_swiglu_mgpu_ws
 from kernels.fp8_matmul_triton import fp8_matmul_pallas
+from kernels.fused_quant import swiglu_quant
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
@@ -166,27 +168,51 @@ WS_SWEEP = ({}, dict(probe="carry_acc"), dict(wg_rows=64, step_groups=2, stages=
             dict(early_scales=True))
 
 
+# Knobs of `gate_up_swiglu_mgpu_ws` timed by `--mgpu-ws-sweep swiglu:M`, each a change from
+# `WsConfig.get_default_swiglu` (its one tile shape: the register budget leaves no other):
+# the pair sharing its weight tiles instead of x (a CTA's step loads one x tile and two weight
+# tiles, so sharing w halves the larger load), the other snake direction, wider and narrower
+# bands, no cluster, the per-tile pipeline, 3 stages per tile. Its GEMM ran 8% longer than
+# cuBLASLt's gate/up in batch 8's step (RESULTS.md thirty-fifth session).
+SWIGLU_SWEEP = ({}, dict(cluster_dim="m"), dict(snake_dim="n"), dict(snake_width=16),
+                dict(snake_width=4), dict(cluster=1), dict(steady=False),
+                dict(stages=3, steady=False))
+
+
 def ws_sweep(spec: str, rows: list) -> None:
     """`--mgpu-ws-sweep SHAPE:M`: `fp8_matmul_mgpu_ws` at one shape over `WS_SWEEP` (each a
-    change from `WsConfig.get_default`), beside cuBLASLt's block-scaled GEMM."""
+    change from `WsConfig.get_default`), beside cuBLASLt's block-scaled GEMM; `swiglu:M`:
+    `gate_up_swiglu_mgpu_ws` at the gate/up shape over `SWIGLU_SWEEP`, beside the path it
+    replaces (the dispatched GEMM, then the SwiGLU + quantisation kernel). Each row's
+    `same_as_first`: its first output's share of elements equal to the first kernel's (a
+    knob that breaks the kernel shows there, as the probe's wrong sums do)."""
     shape, M = spec.split(":")
-    M, (K, N) = int(M), SHAPES[shape]
+    M = int(M)
+    if shape == "swiglu":
+        (K, N), kernel, knobs = SHAPES["gate_up"], gate_up_swiglu_mgpu_ws, SWIGLU_SWEEP
+        base = WsConfig.get_default_swiglu(M, N // 2, K, sm_count())
+        fns = {"gemm+swiglu_quant": lambda *ops: swiglu_quant(fp8_matmul(*ops))}
+    else:
+        (K, N), kernel, knobs = SHAPES[shape], fp8_matmul_mgpu_ws, WS_SWEEP
+        base = WsConfig.get_default(M, N, K, sm_count())
+        fns = {"cublaslt": lt.fp8_matmul_cublaslt} if lt.available() else {}
+    for kw in knobs:
+        fns[f"mgpu_ws {kw}"] = functools.partial(
+            kernel, config=dataclasses.replace(base, **kw), sm_count=sm_count())
     xq, xs, wq, ws = operands(M, K, N, M)
-    flops = 2.0 * M * K * N
-    base = WsConfig.get_default(M, N, K, sm_count())
-    fns = {"cublaslt": lt.fp8_matmul_cublaslt} if lt.available() else {}
-    for kw in WS_SWEEP:
-        cfg = dataclasses.replace(base, **kw)
-        fns[f"mgpu_ws {kw}"] = functools.partial(fp8_matmul_mgpu_ws, config=cfg,
-                                                 sm_count=sm_count())
+    flops, first = 2.0 * M * K * N, None
     for name, fn in fns.items():
         row = dict(shape=shape, M=M, K=K, N=N, kernel=name)
         try:
+            out = jax.tree.leaves(fn(xq, xs, wq, ws))[0].astype(jnp.float32)
+            first = out if first is None else first
+            same = float(jnp.mean(out == first))
             t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=20)
         except Exception as e:  # noqa: BLE001 (record what failed, go on)
             row["error"] = str(e)[:300]
         else:
-            row.update(ms=t["median_ms"], tflops=flops / t["median_ms"] / 1e9)
+            row.update(ms=t["median_ms"], tflops=flops / t["median_ms"] / 1e9,
+                       same_as_first=same)
         rows.append(row)
         print(row, flush=True)
 

@@ -126,6 +126,26 @@ def test_device_sweep_knobs_are_accepted_at_the_ffn_shapes():
             assert c.smem_bytes() <= SMEM_BYTES - 1024, (K, N, kw)
 
 
+def test_swiglu_sweep_knobs_are_accepted_at_batch_8s_rows():
+    """The same for the fused SwiGLU kernel's sweep (`SWIGLU_SWEEP`) at LLaDA-8B's gate/up
+    shape and batch 8's 4,608 rows: the kernel's checks, its one tile shape, shared memory with
+    two weight tiles a step, whole pipelines per tile where steady, no padded rows where the
+    pair shares w (its 256-row cluster tile divides 4,608), and each lowers for Hopper."""
+    from benchmarks.fp8_gemm import SWIGLU_SWEEP
+    K, N = GATE_UP
+    base = WsConfig.get_default_swiglu(4608, N // 2, K, 132)
+    for kw in SWIGLU_SWEEP:
+        c = dataclasses.replace(base, **kw)
+        _check_config(c, N // 2, K)
+        assert c.wg_rows == 64 and c.step_groups == 1 and not c.probe, kw
+        assert c.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024, kw
+        assert not c.steady or (K // 128) % c.stages == 0, kw
+        assert 4608 % (c.block_m * (2 if c.cluster_dim == "m" else 1)) == 0, kw
+        # and lowers (the pair sharing w: two multicast weight loads a step)
+        assert "mosaic_gpu" in export_cuda(4608, K, N, config=c,
+                                           kernel=gate_up_swiglu_mgpu_ws), kw
+
+
 def test_refuses_unsupported_shapes_and_knobs():
     xq, xs, wq, ws = operands(40, 384, 384)
     with pytest.raises(ValueError, match="N 384 must be a multiple of 256"):
