@@ -23,15 +23,15 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 29 (the paper table with the fused epilogue) and the four-shape
-# end to end, 54 (the fused epilogue's knobs), 53 (where it starts to pay), 50,
+# Left, in priority order: 54 (the fused SwiGLU epilogue's knobs), 53 (it at batch 1's 768
+# rows), then 29 (the paper table) and the four-shape end to end with what those set, 50,
 # 34 (33 at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
 #  54  issue 23: the fused SwiGLU kernel's knobs at batch 8's rows
-#  53  issue 23: the FFN with the fused SwiGLU epilogue off / on below batch 8's rows
+#  53  issue 23: the fused SwiGLU epilogue off / on at batch 1's 768 rows: FFN, step
 #  52  issue 23: 51's switch in batch 8's exact + FP8 step
 #  51  issue 23: gate/up with SwiGLU + quantisation in the Mosaic GPU kernel's epilogue: GPU
 #      tests, the FFN at 4,608 rows
@@ -128,12 +128,13 @@ quiet() { grep -v -i "warn" | cut -c1-400; }
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'settings', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
 line.replace('nan', 'None')) for line in sys.stdin)]"
-# fp8_ffn at FFN_MS rows (32) by device time in each module setting ($3...: one process, jax's
-# caches cleared between), its log $OUT/$1, its box FFN_S or $2 seconds
+# fp8_ffn at FFN_ROWS rows (32) by device time in each module setting ($3...: one process,
+# jax's caches cleared between), its log $OUT/$1, its box FFN_S or $2 seconds
 ffn_settings() {
   local log=$1 box=$2; shift 2
-  timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-32} --ablation-layers 0 \
-    --trace --settings "$@" 2>&1 | tee "$OUT/$log" | grep "^{'M'" | python3 -c "$FFN_ROW"
+  timeout -k 5 ${FFN_S:-$box} python3 -m benchmarks.fp8_ffn --ms ${FFN_ROWS:-32} \
+    --ablation-layers 0 --trace --settings "$@" 2>&1 | tee "$OUT/$log" | grep "^{'M'" \
+    | python3 -c "$FFN_ROW"
 }
 # benchmarks.generate's step (its arguments $3) in each module setting ($4...), as
 # ffn_settings: its log $OUT/$1, its box GEN_S or $2 seconds
@@ -216,12 +217,16 @@ gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" \
       2>&1 | tee "$OUT/ws_sweep_swiglu_$m.log" | quiet | grep "tflops\|error" | cut -c1-200
   done ;;
 53)
-  # issue 23: where the fused SwiGLU epilogue (gate_up_swiglu.MGPU_MIN_M, 4,608 as shipped
-  # from the thirty-fifth session: faster there and in batch 8's step at 6,144 rows) starts
-  # to pay: the FFN at fewer rows, off / on (each row count and setting about 140 s; the
-  # thirty-fifth session's 1,536 and 3,072 rows off: results/fp8_ffn-20261206-064821.json)
-  FFN_MS=${FFN_MS:-1536,3072} ffn_settings fp8_ffn_swiglu_mgpu_rows.log 560 \
-    kernels.gate_up_swiglu:MGPU_MIN_M=0 kernels.gate_up_swiglu:MGPU_MIN_M=128 ;;
+  # issue 23: whether the fused SwiGLU epilogue (gate_up_swiglu.MGPU_MIN_M, 4,608 as shipped
+  # from the thirty-fifth session: faster there and in batch 8's step at 6,144 rows) pays at
+  # batch 1's full canvas too (768 rows: 4.4 waves of its 576 tiles; the SwiGLU kernel it
+  # saves took 19 us a layer there, twenty-second session): the FFN off / on (one row count
+  # and setting about 100-140 s), then batch 1's exact + FP8 step alternated (goal 1.3x of
+  # none: 0.5 ms a step less)
+  FFN_ROWS=${FFN_ROWS:-768} ffn_settings fp8_ffn_swiglu_mgpu_rows.log 300 \
+    kernels.gate_up_swiglu:MGPU_MIN_M=0 kernels.gate_up_swiglu:MGPU_MIN_M=128
+  step_settings generate_b1_swiglu_mgpu.log 240 "--batch 1 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" $(alternated kernels.gate_up_swiglu:MGPU_MIN_M 4608 768) ;;
 50)
   # issue 20: batch 8's dual step with one key share a (batch, head) in the split-keys
   # attention (short_attention.PROGRAMS 256: cdiv(256, 8 x 32) = 1, no merge) against two

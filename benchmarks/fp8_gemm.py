@@ -184,8 +184,9 @@ def ws_sweep(spec: str, rows: list) -> None:
     change from `WsConfig.get_default`), beside cuBLASLt's block-scaled GEMM; `swiglu:M`:
     `gate_up_swiglu_mgpu_ws` at the gate/up shape over `SWIGLU_SWEEP`, beside the path it
     replaces (the dispatched GEMM, then the SwiGLU + quantisation kernel). Each row's
-    `same_as_first`: its first output's share of elements equal to the first kernel's (a
-    knob that breaks the kernel shows there, as the probe's wrong sums do)."""
+    `same_as_default` and `rel_l2_vs_default`: its first output against the swept kernel's
+    default configuration's (a knob that breaks the kernel shows there, as the probe's wrong
+    sums do; the knobs change no arithmetic, so a sound one is equal in every element)."""
     shape, M = spec.split(":")
     M = int(M)
     if shape == "swiglu":
@@ -200,19 +201,22 @@ def ws_sweep(spec: str, rows: list) -> None:
         fns[f"mgpu_ws {kw}"] = functools.partial(
             kernel, config=dataclasses.replace(base, **kw), sm_count=sm_count())
     xq, xs, wq, ws = operands(M, K, N, M)
-    flops, first = 2.0 * M * K * N, None
+    flops = 2.0 * M * K * N
+
+    def first_output(fn):
+        return jax.tree.leaves(fn(xq, xs, wq, ws))[0].astype(jnp.float32)
+    default = first_output(fns["mgpu_ws {}"])
     for name, fn in fns.items():
         row = dict(shape=shape, M=M, K=K, N=N, kernel=name)
         try:
-            out = jax.tree.leaves(fn(xq, xs, wq, ws))[0].astype(jnp.float32)
-            first = out if first is None else first
-            same = float(jnp.mean(out == first))
+            out = first_output(fn)
+            agree = dict(same_as_default=float(jnp.mean(out == default)),
+                         rel_l2_vs_default=rel_l2(out, default))
             t = time_chained(lambda a, s: fn(a, s, wq, ws), xq, xs, n=20)
         except Exception as e:  # noqa: BLE001 (record what failed, go on)
             row["error"] = str(e)[:300]
         else:
-            row.update(ms=t["median_ms"], tflops=flops / t["median_ms"] / 1e9,
-                       same_as_first=same)
+            row.update(ms=t["median_ms"], tflops=flops / t["median_ms"] / 1e9, **agree)
         rows.append(row)
         print(row, flush=True)
 
@@ -407,7 +411,8 @@ def main():
     ap.add_argument("--kernels", default=None,
                     help="comma-separated subset of the kernels (xla_bf16 always runs)")
     ap.add_argument("--mgpu-ws-sweep", default=None, metavar="SHAPE:M",
-                    help="only time fp8_matmul_mgpu_ws's knobs at one shape, e.g. gate_up:4096")
+                    help="only time fp8_matmul_mgpu_ws's knobs at one shape, e.g. "
+                         "gate_up:4096, or those of its SwiGLU variant: swiglu:4608")
     ap.add_argument("--cublaslt-search", default=None, metavar="SHAPE:M,...",
                     help="search cuBLASLt's configurations, e.g. gate_up:1024,down:1024")
     ap.add_argument("--cublaslt-harness", default=None, metavar="SHAPE:M,...",

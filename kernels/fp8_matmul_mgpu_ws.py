@@ -49,18 +49,20 @@ cuBLASLt's), 1004 TFLOP/s at gate/up M 1024 and 1041 at M 4096: 0.91-0.96x cuBLA
 block-scaled GEMM in the same run, short of the >= 1150 goal (issue 23); DeepGEMM reaches
 1350+ with this structure. The knob sweep (gate/up, M 4096) showed the cluster with multicast
 (+11% over none) and the two 64-row waves (+7% over `wg_rows=64`) paying, the rest (stages,
-epilogue slots, snake order, cluster axis) within noise. Not dispatched: cuBLASLt stays the
-kernel from 128 rows. ptxas on the H200 (fourth session, `device_plan.sh`'s ptxas stage at
-gate/up M 1024; logs lost, numbers in RESULTS.md): 168 registers per thread at launch (the
-setmaxnreg split comes after), an 80-byte stack frame, 100 bytes of spill stores and 132 of
-spill loads; the SASS has 128 FFMA (the promotion is one FMA per element, as meant), 24 STL and
-32 LDL. The tenth session (RESULTS.md) timed the pipeline without the promotion
-(`WsConfig.probe` "carry_acc", which also drops the zero-fill of the accumulator every group,
-since Mosaic's Hopper wgmma has no overwrite flag: DeepGEMM's first wgmma of a group
-overwrites): 1,245 TFLOP/s at gate/up M 4096 against 1,001 with it, in two calls 10-14
-minutes apart (across calls timings move 10-20%), so the promotion takes about a fifth of
-the time, more than the 15% between the kernel and the goal; giving the consumers more
-registers (`memory_registers` 32) hung the GPU, so the producer keeps at least 40.
+epilogue slots, snake order, cluster axis) within noise. The plain GEMM is not dispatched:
+cuBLASLt stays the kernel from 128 rows; its SwiGLU variant (`gate_up_swiglu_mgpu_ws`) is,
+from 4,608 rows (`gate_up_swiglu.MGPU_MIN_M`, thirty-fifth session). ptxas on the H200
+(fourth session, `device_plan.sh`'s ptxas stage at gate/up M 1024; logs lost, numbers in
+RESULTS.md): 168 registers per thread at launch (the setmaxnreg split comes after), an
+80-byte stack frame, 100 bytes of spill stores and 132 of spill loads; the SASS has 128
+FFMA (the promotion is one FMA per element, as meant), 24 STL and 32 LDL. The tenth
+session (RESULTS.md) timed the pipeline without the promotion (`WsConfig.probe` "carry_acc",
+which also drops the zero-fill of the accumulator every group, since Mosaic's Hopper
+wgmma has no overwrite flag: DeepGEMM's first wgmma of a group overwrites): 1,245 TFLOP/s
+at gate/up M 4096 against 1,001 with it, in two calls 10-14 minutes apart (across calls
+timings move 10-20%), so the promotion takes about a fifth of the time, more than the 15%
+between the kernel and the goal; giving the consumers more registers (`memory_registers`
+32) hung the GPU, so the producer keeps at least 40.
 Every GPU call runs under `timeout`: a wrong barrier phase hangs rather than fails.
 """
 
@@ -158,7 +160,9 @@ class WsConfig:
         """`gate_up_swiglu_mgpu_ws`'s: 128 x 128 output tiles (two 64-row warpgroups, each
         with a gate and an up sum), clusters of 2 sharing x where F allows, the deepest
         pipeline that fits (4 stages at LLaDA-8B: 196 KiB of buffers + 16.5 KiB of epilogue).
-        Unmeasured: reasoned from `get_default`'s."""
+        Reasoned from `get_default`'s; timed as the dispatch's (thirty-fifth session, its
+        GEMM 8% longer than cuBLASLt's in batch 8's step), its knobs unswept
+        (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:4608`)."""
         del M, sm_count  # one tile shape: the register budget leaves no other
         base = cls(wg_rows=WAVE, cluster=2 if F % (2 * BLOCK_N) == 0 else 1)
         for steady in (True, False):

@@ -4,10 +4,10 @@ Weights: one scale per 128 x 128 block, stored K-major ([N, K], the layout Hoppe
 read fastest). Activations: one scale per 1 x 128 group along K. `scale = amax / 448`, values
 clipped to +-448. The per-token and per-tensor activation scalings exist for the paper's
 ablation only. The FFN runs on the kernels of `kernels/fp8_matmul.py` (per-group scaled GEMM)
-and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), at decode rows,
-where switched on (`gate_up_swiglu.FUSE`), on `kernels/gate_up_swiglu.py` (the gate/up GEMM
-with SwiGLU + quantisation in its epilogue), which hold their pure-jnp references and
-dispatch (Pallas on GPU, references elsewhere).
+and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), and where
+`kernels/gate_up_swiglu.py` takes them (decode rows where `FUSE` is on, Hopper from
+`MGPU_MIN_M` rows) on the gate/up GEMM with SwiGLU + quantisation in its epilogue; they hold
+their pure-jnp references and dispatch (Pallas on GPU, references elsewhere).
 Under tensor parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout
 and the placement are sharding.py's).
 """
@@ -210,7 +210,7 @@ def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups
     if w.granularity == "group":
         hq, hs = rmsnorm_quant(x, norm_D, eps)
         (M, K), F = hq.shape, w.gate_up.shape[0] // 2
-        if groups == 1 and fuses_gate_up(M, F, K):  # decode rows: SwiGLU in the GEMM's epilogue
+        if groups == 1 and fuses_gate_up(M, F, K):  # SwiGLU in the GEMM's epilogue
             aq, as_ = gate_up_swiglu_quant(hq, hs, w.gate_up, w.gate_up_scale, x.dtype)
         else:
             gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
