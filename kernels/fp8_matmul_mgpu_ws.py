@@ -128,6 +128,12 @@ class WsConfig:
                     2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
         return self.stages * per_stage + epilogue
 
+    def fits(self, K: int, out_dtype=jnp.bfloat16, swiglu: bool = False) -> bool:
+        """Whether the defaults may pick this: its shared memory within Hopper's (1 KiB
+        left for the barriers) and, steady, whole pipelines a tile (`_check_config`)."""
+        return (self.smem_bytes(out_dtype, swiglu) <= hopper.SMEM_BYTES - 1024
+                and not (self.steady and (K // GROUP // self.step_groups) % self.stages))
+
     @classmethod
     def get_default(cls, M: int, N: int, K: int, sm_count: int = 132,
                     out_dtype=jnp.bfloat16) -> WsConfig:
@@ -139,7 +145,6 @@ class WsConfig:
         most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
         reasoning by its numbers."""
-        groups = K // GROUP
         base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
         tiles = -(-M // base.block_m) * (N // BLOCK_N)
         if tiles < sm_count and M <= WAVE * 2:
@@ -150,8 +155,7 @@ class WsConfig:
                 for slots, cols in ((2, 64), (1, 64), (1, 32)):
                     c = dataclasses.replace(base, stages=stages, epi_slots=slots,
                                             epi_cols=min(cols, 128 // item), steady=steady)
-                    if (c.smem_bytes(out_dtype) <= hopper.SMEM_BYTES - 1024  # 1 KiB: barriers
-                            and not (steady and groups % stages)):
+                    if c.fits(K, out_dtype):
                         return c
         raise AssertionError("2 stages always fit")
 
@@ -168,8 +172,7 @@ class WsConfig:
         for steady in (True, False):
             for stages in (4, 3, 2):
                 c = dataclasses.replace(base, stages=stages, steady=steady)
-                if (c.smem_bytes(swiglu=True) <= hopper.SMEM_BYTES - 1024
-                        and not (steady and (K // GROUP) % stages)):
+                if c.fits(K, swiglu=True):
                     return c
         raise AssertionError("2 stages always fit")
 
