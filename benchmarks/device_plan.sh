@@ -203,15 +203,13 @@ gate_up_swiglu_mgpu_ws as f; print(f(*operands(4608, 4096, 24576))[0].shape)" \
     > "$OUT/swiglu_ptxas_run.log" 2>&1
   cat /tmp/swd/*.ptxas > "$OUT/swiglu_ptxas.txt" 2>&1
   grep -i "registers\|spill" "$OUT/swiglu_ptxas.txt" | head -4
-  timeout -k 5 ${FFN_S:-280} python3 -m benchmarks.fp8_ffn --ms ${FFN_MS:-4608} \
-    --ablation-layers 0 --trace --settings kernels.gate_up_swiglu:MGPU_MIN_M=0 \
-    kernels.gate_up_swiglu:MGPU_MIN_M=128 2>&1 | tee "$OUT/fp8_ffn_swiglu_mgpu.log" \
-    | grep "^{'M'" | python3 -c "$FFN_ROW" ;;
+  FFN_ROWS=${FFN_ROWS:-4608} ffn_settings fp8_ffn_swiglu_mgpu.log 280 \
+    kernels.gate_up_swiglu:MGPU_MIN_M=0 kernels.gate_up_swiglu:MGPU_MIN_M=128 ;;
 54)
   # issue 23: the fused SwiGLU kernel's knobs (fp8_gemm.SWIGLU_SWEEP: the pair sharing w,
   # snake order and bands, no cluster, per-tile pipelines) beside the GEMM + SwiGLU kernel
   # it replaces, at batch 8's 4,608 and 6,144 rows: its GEMM ran 8% longer than cuBLASLt's
-  # in the step (thirty-fifth session); `same_as_first` flags a knob that breaks it
+  # in the step (thirty-fifth session); `same_as_default` flags a knob that breaks it
   for m in ${SWIGLU_MS:-4608 6144}; do
     timeout -k 5 ${SWEEP_S:-250} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep swiglu:$m \
       2>&1 | tee "$OUT/ws_sweep_swiglu_$m.log" | quiet | grep "tflops\|error" | cut -c1-200
