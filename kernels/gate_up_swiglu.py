@@ -175,9 +175,9 @@ def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
     """The fused kernel as the dispatch runs it where `takes` (the caller asks; elsewhere
     `quant.ffn_fp8` runs the GEMM and `fused_quant.swiglu_quant`): the Mosaic GPU one where
     `takes_mgpu`, else the Triton one; scales written in the layout the down GEMM of these
-    rows reads. wq holds one gate | up column group (all gate
-    rows, then all up rows): a layout of several groups (`quant.FP8FFN.tp` above the shards
-    running it) must be reordered first, as `quant.ffn_fp8` does."""
+    rows reads. wq holds one gate | up column group (all gate rows, then all up rows): a
+    layout of several groups (`quant.FP8FFN.tp` above the shards running it) must be
+    reordered first, as `quant.ffn_fp8` does."""
     from kernels.fp8_matmul import scales_group_major
     M, K = xq.shape
     if takes_mgpu(M, wq.shape[0] // 2, K):  # its scales written group-major
