@@ -9,7 +9,7 @@ a_scale [M, F / 128] f32), what `fused_quant.swiglu_quant` gives on the GEMM's o
 dispatch (`quant.ffn_fp8`) runs a fused kernel, `gate_up_swiglu_quant` as it runs it there:
 this Triton kernel at decode rows (`FUSE`), or from `MGPU_MIN_M` rows on Hopper the Mosaic
 GPU kernel with the same epilogue (`fp8_matmul_mgpu_ws.gate_up_swiglu_mgpu_ws`). The first
-off as shipped, the second on from batch 8's full canvas.
+off as shipped, the second on from batch 1's full canvas (768 rows).
 
 The Triton kernel is `fp8_matmul_triton`'s GEMM on the same grid and tiles (row tile i,
 column tile j of the 2F, K split k), which at decode rows (M <= 32, where the dispatch takes
@@ -137,9 +137,11 @@ FUSE = 0
 # in place of cuBLASLt's GEMM and the SwiGLU kernel; 0: never. Timed on an H100 (RESULTS.md
 # thirty-fifth session): at batch 8's 4,608 rows the FFN 1.16 ms of kernels against 1.21,
 # batch 8's step at 6,144 rows 112.9 ms against 115.4 (its GEMM 8% slower than cuBLASLt's,
-# the SwiGLU kernel's 4.6 ms gone), the same tokens. Below 4,608 rows untimed, so off there.
+# the SwiGLU kernel's 4.6 ms gone), the same tokens; at batch 1's 768 rows (thirty-sixth) the
+# FFN 0.234 ms against 0.238, the exact + FP8 step 16.12-16.16 ms against 16.19-16.24, the
+# same tokens. Below 768 rows (DPad's compact canvases) untimed, so off there.
 # Read when the FFN is traced, as FUSE.
-MGPU_MIN_M = 4608
+MGPU_MIN_M = 768
 
 
 def takes_mgpu(M: int, F: int, K: int) -> bool:

@@ -35,7 +35,8 @@ MAX_ROWS = 256  # query rows `takes` may give it; beyond ROW_TILE only while eve
                 # rows per head streams all the keys; at batch 8 cuDNN's grid is full: its own)
 ROW_TILE = 64   # query rows of a program beyond 64 (a 64 x 128 fp32 accumulator: 4 warps)
 BLOCK_K = 64    # key tile (FACache's Triton default)
-PROGRAMS = 264  # aimed-at programs, a wave as `shares` counts it: two per SM of the H200's 132
+PROGRAMS = 256  # aimed-at programs, a wave as `shares` counts it (264, two per SM, gave batch 8's
+                # dual block two shares a head: 2% slower than one, thirty-sixth session)
 # Whether the default merges the key shares' states in the kernel (the last share of each
 # (batch, head, row tile) to finish merges them: `merge="kernel"`) instead of XLA's three
 # fusions after it (1.8 + 1.3 + 1.9 us a layer at the dual step's block, RESULTS.md
@@ -70,7 +71,8 @@ def takes(q_BLHK, k_BSGK) -> bool:
 def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
     """Default shares of each (batch, head, row tile)'s key tiles, at least one. One row tile
     (a dual step's block): about `PROGRAMS` programs, rounded up (at batch 1 and 8 the best
-    or within 10% of it: RESULTS.md, twenty-third session). Row tiles (a prefix step's block of
+    or within 10% of it: RESULTS.md, twenty-third session; batch 8's one share a head, no
+    merge, 11.19-11.22 ms a dual step against two's 11.41-11.45, thirty-sixth). Row tiles (a prefix step's block of
     65-256 rows): at most one wave of `PROGRAMS`, where 3 shares of 160 or 256 rows (288 and
     384 programs) took 28.5-28.7 us, 2 shares 20.8-22.1, cuDNN 29.3-29.7 (thirtieth session)."""
     programs = B * H * row_tiles

@@ -104,6 +104,11 @@ def test_short_attention_on_gpu():
     with model.short_attention_implementation("cudnn"):
         cudnn = model.attention(q, k, v, mask)
     assert rel_err(cudnn.astype(jnp.float32), ref) <= 1e-2
+    # batch 8's dual block: one share of all 12 key tiles a (batch, head), no merge
+    q8, k8, v8, m8 = inputs(2, 8, 32, 768, 32, 32, 128, [0, 3, 17, 40, 0, 0, 9, 100],
+                            jnp.bfloat16)
+    ref8 = short_attention_ref(q8.astype(jnp.float32), k8, v8, m8)
+    assert rel_err(short_attention_pallas(q8, k8, v8, m8).astype(jnp.float32), ref8) <= 1e-2
     # a canvas of no whole number of key tiles (a prompt of any length): the last re-read
     k, v, mask = k[:, :740], v[:, :740], mask[:, :740]
     out = short_attention_pallas(q, k, v, mask)
@@ -274,6 +279,8 @@ def test_gate_up_swiglu_on_gpu_at_llada_widths(monkeypatch):
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas, takes
     from lacache_jax.quant import dequantize_act, quantize_act, quantize_weight
     monkeypatch.setattr(gate_up_swiglu, "FUSE", 1)  # the dispatch's switch (off by default)
+    # rows the Mosaic GPU kernel would take are not this dispatch's: keep them on Triton's
+    monkeypatch.setattr(gate_up_swiglu, "MGPU_MIN_M", 1 << 30)
     k = jax.random.split(jax.random.key(11), 5)
     wq, ws = quantize_weight(jax.random.normal(k[0], (4096, 2 * 12288)) * 4096 ** -0.5)
     for M in (9, 32):
