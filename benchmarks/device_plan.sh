@@ -18,14 +18,16 @@
 # an H100 at the first try: 51 (the fused SwiGLU epilogue faster at 4,608 rows: on from there;
 # its ptxas dump came back empty), 52, 22 (all 56 GPU tests pass at f80c6fe), batch 8's step
 # traced at 6,144 rows and the FFN at 1,536 / 3,072 rows (the budget ended before the kernel
-# on: the crossing below 4,608 rows is untimed).
+# on: the crossing below 4,608 rows is untimed); the thirty-sixth, on an H100 at the first
+# try: 54 (no knob faster at both row counts), 53 (the fused epilogue faster at 768 rows: on
+# from there), the four-shape end to end, 29, 50 (one key share at batch 8: 2% faster, on), 34
+# (rows padded once 6% faster at 756 rows).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 54 (the fused SwiGLU epilogue's knobs), 53 (it at batch 1's 768
-# rows), then 29 (the paper table) and the four-shape end to end with what those set, 50,
-# 34 (33 at an unaligned prompt), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# Left, in priority order: 22 (every GPU test at the switches the thirty-sixth set), then
+# 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
