@@ -725,9 +725,10 @@ def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch
 
 def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch):
     """`gate_up_swiglu.MGPU_MIN_M`: on as shipped from batch 1's 768 rows (timed faster there
-    and at batch 8's 4,608, RESULTS.md thirty-fifth and thirty-sixth sessions), 0 never; from that many rows, on Hopper only, F, K and M
-    in whole 128-wide groups; `gate_up_swiglu_quant` then runs `gate_up_swiglu_mgpu_ws` on its
-    operands with the device's SM count (the Triton kernel below the rows)."""
+    and at batch 8's 4,608, RESULTS.md thirty-fifth and thirty-sixth sessions), 0 never;
+    from that many rows, on Hopper only, F, K and M in whole 128-wide groups;
+    `gate_up_swiglu_quant` then runs `gate_up_swiglu_mgpu_ws` on its operands with the
+    device's SM count (the Triton kernel below the rows)."""
     from kernels import fp8_matmul_mgpu_ws as ws_kernel
     from kernels import gate_up_swiglu as gs
     cc = ["9.0"]
