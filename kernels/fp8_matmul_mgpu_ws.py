@@ -51,11 +51,11 @@ block-scaled GEMM in the same run, short of the >= 1150 goal (issue 23); DeepGEM
 (+11% over none) and the two 64-row waves (+7% over `wg_rows=64`) paying, the rest (stages,
 epilogue slots, snake order, cluster axis) within noise. The plain GEMM is not dispatched:
 cuBLASLt stays the kernel from 128 rows; its SwiGLU variant (`gate_up_swiglu_mgpu_ws`) is,
-from 768 rows (`gate_up_swiglu.MGPU_MIN_M`, thirty-fifth and thirty-sixth sessions). ptxas on the H200
-(fourth session, `device_plan.sh`'s ptxas stage at gate/up M 1024; logs lost, numbers in
-RESULTS.md): 168 registers per thread at launch (the setmaxnreg split comes after), an
-80-byte stack frame, 100 bytes of spill stores and 132 of spill loads; the SASS has 128
-FFMA (the promotion is one FMA per element, as meant), 24 STL and 32 LDL. The tenth
+from 768 rows (`gate_up_swiglu.MGPU_MIN_M`, thirty-fifth and thirty-sixth sessions). ptxas
+on the H200 (fourth session, `device_plan.sh`'s ptxas stage at gate/up M 1024; logs lost,
+numbers in RESULTS.md): 168 registers per thread at launch (the setmaxnreg split comes
+after), an 80-byte stack frame, 100 bytes of spill stores and 132 of spill loads; the SASS
+has 128 FFMA (the promotion is one FMA per element, as meant), 24 STL and 32 LDL. The tenth
 session (RESULTS.md) timed the pipeline without the promotion (`WsConfig.probe` "carry_acc",
 which also drops the zero-fill of the accumulator every group, since Mosaic's Hopper
 wgmma has no overwrite flag: DeepGEMM's first wgmma of a group overwrites): 1,245 TFLOP/s

@@ -74,7 +74,8 @@ def shares(B: int, H: int, row_tiles: int, n_k_tiles: int) -> int:
     or within 10% of it: RESULTS.md, twenty-third session; batch 8's one share a head, no
     merge, 11.19-11.22 ms a dual step against two's 11.41-11.45, thirty-sixth). Row tiles
     (a prefix step's block of 65-256 rows): at most one wave of `PROGRAMS`, where 3 shares of
-    160 or 256 rows (288 and 384 programs) took 28.5-28.7 us, 2 shares 20.8-22.1, cuDNN 29.3-29.7 (thirtieth session)."""
+    160 or 256 rows (288 and 384 programs) took 28.5-28.7 us, 2 shares 20.8-22.1, cuDNN
+    29.3-29.7 (thirtieth session)."""
     programs = B * H * row_tiles
     n = pl.cdiv(PROGRAMS, programs) if row_tiles == 1 else PROGRAMS // programs
     return max(1, min(n_k_tiles, n))
