@@ -26,12 +26,14 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 22 (every GPU test at the switches the thirty-sixth set), then
-# 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# Left, in priority order: 55 (the wave-filling tile), 22 (every GPU test at the switches
+# the thirty-sixth set), then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  55  issue 23: the Mosaic GPU GEMM at the wave-filling tile (256 x 96 at the down GEMM's
+#      768 rows): GPU tests, the down GEMM against cuBLASLt, batch 1's exact + FP8 step
 #  54  issue 23: the fused SwiGLU kernel's knobs at batch 8's rows
 #  53  issue 23: the fused SwiGLU epilogue off / on at batch 1's 768 rows: FFN, step
 #  52  issue 23: 51's switch in batch 8's exact + FP8 step
@@ -184,6 +186,24 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+55)
+  # issue 23: batch 1's down GEMM at 768 rows runs 907 TFLOP/s in cuBLASLt's 128 x 128 tiles
+  # (192 tiles on 132 SMs: two waves, the second 45% full; gate/up 1,134, twenty-second
+  # session); WsConfig.get_wave_filling's 256 x 96 tiles make one wave of 129. GPU tests
+  # (column scales, the overlapping last tile), the sweep at 768 and 1,280 rows (cuBLASLt,
+  # the default tile, the wave-filling tile, the knobs: `same_as_default` checks each), then
+  # the step with fp8_matmul.WAVE_FILL_MAX_M off / on alternated (goal 1.3x of none: 0.6 ms a
+  # step less, about 19 us a layer of the down GEMM's 85)
+  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
+    "wave_filling or block_n" -p no:cacheprovider > "$OUT/pytest_wave_filling_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_wave_filling_gpu.log" "passed\|failed\|Error\|wave filling" \
+    || exit 1
+  timeout -k 5 ${SWEEP_S:-150} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:768 2>&1 \
+    | tee "$OUT/ws_sweep_down_768.log" | quiet | grep "tflops\|error" | cut -c1-200
+  step_settings generate_b1_wave_fill.log 200 "--batch 1 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" $(alternated kernels.fp8_matmul:WAVE_FILL_MAX_M 0 1280)
+  timeout -k 5 ${SWEEP_S:-150} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:1280 2>&1 \
+    | tee "$OUT/ws_sweep_down_1280.log" | quiet | grep "tflops\|error" | cut -c1-200 ;;
 52)
   # issue 23: 51's switch in batch 8's exact + FP8 step (prompt 512, gen 64: 4,608 canvas
   # rows, the twenty-seventh session's traced step: 86.9 ms, 3.1 of them the SwiGLU kernel),

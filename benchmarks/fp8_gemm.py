@@ -157,11 +157,16 @@ def sweep(shape: str, M: int, rows: list, only: set | None = None) -> None:
 # under its second wgmma), 2 stages steady or 3 per tile; and a timing probe with wrong
 # outputs (WsConfig.probe): no promotion (one accumulator per wave over all of K: what this
 # pipeline gives without DeepGEMM's per-group FFMAs and the accumulator's zero-fill every
-# group). Gone since the tenth session: the consumers at 240
+# group). Tiles of other widths (`block_n`: column scales where a tile spans two weight
+# blocks): 256 x 96 (the down GEMM's wave-filling tile at 768 rows, `get_wave_filling`, which
+# the sweep times too, right after the default) and 128 x 192 (132 tiles at 768 rows, over
+# `REGISTER_BUDGET`: whether it spills). Gone since the tenth session: the consumers at 240
 # registers (producer 32 hung the GPU) and a no-epilogue probe (it ran above the FP8 peak).
 # In the order a box cut short should keep them: the default, the probe and the newest knob
 # first.
-WS_SWEEP = ({}, dict(probe="carry_acc"), dict(wg_rows=64, step_groups=2, stages=2),
+WS_SWEEP = ({}, dict(probe="carry_acc"), dict(block_n=96, epi_cols=32, cluster=1),
+            dict(wg_rows=64, block_n=192, cluster=1),
+            dict(wg_rows=64, step_groups=2, stages=2),
             dict(wg_rows=64, step_groups=2, stages=3, steady=False), dict(wg_rows=64),
             dict(snake_dim="n"), dict(cluster_dim="m"), dict(cluster=1), dict(steady=False),
             dict(stages=3, epi_slots=2, steady=False), dict(snake_width=16),
@@ -181,7 +186,8 @@ SWIGLU_SWEEP = ({}, dict(cluster_dim="m"), dict(snake_dim="n"), dict(snake_width
 
 def ws_sweep(spec: str, rows: list) -> None:
     """`--mgpu-ws-sweep SHAPE:M`: `fp8_matmul_mgpu_ws` at one shape over `WS_SWEEP` (each a
-    change from `WsConfig.get_default`), beside cuBLASLt's block-scaled GEMM; `swiglu:M`:
+    change from `WsConfig.get_default`) and `WsConfig.get_wave_filling`'s tile, beside
+    cuBLASLt's block-scaled GEMM; `swiglu:M`:
     `gate_up_swiglu_mgpu_ws` at the gate/up shape over `SWIGLU_SWEEP`, beside the path it
     replaces (the dispatched GEMM, then the SwiGLU + quantisation kernel). Each row's
     `same_as_default` and `rel_l2_vs_default`: its first output against the swept kernel's
@@ -200,6 +206,10 @@ def ws_sweep(spec: str, rows: list) -> None:
     for kw in knobs:
         fns[f"mgpu_ws {kw}"] = functools.partial(
             kernel, config=dataclasses.replace(base, **kw), sm_count=sm_count())
+        if not kw and shape != "swiglu":
+            fns["mgpu_ws wave-filling"] = functools.partial(
+                kernel, config=WsConfig.get_wave_filling(M, N, K, sm_count()),
+                sm_count=sm_count())
     xq, xs, wq, ws = operands(M, K, N, M)
     flops = 2.0 * M * K * N
 

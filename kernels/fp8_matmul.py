@@ -73,12 +73,20 @@ MGPU_MIN_M = 128
 # at M 32 (fp8_tiles, same run), so every M > 32 goes to cuBLASLt; 33-47 rows are unmeasured. M is
 # padded to a multiple of 8 for it (DPad's and the prefix cache's row counts are arbitrary).
 CUBLASLT_MIN_M = 33
+# Rows up to which Hopper runs the plain Mosaic GPU kernel at `WsConfig.get_wave_filling`'s
+# tile in place of cuBLASLt, whose 128 x 128 tiles leave SMs idle in the last wave where few
+# waves run (LLaDA-8B's down GEMM at batch 1's 768 rows: 192 tiles on 132 SMs, the second
+# wave 45% full; 907 TFLOP/s against gate/up's 1,134, twenty-second session); 0: never. Off
+# until timed against cuBLASLt in the step (`device_plan.sh` 55). Read when traced.
+WAVE_FILL_MAX_M = 0
 
 
 def _kernel_for(M: int) -> str:
     """The dispatch's first choice for M rows on a GPU with FP8 tensor cores (see
     `fp8_matmul`; cuBLASLt also needs its shape limits, `fp8_cublaslt.supports`)."""
     cc = compute_capability()
+    if cc[0] == 9 and MGPU_MIN_M <= M <= WAVE_FILL_MAX_M:
+        return "mgpu_ws"
     if cc[0] == 9 and M >= CUBLASLT_MIN_M:
         from kernels import fp8_cublaslt as lt
         if lt.available():
@@ -99,6 +107,8 @@ def scales_group_major(M: int) -> bool:
     kernel = _kernel_for(M)
     if kernel == "cublaslt":
         return M % 8 == 0
+    if kernel == "mgpu_ws":  # its TMA reads a group's scales as one row
+        return True
     from kernels import fp8_matmul_triton as tr
     return kernel == "triton" and tr.swapped(M)
 
@@ -106,6 +116,9 @@ def scales_group_major(M: int) -> bool:
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch, by GPU and shape:
 
+    - Hopper, `MGPU_MIN_M` <= M <= `WAVE_FILL_MAX_M` (off as shipped): the Mosaic GPU
+      kernel at DeepGEMM's recipe, its tile filling the last wave
+      (`WsConfig.get_wave_filling`).
     - Hopper, M >= `CUBLASLT_MIN_M`, the handler built (`fp8_cublaslt.available()`):
       cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU kernel's rate from M 256, ~0.95x
       cuBLASLt's per-tensor FP8 rate at M 768), M padded with zero rows to a multiple of 8.
@@ -126,6 +139,11 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     from kernels import fp8_matmul_triton as tr
     (M, K), N = xq.shape, wq.shape[0]
     M8 = -(-M // 8) * 8
+    if _kernel_for(M) == "mgpu_ws":
+        from kernels import fp8_matmul_mgpu_ws as ws
+        return ws.fp8_matmul_mgpu_ws(
+            xq, x_scale, wq, w_scale, out_dtype, sm_count=sm_count(),
+            config=ws.WsConfig.get_wave_filling(M, N, K, sm_count(), out_dtype))
     if _kernel_for(M) == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)

@@ -27,6 +27,9 @@ The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
   this tile's last wgmmas and its epilogue, as DeepGEMM's persistent loop does.
 - Epilogue: each wave's 64 x 128 fp32 sum is cast, written to swizzled SMEM in `epi_cols`-wide
   pieces (`epi_slots` slots per warpgroup, taken in turn) and stored by TMA.
+- Other tile widths (`block_n`, DeepGEMM's per-shape choice, `get_wave_filling`): where few
+  waves of 128-column tiles leave SMs idle in the last, e.g. 256 x 96 at the down GEMM's 768
+  rows; a tile spanning two weight blocks takes each column's w scale (`column_scales`).
 
 Registers (why 128-row warpgroups are done as two 64-row waves): a wgmma accumulator of
 128 x 128 fp32 is 128 registers per thread, and the running sums of 128 rows another 128:
@@ -82,14 +85,27 @@ from kernels.fused_quant import FP8, swiglu_quantize_tile
 
 GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
-BLOCK_N = 128  # output columns per CTA: one 128 x 128 weight block, so one w scale per group
+BLOCK_N = 128  # a weight block's columns (and the default tile's: one w scale per group)
 PROBES = ("", "carry_acc")
+# fp32 registers `WsConfig.get_wave_filling` lets a tile take of a consumer's 232: the
+# default 256 x 128 tile's 192 (two waves' sums and an accumulator, the ptxas count of 168 at
+# launch plus scales and addresses, fourth session) is the largest known to run.
+REGISTER_BUDGET = 192
 
 
 @dataclasses.dataclass(frozen=True)
 class WsConfig:
     """Knobs of `fp8_matmul_mgpu_ws` (hashable: a static jit argument)."""
     wg_rows: int = 128            # rows per consumer warpgroup: 64 (one wave) or 128 (two)
+    # Output columns per tile, a multiple of 16 up to 256 (the plain kernel's; the SwiGLU
+    # kernel's are the 128 of its quantisation groups). DeepGEMM picks it per shape to fill
+    # the last wave: LLaDA-8B's down GEMM at batch 1's 768 rows has 192 tiles of 256 x 128 or
+    # 128 x 128 on 132 SMs (1.45 waves), 129 of 256 x 96 (one). A width that does not divide
+    # 128 spans two weight blocks: each column's w scale then comes in the accumulator's
+    # column layout (`column_scales`), one more multiply per element. N not a whole number
+    # of tiles: the last tile starts at N - block_n and recomputes columns of the one before
+    # (the same sums, written twice), so no tile reads or writes past N.
+    block_n: int = BLOCK_N
     stages: int = 4               # K groups (TMA steps) in flight
     cluster: int = 2              # CTAs per cluster: 1 or 2
     cluster_dim: str = "n"        # the pair's neighbour: "n" shares (multicasts) x, "m" shares w
@@ -117,13 +133,24 @@ class WsConfig:
     def block_m(self) -> int:
         return 2 * self.wg_rows
 
+    @property
+    def column_scales(self) -> bool:
+        """Whether a tile's columns may span two weight blocks (`block_n` does not divide
+        128): per-column w scales in place of one per group."""
+        return BLOCK_N % self.block_n != 0
+
+    def n_tiles(self, N: int) -> int:
+        return -(-N // self.block_n)
+
     def smem_bytes(self, out_dtype=jnp.bfloat16, swiglu: bool = False) -> int:
         """Shared memory the kernel asks for (pipeline buffers + epilogue slots, no
         barriers); `swiglu`: `gate_up_swiglu_mgpu_ws`'s (two weight tiles a step, an FP8
         tile and its row scales per warpgroup)."""
         parts = 2 if swiglu else 1
+        w_scales = self.block_n if self.column_scales else WAVE
         per_stage = self.step_groups * (
-            self.block_m * GROUP + self.block_m * 4 + parts * (BLOCK_N * GROUP + WAVE * 4))
+            self.block_m * GROUP + self.block_m * 4 + parts * (self.block_n * GROUP
+                                                               + w_scales * 4))
         epilogue = (2 * WAVE * (GROUP + 4) if swiglu else
                     2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
         return self.stages * per_stage + epilogue
@@ -146,7 +173,7 @@ class WsConfig:
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
         reasoning by its numbers."""
         base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
-        tiles = -(-M // base.block_m) * (N // BLOCK_N)
+        tiles = -(-M // base.block_m) * base.n_tiles(N)
         if tiles < sm_count and M <= WAVE * 2:
             base = dataclasses.replace(base, wg_rows=WAVE)
         item = jnp.dtype(out_dtype).itemsize
@@ -158,6 +185,48 @@ class WsConfig:
                     if c.fits(K, out_dtype):
                         return c
         raise AssertionError("2 stages always fit")
+
+    @classmethod
+    def get_wave_filling(cls, M: int, N: int, K: int, sm_count: int = 132,
+                         out_dtype=jnp.bfloat16) -> WsConfig:
+        """DeepGEMM's choice of tile (its `get_best_configs`): the fewest waves of tiles
+        over the SMs, then the most tiles in the last wave, then the taller tile, then the
+        narrower, among tiles of 128 or 256 rows and 32-256 columns in steps of 32 whose
+        registers fit a consumer (`tile_registers` at most `REGISTER_BUDGET`). LLaDA-8B's
+        down GEMM at batch 1's 768 rows: 256 x 96 (129 tiles, one wave) against 256 x 128's
+        96 tiles (one wave, 36 SMs idle: each SM's tile a third larger) and cuBLASLt's 128 x
+        128 (192 tiles, two waves). Pipeline as `get_default`; a cluster of 2 along N where
+        the column tiles pair up. Untimed (`device_plan.sh` 55)."""
+        best = None
+        for wg_rows in (2 * WAVE, WAVE):
+            for block_n in range(32, 257, 32):
+                c = cls(wg_rows=wg_rows, block_n=block_n, epi_cols=64 if block_n % 64 == 0
+                        else 32)
+                if c.tile_registers() > REGISTER_BUDGET or block_n > N:
+                    continue
+                tiles = -(-M // c.block_m) * c.n_tiles(N)
+                waves = -(-tiles // sm_count)
+                key = (waves, -(tiles - (waves - 1) * sm_count))  # then taller, narrower
+                if best is None or key < best[0]:
+                    best = (key, c)
+        c = best[1]
+        base = dataclasses.replace(c, cluster=2 if c.n_tiles(N) % 2 == 0 else 1)
+        for steady in (True, False):
+            for stages in (4, 3, 2):
+                for slots in (2, 1):
+                    t = dataclasses.replace(base, stages=stages, epi_slots=slots,
+                                            steady=steady)
+                    if t.fits(K, out_dtype):
+                        return t
+        raise AssertionError("2 stages always fit")
+
+    def tile_registers(self) -> int:
+        """A consumer thread's fp32 registers for its tile: the waves' running sums, the
+        wgmma accumulator (a 64-row wave's block_n columns over 128 threads: block_n / 2
+        each) and, with `column_scales`, the columns' scales (block_n / 4)."""
+        per_wave = self.block_n // 2
+        return ((self.wg_rows // WAVE + self.step_groups) * per_wave
+                + (self.block_n // 4 if self.column_scales else 0))
 
     @classmethod
     def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
@@ -203,10 +272,14 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
                          f"{c.wg_rows}")
     if (K // GROUP) % c.step_groups:
         raise ValueError(f"step_groups {c.step_groups} must divide the {K // GROUP} K groups")
-    cluster_n = BLOCK_N * (c.cluster if c.cluster_dim == "n" else 1)
-    if N % cluster_n:
-        raise ValueError(f"N {N} must be a multiple of {cluster_n} (128 columns per CTA, "
-                         f"cluster {c.cluster} along {c.cluster_dim})")
+    if c.block_n % 16 or not 16 <= c.block_n <= 256 or c.block_n % c.epi_cols:
+        raise ValueError(f"block_n must be a multiple of 16 in [16, 256] and of epi_cols "
+                         f"{c.epi_cols}, got {c.block_n}")
+    if N < c.block_n:
+        raise ValueError(f"N {N} must be at least block_n {c.block_n}")
+    if c.cluster == 2 and c.cluster_dim == "n" and c.n_tiles(N) % 2:
+        raise ValueError(f"N {N} must make an even number of {c.block_n}-column tiles for a "
+                         f"cluster of 2 along n, got {c.n_tiles(N)}")
     steps = K // GROUP // c.step_groups
     if c.steady and steps % c.stages:
         raise ValueError(f"steady pipeline: stages {c.stages} must divide the {steps} "
@@ -226,36 +299,44 @@ def _group(ref, j: int, groups: int):
     return ref if groups == 1 else ref.at[:, pl.ds(j * GROUP, GROUP)]
 
 
-def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret,
-                  early_scales=False, groups=1):
-    """One pipeline step (`groups` K groups) on one consumer warpgroup: per 64-row wave, each
-    group's FP8 wgmma into a fresh fp32 accumulator, then `sum += acc * (x_scale * w_scale)`
-    group by group; with 2 groups both wgmmas are issued first, so the first group's
-    promotion runs while the second's wgmma does. `early_scales`: every wave's row scales
-    are loaded before the first wave's wgmma (DeepGEMM's order: no shared memory load between
-    the second wave's wait and its FFMAs)."""
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, interpret):
+    """One pipeline step (`c.step_groups` K groups) on one consumer warpgroup: per 64-row
+    wave, each group's FP8 wgmma into a fresh fp32 accumulator, then `sum += acc * (x_scale
+    * w_scale)` group by group; with 2 groups both wgmmas are issued first, so the first
+    group's promotion runs while the second's wgmma does. `early_scales`: every wave's row
+    scales are loaded before the first wave's wgmma (DeepGEMM's order: no shared memory load
+    between the second wave's wait and its FFMAs). `column_scales`: the w scales are one per
+    column, and the product of a row's and a column's scale is formed per element (the same
+    fp32 product as the row-layout path's, so the same sums)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
+    groups, wg_rows, cols = c.step_groups, c.wg_rows, c.column_scales
 
-    def load_rows(ref):  # one value per accumulator row (the interpreter has no layouts)
-        if interpret:
+    def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
+        if interpret:  # the interpreter has no layouts
             return ref[...]
-        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(1))
-    # 64 copies of the tile's one w scale, loaded in the row layout: multiplying it into the
-    # row scales makes the promotion one multiply-add per element (DeepGEMM's scale_a *
-    # scale_b). Loaded before the wgmmas are issued: used only after they are waited for.
-    w_rows = [load_rows(ws_smem.at[j]) for j in range(groups)]
+        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(axis))
+    # The w scales, loaded before the wgmmas are issued (used only after they are waited
+    # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
+    # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
+    # scale_b), or each column's in the column layout.
+    w_sc = [load(ws_smem.at[j], 0 if cols else 1) for j in range(groups)]
 
     def wave_scales(h):
         rows = _wave_rows(wg, wg_rows, h)
-        return [load_rows(xs_smem.at[j, rows]) * w_rows[j] for j in range(groups)]
-    early = [wave_scales(h) for h in range(len(sums))] if early_scales else None
+        x_sc = [load(xs_smem.at[j, rows], 1) for j in range(groups)]
+        return list(zip(x_sc, w_sc)) if cols else [x * w for x, w in zip(x_sc, w_sc)]
+    early = [wave_scales(h) for h in range(len(sums))] if c.early_scales else None
 
     def promote(acc_sum, part, s_j):
+        if cols:
+            x_sc, w_cols = s_j
+            return acc_sum + part * (jax.lax.broadcast_in_dim(x_sc, part.shape, [0]) *
+                                     jax.lax.broadcast_in_dim(w_cols, part.shape, [1]))
         return acc_sum + part * jax.lax.broadcast_in_dim(s_j, part.shape, [0])
     out = []
     for h, acc_sum in enumerate(sums):
         rows = _wave_rows(wg, wg_rows, h)
-        s = early[h] if early_scales else wave_scales(h)
+        s = early[h] if c.early_scales else wave_scales(h)
         if interpret:  # no transposed wgmma operand there: the same products in fp32
             for j in range(groups):
                 part = jax.lax.dot_general(
@@ -273,7 +354,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, wg_rows, interpret
                 part = plgpu.wgmma_accumulator_load(acc, wait_n=groups - 1 - j)
                 acc_sum = promote(acc_sum, part, s[j])
             return acc_sum
-        out.append(pl.run_scoped(wave, *[plgpu.ACC((WAVE, BLOCK_N), jnp.float32)] * groups))
+        out.append(pl.run_scoped(wave, *[plgpu.ACC((WAVE, c.block_n), jnp.float32)] * groups))
     return tuple(out)
 
 
@@ -284,10 +365,11 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     """DeepGEMM's recipe in Pallas Mosaic GPU (module docstring); same contract as
     `fp8_matmul_ref`. `config` default: `WsConfig.get_default(M, N, K, sm_count, out_dtype)`.
 
-    Any M (x is padded to the cluster's rows); N a multiple of 128 (256 with a cluster along
-    N); K a multiple of 128. The x scales are passed transposed ([G, M]: a group's scales are
-    one TMA row) and the w scales as 64 copies per block ([G, N / 2]: one 256-byte TMA row
-    per group and tile, loaded in the accumulator's row layout).
+    Any M (x is padded to the cluster's rows); N and K multiples of 128, N an even number of
+    `block_n`-column tiles with a cluster along N. The x scales are passed transposed ([G,
+    M]: a group's scales are one TMA row) and the w scales as 64 copies per block ([G, N / 2]:
+    one 256-byte TMA row per group and tile, loaded in the accumulator's row layout), or with
+    `column_scales` one per column ([G, N]).
 
     `interpret`: run in Pallas' Mosaic GPU interpreter (on the CPU: TMA, barriers, clusters
     simulated; the scales read without the row layout, and each wave's product an fp32 dot in
@@ -298,7 +380,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     N = wq.shape[0]
     c = config or WsConfig.get_default(M, N, K, sm_count, out_dtype)
     _check_config(c, N, K)
-    return _ws_call(xq, x_scale, wq, w_scale, c, _Plain(c, out_dtype), sm_count, interpret)
+    return _ws_call(xq, x_scale, wq, w_scale, c, _Plain(c, out_dtype, N), sm_count, interpret)
 
 
 @functools.partial(jax.jit, static_argnames=("act_dtype", "config", "sm_count", "interpret"))
@@ -327,9 +409,10 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
                          f"{BLOCK_N}")
     c = config or WsConfig.get_default_swiglu(M, F, K, sm_count)
     _check_config(c, F, K)
-    if c.wg_rows != WAVE or c.step_groups != 1 or c.probe:
-        raise ValueError(f"the SwiGLU epilogue needs wg_rows={WAVE}, step_groups=1 and no "
-                         f"probe (two 64-register sums and one accumulator), got {c}")
+    if c.wg_rows != WAVE or c.step_groups != 1 or c.probe or c.block_n != BLOCK_N:
+        raise ValueError(f"the SwiGLU epilogue needs wg_rows={WAVE}, step_groups=1, no probe "
+                         f"(two 64-register sums and one accumulator) and block_n={BLOCK_N} "
+                         f"(a quantisation group), got {c}")
     return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
                     interpret)
 
@@ -340,13 +423,18 @@ class _Plain:
     `epi_cols`-wide pieces through `epi_slots` swizzled SMEM slots per warpgroup."""
     c: WsConfig
     out_dtype: Any
-    parts: int = 1  # weight tiles a pipeline step loads (their blocks: `w_blocks`)
+    N: int
+    parts: int = 1  # weight tiles a pipeline step loads (their first columns: `w_cols`)
 
-    def w_blocks(self, ni):
-        return (ni,)
+    def col0(self, ni):
+        """Tile ni's first column: the last tile ends at N (`WsConfig.block_n`)."""
+        return jnp.minimum(ni * self.c.block_n, self.N - self.c.block_n)
 
-    def n_blocks(self, N: int) -> int:  # output column blocks of 128
-        return N // BLOCK_N
+    def w_cols(self, ni):
+        return (self.col0(ni),)
+
+    def n_tiles(self) -> int:  # output column tiles
+        return self.c.n_tiles(self.N)
 
     def outputs(self, Mp: int, N: int):
         from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -360,11 +448,11 @@ class _Plain:
     def store(self, refs, sums, wg, ms, ni):
         from jax.experimental.pallas import mosaic_gpu as plgpu
         (o_gmem, o_smem), c = refs, self.c
-        pieces = BLOCK_N // c.epi_cols
+        pieces, n0 = c.block_n // c.epi_cols, self.col0(ni)
         for h, acc_sum in enumerate(sums):
             for p in range(pieces):
                 slot = o_smem.at[wg, (h * pieces + p) % c.epi_slots]
-                cols = pl.ds(ni * BLOCK_N + p * c.epi_cols, c.epi_cols)
+                cols = pl.ds(n0 + p * c.epi_cols, c.epi_cols)
                 # the slot's previous store must have read it
                 plgpu.wait_smem_to_gmem(c.epi_slots - 1, wait_read_only=True)
                 slot[...] = acc_sum[:, p * c.epi_cols:(p + 1) * c.epi_cols].astype(
@@ -387,10 +475,10 @@ class _SwiGLU:
     act_dtype: Any
     parts: int = 2
 
-    def w_blocks(self, ni):
-        return (ni, ni + self.F // BLOCK_N)
+    def w_cols(self, ni):
+        return (ni * BLOCK_N, self.F + ni * BLOCK_N)
 
-    def n_blocks(self, N: int) -> int:
+    def n_tiles(self) -> int:
         return self.F // BLOCK_N
 
     def outputs(self, Mp: int, N: int):
@@ -431,14 +519,14 @@ def _fp8_row_tiles():
 def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
              interpret: bool):
     """The persistent warp-specialised kernel (module docstring) with `epilogue`'s weight
-    blocks per output tile, outputs and store (`_Plain` or `_SwiGLU`)."""
+    tiles per output tile, outputs and store (`_Plain` or `_SwiGLU`)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     if c.probe and interpret:
         raise ValueError(f"probe {c.probe!r} times the compiled kernel; the interpreter has "
                          f"no wgmma accumulator to carry")
     M, K = xq.shape
     N = wq.shape[0]
-    G, bm, tn, waves = K // GROUP, c.block_m, BLOCK_N, c.wg_rows // WAVE
+    G, bm, tn, waves = K // GROUP, c.block_m, c.block_n, c.wg_rows // WAVE
     sg, kb = c.step_groups, c.step_groups * GROUP  # K groups and columns per pipeline step
     parts = epilogue.parts
     pair_m = c.cluster == 2 and c.cluster_dim == "m"
@@ -449,9 +537,12 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     xs_GM = x_scale.T
-    ws_GN = jnp.repeat(w_scale.T, WAVE, axis=1)  # [G, N / 128 * 64]
+    # a group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
+    # per column ([G, N])
+    ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
+    ws_cols = tn if c.column_scales else WAVE
     m_iters = Mp // cluster_m
-    n_iters = epilogue.n_blocks(N) // (2 if pair_n else 1)
+    n_iters = epilogue.n_tiles() // (2 if pair_n else 1)
     clusters = min((c.ctas or sm_count) // c.cluster, m_iters * n_iters)
 
     tiled = _fp8_row_tiles()
@@ -461,7 +552,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
         plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x)] + [
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        plgpu.BlockSpec((sg, WAVE), lambda g: (g, 0), collective_axes=share_w)] * parts
+        plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0), collective_axes=share_w)] * parts
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -493,8 +584,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
             out = ()
             for p in range(parts):  # part p's waves: its weight block's running sums
                 out += _promote_step(x_smem, xs_smem, w_smems[2 * p], w_smems[2 * p + 1],
-                                     sums[p * waves:(p + 1) * waves], wg, c.wg_rows,
-                                     interpret, c.early_scales, sg)
+                                     sums[p * waves:(p + 1) * waves], wg, c, interpret)
             return out
 
         def ignore(*_, **__):
@@ -530,8 +620,9 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                                                    for a in accs), wg, ms, ni)
                     pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
                 w_in = ()
-                for nb in epilogue.w_blocks(ni):
-                    w_in += (w_gmem.at[pl.ds(nb * tn, tn)], ws_gmem.at[:, pl.ds(nb * WAVE, WAVE)])
+                for n0 in epilogue.w_cols(ni):
+                    s0 = n0 if c.column_scales else n0 // BLOCK_N * WAVE
+                    w_in += (w_gmem.at[pl.ds(n0, tn)], ws_gmem.at[:, pl.ds(s0, ws_cols)])
                 pipeline(body, context, state)(x_gmem.at[ms], xs_gmem.at[:, ms], *w_in,
                                                allocations=allocations)
 
@@ -547,5 +638,5 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         kernel, out_type=out_types, scratch_types=scratch_types,
         grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
         cluster_names=("cluster",), num_threads=3, thread_name="wg",
-        interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_GN)
+        interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_G)
     return epilogue.finish(outs, M, Mp)

@@ -387,7 +387,44 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     swapped = kernel == "pallas" and tr.TritonTiles.get_default(M, 128, 256).swap
     assert fm.scales_group_major(M) == ((kernel == "cublaslt" and M % 8 == 0) or swapped)
     # The dispatch's thresholds are what these cases assume.
-    assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133
+    assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133 and fm.WAVE_FILL_MAX_M == 0
+
+
+def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):
+    """`WAVE_FILL_MAX_M` on: Hopper's rows from `MGPU_MIN_M` up to it go to the plain Mosaic
+    GPU kernel at `WsConfig.get_wave_filling`'s tile with the device's SM count (the down
+    GEMM at 768 rows: 256 x 96), its scales read group-major; fewer rows and more keep their
+    kernels."""
+    import kernels.fp8_cublaslt as lt
+    import kernels.fp8_matmul as fm
+    import kernels.fp8_matmul_mgpu_ws as ws
+    import kernels.fp8_matmul_triton as tr
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": "9.0"})])
+    monkeypatch.setattr(lt, "available", lambda: True)
+    monkeypatch.setattr(fm, "WAVE_FILL_MAX_M", 1280)
+    picked = []
+
+    def fake(name):
+        def run(xq, xs, wq, ws_, *a, **kw):
+            picked.append((name, xq.shape[0], kw))
+            return jnp.zeros((xq.shape[0], wq.shape[0]))
+        return run
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
+    monkeypatch.setattr(tr, "fp8_matmul_pallas", fake("pallas"))
+    monkeypatch.setattr(ws, "fp8_matmul_mgpu_ws", fake("mgpu_ws"))
+    K, N = 12288, 4096
+    for M in (768, 1280, 1288, 96):
+        xq, xs = jnp.zeros((M, K), jnp.float8_e4m3fn), jnp.ones((M, K // 128), jnp.float32)
+        wq, w_s = jnp.zeros((N, K), jnp.float8_e4m3fn), jnp.ones((N // 128, K // 128))
+        fm.fp8_matmul(xq, xs, wq, w_s)
+    config = ws.WsConfig.get_wave_filling(768, N, K, 132)
+    assert config.block_n == 96
+    assert picked == [("mgpu_ws", 768, dict(sm_count=132, config=config)),
+                      ("mgpu_ws", 1280, dict(sm_count=132, config=ws.WsConfig.get_wave_filling(
+                          1280, N, K, 132))),
+                      ("cublaslt", 1288, {}), ("cublaslt", 96, {})]
+    assert fm.scales_group_major(768) and fm.scales_group_major(1288)
 
 
 def test_mgpu_default_config():

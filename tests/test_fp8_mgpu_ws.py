@@ -66,7 +66,10 @@ def test_knobs_lower_for_hopper():
                dict(wg_rows=64, step_groups=2, stages=2, steady=False),
                dict(wg_rows=64, step_groups=2, stages=2, early_scales=True),
                dict(wg_rows=64, step_groups=2, stages=2, probe="carry_acc"),
-               dict(probe="carry_acc", wg_rows=64, stages=3, steady=False)):
+               dict(probe="carry_acc", wg_rows=64, stages=3, steady=False),
+               # tiles across weight blocks (column scales), within one, the last overlapping
+               dict(block_n=96, epi_cols=32), dict(block_n=64),
+               dict(block_n=160, wg_rows=64, epi_cols=32, cluster=1)):
         assert "mosaic_gpu" in export_cuda(1000, 1024, 512, config=WsConfig(**kw)), kw
     with pytest.raises(ValueError, match="exceeds available shared memory"):
         export_cuda(1024, 1024, 512, config=WsConfig(stages=4, epi_slots=2))
@@ -81,7 +84,12 @@ def test_knobs_lower_for_hopper():
     # Both waves' scales loaded first: the same tile walk with the scales in another order.
     (300, 512, 256, 2, dict(cluster=1, stages=2, early_scales=True)),
     # Two K groups per pipeline step (their promotions in turn), 128-row tiles, steady.
-    (200, 512, 256, 2, dict(cluster=1, wg_rows=64, stages=2, step_groups=2))])
+    (200, 512, 256, 2, dict(cluster=1, wg_rows=64, stages=2, step_groups=2)),
+    # 96-column tiles: each column's w scale (a tile spans two weight blocks), the sixth
+    # tile starting at 416 over the fifth's last 64 columns (512 = 5 x 96 + 32).
+    (300, 512, 512, 2, dict(cluster=1, stages=2, block_n=96, epi_cols=32)),
+    # 64-column tiles, two per weight block: its one scale a group, at block n0 // 128.
+    (200, 256, 256, 1, dict(cluster=1, wg_rows=64, stages=2, block_n=64))])
 def test_interpreted_matches_reference(M, K, N, sms, kw):
     """The kernel in Pallas' Mosaic GPU interpreter (TMA, barriers and warpgroups simulated;
     clusters are not: `cluster_barrier` is unimplemented there) against the reference: a
@@ -111,6 +119,30 @@ def test_default_config():
     assert WsConfig.get_default(1024, 384, 4096).cluster == 1
     odd = WsConfig.get_default(1024, 4096, 97 * 128)  # 97 K groups: no stage count divides
     assert not odd.steady and odd.stages == 4
+
+
+def test_wave_filling_config():
+    """`get_wave_filling` at LLaDA-8B's FFN GEMMs: the down GEMM at batch 1's 768 rows (and
+    DPad's 672, and 1,280 at prompt 1024) in 256 x 96 tiles (129 tiles: one wave on 132
+    SMs; 215 at 1,280 rows, the second wave 63% full against 256 x 128's 21%), no cluster
+    (43 column tiles do not pair); where 256 x 128 already fills its waves best (gate/up at
+    768 rows, 576 tiles; down at 1024, 128) the default tile. Every pick within the register
+    budget and shared memory, whole pipelines a tile, and it lowers."""
+    from kernels.fp8_matmul_mgpu_ws import REGISTER_BUDGET
+    K, N = DOWN
+    for M in (768, 672, 1280):
+        c = WsConfig.get_wave_filling(M, N, K, 132)
+        assert (c.block_m, c.block_n, c.cluster, c.column_scales) == (256, 96, 1, True), M
+    for (K, N), M in ((GATE_UP, 768), (DOWN, 1024), (GATE_UP, 4608)):
+        c = WsConfig.get_wave_filling(M, N, K, 132)
+        assert (c.block_m, c.block_n, c.cluster) == (256, 128, 2), (M, K, N)
+    assert WsConfig().tile_registers() == REGISTER_BUDGET  # the default tile is the budget
+    for (K, N), M in ((DOWN, 768), (GATE_UP, 768), (DOWN, 1280), (DOWN, 256)):
+        c = WsConfig.get_wave_filling(M, N, K, 132)
+        _check_config(c, N, K)
+        assert c.fits(K) and c.tile_registers() <= REGISTER_BUDGET and c.steady, (M, N, c)
+    K, N = DOWN
+    assert "mosaic_gpu" in export_cuda(768, K, N, config=WsConfig.get_wave_filling(768, N, K))
 
 
 def test_device_sweep_knobs_are_accepted_at_the_ffn_shapes():
@@ -148,8 +180,10 @@ def test_swiglu_sweep_knobs_are_accepted_at_batch_8s_rows():
 
 def test_refuses_unsupported_shapes_and_knobs():
     xq, xs, wq, ws = operands(40, 384, 384)
-    with pytest.raises(ValueError, match="N 384 must be a multiple of 256"):
+    with pytest.raises(ValueError, match="N 384 must make an even number of 128-column tiles"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig())
+    with pytest.raises(ValueError, match="N 128 must be at least block_n 256"):
+        fp8_matmul_mgpu_ws(xq, xs, wq[:128], ws[:1], config=WsConfig(cluster=1, block_n=256))
     with pytest.raises(ValueError, match="stages 4 must divide the 3 pipeline steps"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1))
     for kw, msg in ((dict(wg_rows=96), "wg_rows must be 64 or 128"),
@@ -162,7 +196,9 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(step_groups=2), "step_groups must be 1, or 2 with wg_rows=64"),
                     (dict(step_groups=3, wg_rows=64), "step_groups must be 1, or 2"),
                     (dict(step_groups=2, wg_rows=64, steady=False),
-                     "step_groups 2 must divide the 3 K groups")):
+                     "step_groups 2 must divide the 3 K groups"),
+                    (dict(block_n=100), "block_n must be a multiple of 16"),
+                    (dict(block_n=96), "block_n must be a multiple of 16 .* of epi_cols 64")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -211,7 +247,11 @@ def test_on_gpu_at_llada_shapes(M, KN):
                                 dict(stages=3, epi_cols=64, epi_slots=2),
                                 # the sweep's best (twelfth session); passed on the H200
                                 # (thirteenth)
-                                dict(wg_rows=64, step_groups=2, stages=3, steady=False)],
+                                dict(wg_rows=64, step_groups=2, stages=3, steady=False),
+                                # 96-column tiles (column scales; 43 tiles, the last
+                                # overlapping), alone and paired along M; 64-column tiles
+                                dict(block_n=96, cluster=1), dict(block_n=96, cluster_dim="m"),
+                                dict(block_n=64)],
                          ids=str)
 def test_knobs_on_gpu(kw):
     """The knobs the sweep varies, at the down GEMM with a ragged M (1000 rows: padded) and
@@ -224,6 +264,28 @@ def test_knobs_on_gpu(kw):
     print("mgpu_ws", kw, rel_err(out, ref))
     assert rel_err(out, ref) <= 2.0 ** -12  # as above
     assert float(jnp.abs(out - ref).max()) <= 2.0 ** -5 * float(jnp.abs(ref).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [768, 1280])
+def test_wave_filling_on_gpu(M):
+    """`get_wave_filling`'s tile (256 x 96 at the down GEMM's 768 and 1,280 rows: column
+    scales, the last tile overlapping) against the exact per-group product, f32 and bf16 out,
+    as precise as the default tile; how many outputs equal the default tile's is printed (the
+    scales' products are the same; whether the wgmma's sums are is the hardware's)."""
+    K, N = DOWN
+    xq, xs, wq, ws = operands(M, K, N, seed=M)
+    ref = reference_chunked(xq, xs, wq, ws)
+    c = WsConfig.get_wave_filling(M, N, K, out_dtype=jnp.float32)
+    assert c.block_n == 96
+    out = fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.float32, config=c)
+    default = fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.float32)
+    print("wave filling", M, c, rel_err(out, ref), "same as default",
+          float(jnp.mean(out == default)))
+    assert rel_err(out, ref) <= 2.0 ** -12  # as test_on_gpu_at_llada_shapes
+    assert float(jnp.abs(out - ref).max()) <= 2.0 ** -5 * float(jnp.abs(ref).max())
+    out16 = fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig.get_wave_filling(M, N, K))
+    assert rel_err(out16.astype(jnp.float32), ref) <= 2.0 ** -8  # + one bf16 rounding
 
 
 # --- gate/up with SwiGLU + quantisation in the epilogue (gate_up_swiglu_mgpu_ws) ------------
@@ -295,7 +357,8 @@ def test_swiglu_refuses_what_its_registers_do_not_take():
     xq, xs, wq, ws = operands(40, 256, 512)
     for kw, msg in ((dict(), "needs wg_rows=64"),
                     (dict(wg_rows=64, step_groups=2, steady=False), "step_groups=1"),
-                    (dict(wg_rows=64, probe="carry_acc", steady=False), "no probe")):
+                    (dict(wg_rows=64, probe="carry_acc", steady=False), "no probe"),
+                    (dict(wg_rows=64, block_n=64), "block_n=128")):
         with pytest.raises(ValueError, match=msg):
             gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, stages=2, **kw))
     with pytest.raises(ValueError, match="must be 2 F with F a multiple of 128"):
