@@ -99,12 +99,13 @@ class WsConfig:
     wg_rows: int = 128            # rows per consumer warpgroup: 64 (one wave) or 128 (two)
     # Output columns per tile, a multiple of 16 up to 256 (the plain kernel's; the SwiGLU
     # kernel's are the 128 of its quantisation groups). DeepGEMM picks it per shape to fill
-    # the last wave: LLaDA-8B's down GEMM at batch 1's 768 rows has 192 tiles of 256 x 128 or
-    # 128 x 128 on 132 SMs (1.45 waves), 129 of 256 x 96 (one). A width that does not divide
-    # 128 spans two weight blocks: each column's w scale then comes in the accumulator's
-    # column layout (`column_scales`), one more multiply per element. N not a whole number
-    # of tiles: the last tile starts at N - block_n and recomputes columns of the one before
-    # (the same sums, written twice), so no tile reads or writes past N.
+    # the last wave: LLaDA-8B's down GEMM at batch 1's 768 rows has 96 tiles of 256 x 128
+    # on 132 SMs (36 idle), 192 of 128 x 128 (two waves, the second 45% full), 129 of 256 x
+    # 96 (one wave). A width that does not divide 128 spans two weight blocks: each column's
+    # w scale then comes in the accumulator's column layout (`column_scales`), one more
+    # multiply per element. N not a whole number of tiles: the last tile starts at N -
+    # block_n and recomputes columns of the one before (the same products and scales; both
+    # CTAs write them), so no tile reads or writes past N.
     block_n: int = BLOCK_N
     stages: int = 4               # K groups (TMA steps) in flight
     cluster: int = 2              # CTAs per cluster: 1 or 2
