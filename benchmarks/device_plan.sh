@@ -190,19 +190,20 @@ case "${1:-1}" in
   # issue 23: batch 1's down GEMM at 768 rows runs 907 TFLOP/s in cuBLASLt's 128 x 128 tiles
   # (192 tiles on 132 SMs: two waves, the second 45% full; gate/up 1,134, twenty-second
   # session); WsConfig.get_wave_filling's 256 x 96 tiles make one wave of 129. GPU tests
-  # (column scales, the overlapping last tile), the sweep at 768 and 1,280 rows (cuBLASLt,
-  # the default tile, the wave-filling tile, the knobs: `same_as_default` checks each), then
-  # the step with fp8_matmul.WAVE_FILL_MAX_M off / on alternated (goal 1.3x of none: 0.6 ms a
-  # step less, about 19 us a layer of the down GEMM's 85)
-  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
+  # (column scales, the overlapping last tile), the sweep at 768 rows (cuBLASLt, the default
+  # tile, the wave-filling tile, then the knobs: `same_as_default` checks each), the step
+  # with fp8_matmul.WAVE_FILL_MAX_M off / on alternated (goal 1.3x of none: 0.6 ms a step
+  # less, about 19 us a layer of the down GEMM's 85), then the sweep at 1,280 rows (cut
+  # short by its box if the rest ran long: the boxes add up to 590 s)
+  timeout -k 5 ${TEST_S:-140} python3 -m pytest -q -s -m gpu tests/test_fp8_mgpu_ws.py -k \
     "wave_filling or block_n" -p no:cacheprovider > "$OUT/pytest_wave_filling_gpu.log" 2>&1
   tests_passed "$OUT/pytest_wave_filling_gpu.log" "passed\|failed\|Error\|wave filling" \
     || exit 1
   timeout -k 5 ${SWEEP_S:-150} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:768 2>&1 \
     | tee "$OUT/ws_sweep_down_768.log" | quiet | grep "tflops\|error" | cut -c1-200
-  step_settings generate_b1_wave_fill.log 200 "--batch 1 --prompt 512 --modes exact \
+  step_settings generate_b1_wave_fill.log 180 "--batch 1 --prompt 512 --modes exact \
 --decoding fixed --fp8-ffn on" $(alternated kernels.fp8_matmul:WAVE_FILL_MAX_M 0 1280)
-  timeout -k 5 ${SWEEP_S:-150} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:1280 2>&1 \
+  timeout -k 5 ${SWEEP_S:-120} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep down:1280 2>&1 \
     | tee "$OUT/ws_sweep_down_1280.log" | quiet | grep "tflops\|error" | cut -c1-200 ;;
 52)
   # issue 23: 51's switch in batch 8's exact + FP8 step (prompt 512, gen 64: 4,608 canvas

@@ -73,11 +73,15 @@ MGPU_MIN_M = 128
 # at M 32 (fp8_tiles, same run), so every M > 32 goes to cuBLASLt; 33-47 rows are unmeasured. M is
 # padded to a multiple of 8 for it (DPad's and the prefix cache's row counts are arbitrary).
 CUBLASLT_MIN_M = 33
-# Rows up to which Hopper runs the plain Mosaic GPU kernel at `WsConfig.get_wave_filling`'s
-# tile in place of cuBLASLt, whose 128 x 128 tiles leave SMs idle in the last wave where few
-# waves run (LLaDA-8B's down GEMM at batch 1's 768 rows: 192 tiles on 132 SMs, the second
-# wave 45% full; 907 TFLOP/s against gate/up's 1,134, twenty-second session); 0: never. Off
-# until timed against cuBLASLt in the step (`device_plan.sh` 55). Read when traced.
+# Rows from and up to which Hopper runs the plain Mosaic GPU kernel at
+# `WsConfig.get_wave_filling`'s tile in place of cuBLASLt, whose 128 x 128 tiles leave SMs
+# idle in the last wave where few waves run (LLaDA-8B's down GEMM at batch 1's 768 rows: 192
+# tiles on 132 SMs, the second wave 45% full; 907 TFLOP/s against gate/up's 1,134,
+# twenty-second session); max 0: never. Off until timed against cuBLASLt in the step
+# (`device_plan.sh` 55). From 512 rows: below, the GEMM streams its weights in about the
+# time of its FLOPs, and the narrow tiles that fill a wave there re-read x (untimed).
+# Read when traced.
+WAVE_FILL_MIN_M = 512
 WAVE_FILL_MAX_M = 0
 
 
@@ -85,7 +89,7 @@ def _kernel_for(M: int) -> str:
     """The dispatch's first choice for M rows on a GPU with FP8 tensor cores (see
     `fp8_matmul`; cuBLASLt also needs its shape limits, `fp8_cublaslt.supports`)."""
     cc = compute_capability()
-    if cc[0] == 9 and MGPU_MIN_M <= M <= WAVE_FILL_MAX_M:
+    if cc[0] == 9 and max(MGPU_MIN_M, WAVE_FILL_MIN_M) <= M <= WAVE_FILL_MAX_M:
         return "mgpu_ws"
     if cc[0] == 9 and M >= CUBLASLT_MIN_M:
         from kernels import fp8_cublaslt as lt
@@ -100,8 +104,9 @@ def scales_group_major(M: int) -> bool:
     kernel's transposed tiles (decode rows: `fp8_matmul_triton.swapped`). The quantisation
     kernels then write them so, handed out as the [M, K/128] transpose, and XLA cancels it
     against the GEMM's own (each was a kernel launch a layer: 3.2 us of a 768-row FP8 layer's
-    ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces). Where the guess
-    is wrong a transpose stays, as before; the result is the same."""
+    ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces). The Mosaic GPU
+    kernel at `WAVE_FILL_MAX_M`'s rows reads them so too. Where the guess is wrong a
+    transpose stays, as before; the result is the same."""
     if jax.default_backend() != "gpu":
         return False
     kernel = _kernel_for(M)
@@ -116,9 +121,10 @@ def scales_group_major(M: int) -> bool:
 def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     """Dispatch, by GPU and shape:
 
-    - Hopper, `MGPU_MIN_M` <= M <= `WAVE_FILL_MAX_M` (off as shipped): the Mosaic GPU
+    - Hopper, `WAVE_FILL_MIN_M` <= M <= `WAVE_FILL_MAX_M` (off as shipped): the Mosaic GPU
       kernel at DeepGEMM's recipe, its tile filling the last wave
-      (`WsConfig.get_wave_filling`).
+      (`WsConfig.get_wave_filling`), where that leaves less work a SM than cuBLASLt's
+      tiles (`WsConfig.fills_waves_better`); else as below.
     - Hopper, M >= `CUBLASLT_MIN_M`, the handler built (`fp8_cublaslt.available()`):
       cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU kernel's rate from M 256, ~0.95x
       cuBLASLt's per-tensor FP8 rate at M 768), M padded with zero rows to a multiple of 8.
@@ -139,12 +145,15 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
     from kernels import fp8_matmul_triton as tr
     (M, K), N = xq.shape, wq.shape[0]
     M8 = -(-M // 8) * 8
-    if _kernel_for(M) == "mgpu_ws":
+    kernel = _kernel_for(M)
+    if kernel == "mgpu_ws":
         from kernels import fp8_matmul_mgpu_ws as ws
-        return ws.fp8_matmul_mgpu_ws(
-            xq, x_scale, wq, w_scale, out_dtype, sm_count=sm_count(),
-            config=ws.WsConfig.get_wave_filling(M, N, K, sm_count(), out_dtype))
-    if _kernel_for(M) == "cublaslt" and lt.supports(M8, N, K, out_dtype):
+        config = ws.WsConfig.get_wave_filling(M, N, K, sm_count(), out_dtype)
+        if config.fills_waves_better(M, N, sm_count()):
+            return ws.fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype, config=config,
+                                         sm_count=sm_count())
+        kernel = "cublaslt" if lt.available() else "mgpu"
+    if kernel == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)
         pad = lambda a: jnp.pad(a, ((0, M8 - M), (0, 0)))  # zero rows, zero scales: 0 out

@@ -87,17 +87,24 @@ GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # a weight block's columns (and the default tile's: one w scale per group)
 PROBES = ("", "carry_acc")
-# fp32 registers `WsConfig.get_wave_filling` lets a tile take of a consumer's 232: the
-# default 256 x 128 tile's 192 (two waves' sums and an accumulator, the ptxas count of 168 at
-# launch plus scales and addresses, fourth session) is the largest known to run.
+# The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
+# hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
+# waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
+# spills, fourth session).
 REGISTER_BUDGET = 192
+# cuBLASLt's tile at the rows `get_wave_filling` is dispatched at (its heuristic's
+# nvjet_sm90_qqtst_128x128 kernels in the traces) and how much less work a wave the
+# wave-filling tile must give to take its place: this kernel ran 0.91-0.96x cuBLASLt's rate
+# at equal tiles (third session).
+CUBLASLT_TILE = (128, 128)
+FILL_MARGIN = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
 class WsConfig:
     """Knobs of `fp8_matmul_mgpu_ws` (hashable: a static jit argument)."""
     wg_rows: int = 128            # rows per consumer warpgroup: 64 (one wave) or 128 (two)
-    # Output columns per tile, a multiple of 16 up to 256 (the plain kernel's; the SwiGLU
+    # Output columns per tile, a multiple of 32 up to 256 (the plain kernel's; the SwiGLU
     # kernel's are the 128 of its quantisation groups). DeepGEMM picks it per shape to fill
     # the last wave: LLaDA-8B's down GEMM at batch 1's 768 rows has 96 tiles of 256 x 128
     # on 132 SMs (36 idle), 192 of 128 x 128 (two waves, the second 45% full), 129 of 256 x
@@ -177,13 +184,19 @@ class WsConfig:
         tiles = -(-M // base.block_m) * base.n_tiles(N)
         if tiles < sm_count and M <= WAVE * 2:
             base = dataclasses.replace(base, wg_rows=WAVE)
+        return base.with_pipeline(K, out_dtype)
+
+    def with_pipeline(self, K: int, out_dtype=jnp.bfloat16) -> WsConfig:
+        """This tile with the deepest pipeline that fits in shared memory (the steady one
+        where the stages divide the K groups), then two epilogue slots of 64 columns, one,
+        two of 32, one (at most a 128-byte row of `out_dtype`, dividing `block_n`)."""
         item = jnp.dtype(out_dtype).itemsize
         for steady in (True, False):
             for stages in (4, 3, 2):
-                for slots, cols in ((2, 64), (1, 64), (1, 32)):
-                    c = dataclasses.replace(base, stages=stages, epi_slots=slots,
+                for slots, cols in ((2, 64), (1, 64), (2, 32), (1, 32)):
+                    c = dataclasses.replace(self, stages=stages, epi_slots=slots,
                                             epi_cols=min(cols, 128 // item), steady=steady)
-                    if c.fits(K, out_dtype):
+                    if self.block_n % c.epi_cols == 0 and c.fits(K, out_dtype):
                         return c
         raise AssertionError("2 stages always fit")
 
@@ -191,43 +204,47 @@ class WsConfig:
     def get_wave_filling(cls, M: int, N: int, K: int, sm_count: int = 132,
                          out_dtype=jnp.bfloat16) -> WsConfig:
         """DeepGEMM's choice of tile (its `get_best_configs`): the fewest waves of tiles
-        over the SMs, then the most tiles in the last wave, then the taller tile, then the
-        narrower, among tiles of 128 or 256 rows and 32-256 columns in steps of 32 whose
-        registers fit a consumer (`tile_registers` at most `REGISTER_BUDGET`). LLaDA-8B's
-        down GEMM at batch 1's 768 rows: 256 x 96 (129 tiles, one wave) against 256 x 128's
-        96 tiles (one wave, 36 SMs idle: each SM's tile a third larger) and cuBLASLt's 128 x
-        128 (192 tiles, two waves). Pipeline as `get_default`; a cluster of 2 along N where
-        the column tiles pair up. Untimed (`device_plan.sh` 55)."""
+        over the SMs, then the most tiles in the last wave, then the fewest padded rows,
+        then the least operand traffic (x read once a column tile, w once a row tile), then
+        the taller tile, among tiles of 128 or 256 rows and 32-256 columns in steps of 32
+        whose registers fit a consumer (`tile_registers` at most `REGISTER_BUDGET`).
+        LLaDA-8B's down GEMM at batch 1's 768 rows: 256 x 96 (129 tiles, one wave) against
+        256 x 128's 96 tiles (one wave, 36 SMs idle: each SM's tile a third larger) and
+        cuBLASLt's 128 x 128 (192 tiles, two waves). Pipeline by `with_pipeline`; a cluster
+        of 2 along N where the column tiles pair up. Untimed (`device_plan.sh` 55)."""
         best = None
         for wg_rows in (2 * WAVE, WAVE):
             for block_n in range(32, 257, 32):
-                c = cls(wg_rows=wg_rows, block_n=block_n, epi_cols=64 if block_n % 64 == 0
-                        else 32)
+                c = cls(wg_rows=wg_rows, block_n=block_n)
                 if c.tile_registers() > REGISTER_BUDGET or block_n > N:
                     continue
-                tiles = -(-M // c.block_m) * c.n_tiles(N)
+                m_tiles, n_tiles = -(-M // c.block_m), c.n_tiles(N)
+                tiles = m_tiles * n_tiles
                 waves = -(-tiles // sm_count)
-                key = (waves, -(tiles - (waves - 1) * sm_count))  # then taller, narrower
+                key = (waves, -(tiles - (waves - 1) * sm_count), m_tiles * c.block_m,
+                       M * n_tiles + N * m_tiles, -c.block_m)
                 if best is None or key < best[0]:
                     best = (key, c)
         c = best[1]
-        base = dataclasses.replace(c, cluster=2 if c.n_tiles(N) % 2 == 0 else 1)
-        for steady in (True, False):
-            for stages in (4, 3, 2):
-                for slots in (2, 1):
-                    t = dataclasses.replace(base, stages=stages, epi_slots=slots,
-                                            steady=steady)
-                    if t.fits(K, out_dtype):
-                        return t
-        raise AssertionError("2 stages always fit")
+        return dataclasses.replace(c, cluster=2 if c.n_tiles(N) % 2 == 0 else 1).with_pipeline(
+            K, out_dtype)
+
+    def fills_waves_better(self, M: int, N: int, sm_count: int = 132) -> bool:
+        """Whether this tile's waves hold less work a SM than cuBLASLt's (`CUBLASLT_TILE`)
+        by `FILL_MARGIN`: waves x tile area, 129 x (256 x 96) in one wave against two of
+        128 x 128 at the down GEMM's 768 rows (0.75)."""
+        def work(bm, bn):
+            return -(-(-(-M // bm) * -(-N // bn)) // sm_count) * bm * bn
+        return work(self.block_m, self.block_n) <= FILL_MARGIN * work(*CUBLASLT_TILE)
 
     def tile_registers(self) -> int:
-        """A consumer thread's fp32 registers for its tile: the waves' running sums, the
-        wgmma accumulator (a 64-row wave's block_n columns over 128 threads: block_n / 2
-        each) and, with `column_scales`, the columns' scales (block_n / 4)."""
+        """A consumer thread's fp32 values for its tile: the waves' running sums, the
+        wgmma accumulators (`step_groups` of them; a 64-row wave's block_n columns over 128
+        threads: block_n / 2 each) and, with `column_scales`, the columns' scales (block_n /
+        4 a group)."""
         per_wave = self.block_n // 2
         return ((self.wg_rows // WAVE + self.step_groups) * per_wave
-                + (self.block_n // 4 if self.column_scales else 0))
+                + (self.step_groups * self.block_n // 4 if self.column_scales else 0))
 
     @classmethod
     def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
@@ -273,8 +290,8 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
                          f"{c.wg_rows}")
     if (K // GROUP) % c.step_groups:
         raise ValueError(f"step_groups {c.step_groups} must divide the {K // GROUP} K groups")
-    if c.block_n % 16 or not 16 <= c.block_n <= 256 or c.block_n % c.epi_cols:
-        raise ValueError(f"block_n must be a multiple of 16 in [16, 256] and of epi_cols "
+    if c.block_n % 32 or not 32 <= c.block_n <= 256 or c.block_n % c.epi_cols:
+        raise ValueError(f"block_n must be a multiple of 32 in [32, 256] and of epi_cols "
                          f"{c.epi_cols}, got {c.block_n}")
     if N < c.block_n:
         raise ValueError(f"N {N} must be at least block_n {c.block_n}")
@@ -539,7 +556,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     xs_GM = x_scale.T
     # a group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
-    # per column ([G, N])
+    # per column ([G, N]: written every call, 1.5 MB at the down GEMM, a few us of the ~19 a
+    # layer the wave-filling tile is to save; the loaded weights could carry it instead)
     ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
     ws_cols = tn if c.column_scales else WAVE
     m_iters = Mp // cluster_m
@@ -553,7 +571,10 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
         plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x)] + [
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0), collective_axes=share_w)] * parts
+        # column scales each CTA loads itself: split between a pair, the second half of a
+        # 96-column row would land 192 bytes in (TMA wants 128-byte aligned SMEM)
+        plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0),
+                        collective_axes=() if c.column_scales else share_w)] * parts
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(

@@ -391,10 +391,12 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
 
 
 def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):
-    """`WAVE_FILL_MAX_M` on: Hopper's rows from `MGPU_MIN_M` up to it go to the plain Mosaic
-    GPU kernel at `WsConfig.get_wave_filling`'s tile with the device's SM count (the down
-    GEMM at 768 rows: 256 x 96), its scales read group-major; fewer rows and more keep their
-    kernels."""
+    """`WAVE_FILL_MAX_M` on: Hopper's rows from `WAVE_FILL_MIN_M` up to it go to the plain
+    Mosaic GPU kernel at `WsConfig.get_wave_filling`'s tile with the device's SM count where
+    that tile leaves less work a SM than cuBLASLt's (the down GEMM at 768 rows: 256 x 96 in
+    one wave), its scales read group-major; where it does not (the down GEMM at 1,280 rows:
+    two waves against three of 128 x 128, the same work; gate/up at 768), fewer rows and
+    more: cuBLASLt."""
     import kernels.fp8_cublaslt as lt
     import kernels.fp8_matmul as fm
     import kernels.fp8_matmul_mgpu_ws as ws
@@ -413,18 +415,18 @@ def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):
     monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
     monkeypatch.setattr(tr, "fp8_matmul_pallas", fake("pallas"))
     monkeypatch.setattr(ws, "fp8_matmul_mgpu_ws", fake("mgpu_ws"))
-    K, N = 12288, 4096
-    for M in (768, 1280, 1288, 96):
+    for M, (K, N) in ((768, (12288, 4096)), (1280, (12288, 4096)), (1288, (12288, 4096)),
+                      (256, (12288, 4096)), (768, (4096, 24576))):
         xq, xs = jnp.zeros((M, K), jnp.float8_e4m3fn), jnp.ones((M, K // 128), jnp.float32)
         wq, w_s = jnp.zeros((N, K), jnp.float8_e4m3fn), jnp.ones((N // 128, K // 128))
         fm.fp8_matmul(xq, xs, wq, w_s)
-    config = ws.WsConfig.get_wave_filling(768, N, K, 132)
+    config = ws.WsConfig.get_wave_filling(768, 4096, 12288, 132)
     assert config.block_n == 96
     assert picked == [("mgpu_ws", 768, dict(sm_count=132, config=config)),
-                      ("mgpu_ws", 1280, dict(sm_count=132, config=ws.WsConfig.get_wave_filling(
-                          1280, N, K, 132))),
-                      ("cublaslt", 1288, {}), ("cublaslt", 96, {})]
+                      ("cublaslt", 1280, {}), ("cublaslt", 1288, {}), ("cublaslt", 256, {}),
+                      ("cublaslt", 768, {})]
     assert fm.scales_group_major(768) and fm.scales_group_major(1288)
+    assert fm.WAVE_FILL_MIN_M == 512
 
 
 def test_mgpu_default_config():

@@ -125,17 +125,24 @@ def test_wave_filling_config():
     """`get_wave_filling` at LLaDA-8B's FFN GEMMs: the down GEMM at batch 1's 768 rows (and
     DPad's 672, and 1,280 at prompt 1024) in 256 x 96 tiles (129 tiles: one wave on 132
     SMs; 215 at 1,280 rows, the second wave 63% full against 256 x 128's 21%), no cluster
-    (43 column tiles do not pair); where 256 x 128 already fills its waves best (gate/up at
-    768 rows, 576 tiles; down at 1024, 128) the default tile. Every pick within the register
-    budget and shared memory, whole pipelines a tile, and it lowers."""
+    (43 column tiles do not pair), bf16 out through two 32-column epilogue slots (64 does
+    not divide 96); where 256 x 128 already fills its waves best (gate/up at 768 rows, 576
+    tiles; down at 1024, 128) the default tile. Less work a SM than cuBLASLt's 128 x 128
+    tiles (the dispatch's test) at 672 and 768 rows only: at 1,280 two waves of 256 x 96 are
+    three of 128 x 128. Every pick within the register budget and shared memory, whole
+    pipelines a tile, and it lowers."""
     from kernels.fp8_matmul_mgpu_ws import REGISTER_BUDGET
     K, N = DOWN
     for M in (768, 672, 1280):
         c = WsConfig.get_wave_filling(M, N, K, 132)
         assert (c.block_m, c.block_n, c.cluster, c.column_scales) == (256, 96, 1, True), M
+        assert (c.epi_cols, c.epi_slots, c.stages) == (32, 2, 4), M
+        assert c.fills_waves_better(M, N, 132) == (M < 1024), M
     for (K, N), M in ((GATE_UP, 768), (DOWN, 1024), (GATE_UP, 4608)):
         c = WsConfig.get_wave_filling(M, N, K, 132)
         assert (c.block_m, c.block_n, c.cluster) == (256, 128, 2), (M, K, N)
+        assert not c.fills_waves_better(M, N, 132)
+        assert c == WsConfig.get_default(M, N, K, 132)  # the same pipeline too
     assert WsConfig().tile_registers() == REGISTER_BUDGET  # the default tile is the budget
     for (K, N), M in ((DOWN, 768), (GATE_UP, 768), (DOWN, 1280), (DOWN, 256)):
         c = WsConfig.get_wave_filling(M, N, K, 132)
@@ -197,8 +204,8 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(step_groups=3, wg_rows=64), "step_groups must be 1, or 2"),
                     (dict(step_groups=2, wg_rows=64, steady=False),
                      "step_groups 2 must divide the 3 K groups"),
-                    (dict(block_n=100), "block_n must be a multiple of 16"),
-                    (dict(block_n=96), "block_n must be a multiple of 16 .* of epi_cols 64")):
+                    (dict(block_n=80, epi_cols=32), "block_n must be a multiple of 32"),
+                    (dict(block_n=96), "block_n must be a multiple of 32 .* of epi_cols 64")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -251,7 +258,9 @@ def test_on_gpu_at_llada_shapes(M, KN):
                                 # 96-column tiles (column scales; 43 tiles, the last
                                 # overlapping), alone and paired along M; 64-column tiles
                                 dict(block_n=96, cluster=1), dict(block_n=96, cluster_dim="m"),
-                                dict(block_n=64)],
+                                dict(block_n=64),
+                                # a pair along N whose second CTA's last tile overlaps (26)
+                                dict(block_n=160, wg_rows=64)],
                          ids=str)
 def test_knobs_on_gpu(kw):
     """The knobs the sweep varies, at the down GEMM with a ragged M (1000 rows: padded) and
