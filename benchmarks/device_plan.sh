@@ -27,7 +27,8 @@
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 55 (the wave-filling tile), 22 (every GPU test at the switches
-# the thirty-sixth set), then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# the thirty-sixth set), 54 at batch 1's rows (SWIGLU_MS=768: its 576 tiles are 4.4 waves),
+# then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
