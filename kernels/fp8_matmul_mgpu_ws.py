@@ -2,9 +2,9 @@
 Pallas' Mosaic GPU backend at DeepGEMM's recipe (Hopper only), with its knobs (`WsConfig`).
 
 What it owns: `WsConfig` (tile, pipeline, cluster and tile-order settings, `get_default`,
-`get_wave_filling`),
-`fp8_matmul_mgpu_ws` and `gate_up_swiglu_mgpu_ws` (the FFN's gate/up GEMM with SwiGLU and the
-1 x 128 quantisation in the epilogue: `_SwiGLU`; the plain store is `_Plain`). Shapes: x
+`get_wave_filling`), `fp8_matmul_mgpu_ws` and `gate_up_swiglu_mgpu_ws` (the FFN's gate/up
+GEMM with SwiGLU and the 1 x 128 quantisation in the epilogue: `_SwiGLU`; the plain store
+is `_Plain`). Shapes: x
 [M, K] fp8 e4m3 with x_scale [M, K/128]; w [N, K] fp8 e4m3 (K-major) with w_scale
 [N/128, K/128]; out [M, N].
 
