@@ -85,11 +85,12 @@ WAVE_FILL_MIN_M = 512
 WAVE_FILL_MAX_M = 0
 
 
-def _kernel_for(M: int) -> str:
+def _kernel_for(M: int, wave_fill: bool = True) -> str:
     """The dispatch's first choice for M rows on a GPU with FP8 tensor cores (see
-    `fp8_matmul`; cuBLASLt also needs its shape limits, `fp8_cublaslt.supports`)."""
+    `fp8_matmul`; cuBLASLt also needs its shape limits, `fp8_cublaslt.supports`);
+    `wave_fill=False`: the choice where the wave-filling tile does not pay."""
     cc = compute_capability()
-    if cc[0] == 9 and max(MGPU_MIN_M, WAVE_FILL_MIN_M) <= M <= WAVE_FILL_MAX_M:
+    if wave_fill and cc[0] == 9 and max(MGPU_MIN_M, WAVE_FILL_MIN_M) <= M <= WAVE_FILL_MAX_M:
         return "mgpu_ws"
     if cc[0] == 9 and M >= CUBLASLT_MIN_M:
         from kernels import fp8_cublaslt as lt
@@ -152,7 +153,7 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
         if config.fills_waves_better(M, N, sm_count()):
             return ws.fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype, config=config,
                                          sm_count=sm_count())
-        kernel = "cublaslt" if lt.available() else "mgpu"
+        kernel = _kernel_for(M, wave_fill=False)
     if kernel == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)

@@ -101,6 +101,12 @@ CUBLASLT_TILE = (128, 128)
 FILL_MARGIN = 0.9
 
 
+def _waves(M: int, N: int, block_m: int, block_n: int, sm_count: int) -> tuple[int, int]:
+    """(tiles, waves): the [M, N] output in block_m x block_n tiles over `sm_count` SMs."""
+    tiles = -(-M // block_m) * -(-N // block_n)
+    return tiles, -(-tiles // sm_count)
+
+
 @dataclasses.dataclass(frozen=True)
 class WsConfig:
     """Knobs of `fp8_matmul_mgpu_ws` (hashable: a static jit argument)."""
@@ -182,7 +188,7 @@ class WsConfig:
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
         reasoning by its numbers."""
         base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
-        tiles = -(-M // base.block_m) * base.n_tiles(N)
+        tiles, _ = _waves(M, N, base.block_m, base.block_n, sm_count)
         if tiles < sm_count and M <= WAVE * 2:
             base = dataclasses.replace(base, wg_rows=WAVE)
         return base.with_pipeline(K, out_dtype)
@@ -219,9 +225,8 @@ class WsConfig:
                 c = cls(wg_rows=wg_rows, block_n=block_n)
                 if c.tile_registers() > REGISTER_BUDGET or block_n > N:
                     continue
+                tiles, waves = _waves(M, N, c.block_m, block_n, sm_count)
                 m_tiles, n_tiles = -(-M // c.block_m), c.n_tiles(N)
-                tiles = m_tiles * n_tiles
-                waves = -(-tiles // sm_count)
                 key = (waves, -(tiles - (waves - 1) * sm_count), m_tiles * c.block_m,
                        M * n_tiles + N * m_tiles, -c.block_m)
                 if best is None or key < best[0]:
@@ -235,7 +240,7 @@ class WsConfig:
         by `FILL_MARGIN`: waves x tile area, 129 x (256 x 96) in one wave against two of
         128 x 128 at the down GEMM's 768 rows (0.75)."""
         def work(bm, bn):
-            return -(-(-(-M // bm) * -(-N // bn)) // sm_count) * bm * bn
+            return _waves(M, N, bm, bn, sm_count)[1] * bm * bn
         return work(self.block_m, self.block_n) <= FILL_MARGIN * work(*CUBLASLT_TILE)
 
     def tile_registers(self) -> int:
