@@ -88,6 +88,13 @@ GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # a weight block's columns (and the default tile's: one w scale per group)
 PROBES = ("", "carry_acc")
+# K groups whose w scales one copy of `stored_scales` brings (a tile's scales are a row of
+# the stored [N / 128, K / 128] array): 128 bytes of fp32, the least Mosaic GPU copies (a
+# byte per thread of the issuing warpgroup); LLaDA-8B's 32 and 96 groups are 1 and 3 copies
+STORED_SCALE_GROUPS = 32
+# Whether the dispatched configurations (`get_default`, `get_default_swiglu`) read the w
+# scales as stored where they can (`WsConfig.stored_scales`): off until timed on the GPU.
+STORED_SCALES = False
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -136,6 +143,12 @@ class WsConfig:
     # runs: the promotion's FFMAs overlap a wgmma of their own warpgroup, not only the other
     # warpgroup's (the probe: the promotion takes about a fifth of the time).
     step_groups: int = 1
+    # The w scales as stored ([N / 128, K / 128], a tile's row `STORED_SCALE_GROUPS` groups
+    # a TMA copy, one scalar a group read from shared memory) in place of the [K / 128, N /
+    # 128 * 64] copy widened for the row layout each call (an XLA transpose + broadcast
+    # before the kernel, 1.5 MB at gate/up, launched every layer of every step). Tiles
+    # within one weight block only (not `column_scales`), K / 128 a multiple of 32.
+    stored_scales: bool = False
     memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
     #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
     # Timing probe (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
@@ -162,10 +175,12 @@ class WsConfig:
         barriers); `swiglu`: `gate_up_swiglu_mgpu_ws`'s (two weight tiles a step, an FP8
         tile and its row scales per warpgroup)."""
         parts = 2 if swiglu else 1
-        w_scales = self.block_n if self.column_scales else WAVE
+        w_scales = self.step_groups * 4 * (self.block_n if self.column_scales else WAVE)
+        if self.stored_scales:
+            w_scales = 4 * STORED_SCALE_GROUPS
         per_stage = self.step_groups * (
-            self.block_m * GROUP + self.block_m * 4 + parts * (self.block_n * GROUP
-                                                               + w_scales * 4))
+            self.block_m * GROUP + self.block_m * 4 + parts * self.block_n * GROUP
+        ) + parts * w_scales
         epilogue = (2 * WAVE * (GROUP + 4) if swiglu else
                     2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
         return self.stages * per_stage + epilogue
@@ -187,7 +202,8 @@ class WsConfig:
         most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
         reasoning by its numbers."""
-        base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
+        base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1,
+                   stored_scales=STORED_SCALES and _stores_scales_whole(K))
         tiles, _ = _waves(M, N, base.block_m, base.block_n, sm_count)
         if tiles < sm_count and M <= WAVE * 2:
             base = dataclasses.replace(base, wg_rows=WAVE)
@@ -261,13 +277,19 @@ class WsConfig:
         GEMM 8% longer than cuBLASLt's in batch 8's step), its knobs unswept
         (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:4608`)."""
         del M, sm_count  # one tile shape: the register budget leaves no other
-        base = cls(wg_rows=WAVE, cluster=2 if F % (2 * BLOCK_N) == 0 else 1)
+        base = cls(wg_rows=WAVE, cluster=2 if F % (2 * BLOCK_N) == 0 else 1,
+                   stored_scales=STORED_SCALES and _stores_scales_whole(K))
         for steady in (True, False):
             for stages in (4, 3, 2):
                 c = dataclasses.replace(base, stages=stages, steady=steady)
                 if c.fits(K, swiglu=True):
                     return c
         raise AssertionError("2 stages always fit")
+
+
+def _stores_scales_whole(K: int) -> bool:
+    """Whether a row of stored w scales is whole TMA copies (`WsConfig.stored_scales`)."""
+    return (K // GROUP) % STORED_SCALE_GROUPS == 0
 
 
 def _check_config(c: WsConfig, N: int, K: int) -> None:
@@ -308,6 +330,10 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.steady and steps % c.stages:
         raise ValueError(f"steady pipeline: stages {c.stages} must divide the {steps} "
                          f"pipeline steps (the slots must line up from tile to tile)")
+    if c.stored_scales and (c.column_scales or not _stores_scales_whole(K)):
+        raise ValueError(f"stored_scales needs tiles within one weight block (block_n "
+                         f"dividing {BLOCK_N}, got {c.block_n}) and K / {GROUP} a multiple of "
+                         f"{STORED_SCALE_GROUPS} (got {K // GROUP})")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -323,7 +349,8 @@ def _group(ref, j: int, groups: int):
     return ref if groups == 1 else ref.at[:, pl.ds(j * GROUP, GROUP)]
 
 
-def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, interpret):
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
+                  interpret):
     """One pipeline step (`c.step_groups` K groups) on one consumer warpgroup: per 64-row
     wave, each group's FP8 wgmma into a fresh fp32 accumulator, then `sum += acc * (x_scale
     * w_scale)` group by group; with 2 groups both wgmmas are issued first, so the first
@@ -331,7 +358,9 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, inter
     scales are loaded before the first wave's wgmma (DeepGEMM's order: no shared memory load
     between the second wave's wait and its FFMAs). `column_scales`: the w scales are one per
     column, and the product of a row's and a column's scale is formed per element (the same
-    fp32 product as the row-layout path's, so the same sums)."""
+    fp32 product as the row-layout path's, so the same sums). `stored_scales`: each group's w
+    scale is one scalar of the stored row's `STORED_SCALE_GROUPS` (pipeline step `step`'s
+    groups start at `step * step_groups`), broadcast into the same product."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     groups, wg_rows, cols = c.step_groups, c.wg_rows, c.column_scales
 
@@ -343,7 +372,11 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, inter
     # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
     # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
     # scale_b), or each column's in the column layout.
-    w_sc = [load(ws_smem.at[j], 0 if cols else 1) for j in range(groups)]
+    if c.stored_scales:
+        first = step * groups % STORED_SCALE_GROUPS
+        w_sc = [ws_smem[0, first + j] for j in range(groups)]
+    else:
+        w_sc = [load(ws_smem.at[j], 0 if cols else 1) for j in range(groups)]
 
     def wave_scales(h):
         rows = _wave_rows(wg, wg_rows, h)
@@ -561,11 +594,6 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
         x_scale = jnp.pad(x_scale, [(0, Mp - M), (0, 0)])
     xs_GM = x_scale.T
-    # a group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
-    # per column ([G, N]: written every call, 1.5 MB at the down GEMM, a few us of the ~19 a
-    # layer the wave-filling tile is to save; the loaded weights could carry it instead)
-    ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
-    ws_cols = tn if c.column_scales else WAVE
     m_iters = Mp // cluster_m
     n_iters = epilogue.n_tiles() // (2 if pair_n else 1)
     clusters = min((c.ctas or sm_count) // c.cluster, m_iters * n_iters)
@@ -573,14 +601,26 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
     tiled = _fp8_row_tiles()
     share_x = ("cluster",) if pair_n else ()  # the pair multicasts what both of them read
     share_w = ("cluster",) if pair_m else ()
+    # A group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
+    # per column ([G, N]), widened here every call (1.5 MB at either FFN GEMM: an XLA
+    # fusion before each call); or, `stored_scales`, the tile's row of them as stored.
+    ws_cols = tn if c.column_scales else WAVE
+    if c.stored_scales:
+        ws_G = w_scale
+        ws_spec = plgpu.BlockSpec((1, STORED_SCALE_GROUPS),
+                                  lambda g: (0, g * sg // STORED_SCALE_GROUPS))
+    else:
+        ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
+        ws_spec = plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0),
+                                  collective_axes=() if c.column_scales else share_w)
     in_specs = [
         plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
         plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x)] + [
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        # column scales each CTA loads itself: split between a pair, the second half of a
-        # 96-column row would land 192 bytes in (TMA wants 128-byte aligned SMEM)
-        plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0),
-                        collective_axes=() if c.column_scales else share_w)] * parts
+        # column scales and stored rows each CTA loads itself: split between a pair, the
+        # second half of a 96-column row would land 192 bytes in (TMA wants 128-byte aligned
+        # SMEM), and a 16-byte row does not split
+        ws_spec] * parts
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -599,7 +639,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         wg = jax.lax.axis_index("wg")
         cta = jax.lax.axis_index("cluster")
 
-        def body(_, x_smem, xs_smem, *w_and_sums):
+        def body(step, x_smem, xs_smem, *w_and_sums):
             *w_smems, sums = w_and_sums
             if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
                 w_smem = w_smems[0]
@@ -612,7 +652,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
             out = ()
             for p in range(parts):  # part p's waves: its weight block's running sums
                 out += _promote_step(x_smem, xs_smem, w_smems[2 * p], w_smems[2 * p + 1],
-                                     sums[p * waves:(p + 1) * waves], wg, c, interpret)
+                                     sums[p * waves:(p + 1) * waves], wg, step[0], c,
+                                     interpret)
             return out
 
         def ignore(*_, **__):
@@ -649,8 +690,12 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                     pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
                 w_in = ()
                 for n0 in epilogue.w_cols(ni):
-                    s0 = n0 if c.column_scales else n0 // BLOCK_N * WAVE
-                    w_in += (w_gmem.at[pl.ds(n0, tn)], ws_gmem.at[:, pl.ds(s0, ws_cols)])
+                    if c.stored_scales:
+                        ws_tile = ws_gmem.at[pl.ds(n0 // BLOCK_N, 1)]
+                    else:
+                        s0 = n0 if c.column_scales else n0 // BLOCK_N * WAVE
+                        ws_tile = ws_gmem.at[:, pl.ds(s0, ws_cols)]
+                    w_in += (w_gmem.at[pl.ds(n0, tn)], ws_tile)
                 pipeline(body, context, state)(x_gmem.at[ms], xs_gmem.at[:, ms], *w_in,
                                                allocations=allocations)
 
