@@ -77,10 +77,11 @@ CUBLASLT_MIN_M = 33
 # `WsConfig.get_wave_filling`'s tile in place of cuBLASLt, whose 128 x 128 tiles leave SMs
 # idle in the last wave where few waves run (LLaDA-8B's down GEMM at batch 1's 768 rows: 192
 # tiles on 132 SMs, the second wave 45% full; 907 TFLOP/s against gate/up's 1,134,
-# twenty-second session); max 0: never. Off until timed against cuBLASLt in the step
-# (`device_plan.sh` 55). From 512 rows: below, the GEMM streams its weights in about the
-# time of its FLOPs, and the narrow tiles that fill a wave there re-read x (untimed).
-# Read when traced.
+# twenty-second session); max 0: never. Off: 5% faster than cuBLASLt alone at 768 rows but
+# batch 1's exact + FP8 step 0.2 ms slower with it (16.21 against 16.00 ms, H100,
+# thirty-seventh session, RESULTS.md); 0.74x cuBLASLt's rate at 1,280 rows. From 512 rows:
+# below, the GEMM streams its weights in about the time of its FLOPs, and the narrow tiles
+# that fill a wave there re-read x (untimed). Read when traced.
 WAVE_FILL_MIN_M = 512
 WAVE_FILL_MAX_M = 0
 

@@ -234,7 +234,8 @@ class WsConfig:
         LLaDA-8B's down GEMM at batch 1's 768 rows: 256 x 96 (129 tiles, one wave) against
         256 x 128's 96 tiles (one wave, 36 SMs idle: each SM's tile a third larger) and
         cuBLASLt's 128 x 128 (192 tiles, two waves). Pipeline by `with_pipeline`; a cluster
-        of 2 along N where the column tiles pair up. Untimed (`device_plan.sh` 55)."""
+        of 2 along N where the column tiles pair up. At 768 rows 5% faster than cuBLASLt
+        alone, 0.2 ms slower in batch 1's step (thirty-seventh session): not dispatched."""
         best = None
         for wg_rows in (2 * WAVE, WAVE):
             for block_n in range(32, 257, 32):
