@@ -175,15 +175,15 @@ class WsConfig:
         barriers); `swiglu`: `gate_up_swiglu_mgpu_ws`'s (two weight tiles a step, an FP8
         tile and its row scales per warpgroup)."""
         parts = 2 if swiglu else 1
-        w_scales = self.step_groups * 4 * (self.block_n if self.column_scales else WAVE)
-        if self.stored_scales:
-            w_scales = 4 * STORED_SCALE_GROUPS
         per_stage = self.step_groups * (
-            self.block_m * GROUP + self.block_m * 4 + parts * self.block_n * GROUP
-        ) + parts * w_scales
+            self.block_m * GROUP + self.block_m * 4 + parts * self.block_n * GROUP)
+        w_scales = parts * self.stages * self.step_groups * 4 * (
+            self.block_n if self.column_scales else WAVE)
+        if self.stored_scales:  # Pallas rounds each buffer up to 1 KiB (the rest are whole)
+            w_scales = parts * -(-self.stages * 4 * STORED_SCALE_GROUPS // 1024) * 1024
         epilogue = (2 * WAVE * (GROUP + 4) if swiglu else
                     2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
-        return self.stages * per_stage + epilogue
+        return self.stages * per_stage + w_scales + epilogue
 
     def fits(self, K: int, out_dtype=jnp.bfloat16, swiglu: bool = False) -> bool:
         """Whether the defaults may pick this: its shared memory within Hopper's (1 KiB
@@ -331,10 +331,12 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.steady and steps % c.stages:
         raise ValueError(f"steady pipeline: stages {c.stages} must divide the {steps} "
                          f"pipeline steps (the slots must line up from tile to tile)")
-    if c.stored_scales and (c.column_scales or not _stores_scales_whole(K)):
+    if c.stored_scales and c.column_scales:
         raise ValueError(f"stored_scales needs tiles within one weight block (block_n "
-                         f"dividing {BLOCK_N}, got {c.block_n}) and K / {GROUP} a multiple of "
-                         f"{STORED_SCALE_GROUPS} (got {K // GROUP})")
+                         f"dividing {BLOCK_N}), got {c.block_n}")
+    if c.stored_scales and not _stores_scales_whole(K):
+        raise ValueError(f"stored_scales needs K / {GROUP} a multiple of {STORED_SCALE_GROUPS} "
+                         f"(whole 128-byte copies of a row), got {K // GROUP}")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -427,7 +429,8 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     `block_n`-column tiles with a cluster along N. The x scales are passed transposed ([G,
     M]: a group's scales are one TMA row) and the w scales as 64 copies per block ([G, N / 2]:
     one 256-byte TMA row per group and tile, loaded in the accumulator's row layout), or with
-    `column_scales` one per column ([G, N]).
+    `column_scales` one per column ([G, N]), or with `stored_scales` as stored (a tile's row,
+    32 groups a 128-byte copy, one scalar a group).
 
     `interpret`: run in Pallas' Mosaic GPU interpreter (on the CPU: TMA, barriers, clusters
     simulated; the scales read without the row layout, and each wave's product an fp32 dot in

@@ -206,9 +206,7 @@ def test_refuses_unsupported_shapes_and_knobs():
                      "step_groups 2 must divide the 3 K groups"),
                     (dict(block_n=80, epi_cols=32), "block_n must be a multiple of 32"),
                     (dict(block_n=96), "block_n must be a multiple of 32 .* of epi_cols 64"),
-                    (dict(stored_scales=True, stages=3), "K / 128 a multiple of 32"),
-                    (dict(stored_scales=True, stages=3, block_n=96, epi_cols=32),
-                     "stored_scales needs tiles within one weight block")):
+                    (dict(stored_scales=True, stages=3), "K / 128 a multiple of 32 .*got 3")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -216,14 +214,19 @@ def test_refuses_unsupported_shapes_and_knobs():
     with pytest.raises(ValueError, match="the interpreter has no wgmma accumulator"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, stages=3,
                                                            probe="carry_acc"), interpret=True)
+    xq, xs, wq, ws = operands(40, 4096, 384)  # 32 K groups: only the tile width is wrong
+    with pytest.raises(ValueError, match="within one weight block .*got 96"):
+        fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, block_n=96, epi_cols=32,
+                                                           stored_scales=True))
 
 
-def test_stored_scales_are_the_widened_ones():
+def test_stored_scales_are_the_widened_ones(monkeypatch):
     """`stored_scales` (a tile's row of the stored w scales, one scalar a group) gives the
     sums of the widened copy bit for bit in the interpreter: the same fp32 product of a row's
-    and the group's scale, only read from elsewhere (a wrong group or block row shows). 32
-    K groups (one 128-byte copy a row, the least it takes), two column tiles on one CTA, the
-    plain and the SwiGLU kernel; it lowers for CUDA with the knobs the sweep pairs it with."""
+    and the group's scale, only read from elsewhere (a wrong group, copy or block row shows).
+    The plain kernel at 64 K groups (two 128-byte copies a row) two a step, two column tiles
+    on one CTA; the SwiGLU kernel at 32 groups one a step (its gate and up rows); it lowers
+    for CUDA with the knobs the sweep pairs it with."""
     from kernels import fp8_matmul_mgpu_ws as ws_mod
     K = 32 * 128
     for kw in (dict(), dict(wg_rows=64, step_groups=2, stages=2, steady=False),
@@ -232,8 +235,8 @@ def test_stored_scales_are_the_widened_ones():
                                                                            **kw)), kw
     assert "mosaic_gpu" in export_cuda(1000, K, 512, kernel=gate_up_swiglu_mgpu_ws,
                                        config=WsConfig(wg_rows=64, stored_scales=True))
-    xq, xs, wq, ws = operands(100, K, 256, seed=5)
-    c = WsConfig(cluster=1, wg_rows=64, stages=2, snake_dim="n")
+    xq, xs, wq, ws = operands(64, 2 * K, 256, seed=5)
+    c = WsConfig(cluster=1, wg_rows=64, stages=2, snake_dim="n", step_groups=2)
     widened, stored = (fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.float32, sm_count=1,
                                           interpret=True,
                                           config=dataclasses.replace(c, stored_scales=on))
@@ -241,12 +244,14 @@ def test_stored_scales_are_the_widened_ones():
     assert bool(jnp.isfinite(stored).all())
     np.testing.assert_array_equal(np.asarray(stored), np.asarray(widened))
     # and it does read the stored rows: its 2 stages' w-scale buffers hold 32 groups of a
-    # row, not a group's 64 copies
+    # row, not 2 groups' 64 copies
     def program(on):
         fn = functools.partial(fp8_matmul_mgpu_ws, config=dataclasses.replace(c, stored_scales=on))
         return str(jax.make_jaxpr(fn)(xq, xs, wq, ws))
-    assert "f32[2,1,64]" in program(False)
-    assert "f32[2,1,32]" in program(True) and "f32[2,1,64]" not in program(True)
+    assert "f32[2,2,64]" in program(False)
+    assert "f32[2,1,32]" in program(True) and "f32[2,2,64]" not in program(True)
+    xq, xs, wq, ws = operands(64, K, 256, seed=6)
+    c = dataclasses.replace(c, step_groups=1)
     (q0, s0), (q, s) = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, sm_count=1, interpret=True,
                                                config=dataclasses.replace(c, stored_scales=on))
                         for on in (False, True))
@@ -255,13 +260,10 @@ def test_stored_scales_are_the_widened_ones():
     np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
     # the dispatch's defaults take it where the groups allow once STORED_SCALES is on
     assert not WsConfig.get_default_swiglu(768, 12288, 4096).stored_scales
-    try:
-        ws_mod.STORED_SCALES = True
-        assert WsConfig.get_default_swiglu(768, 12288, 4096).stored_scales
-        assert WsConfig.get_default(768, 4096, 12288).stored_scales
-        assert not WsConfig.get_default(768, 4096, 1024).stored_scales  # 8 groups
-    finally:
-        ws_mod.STORED_SCALES = False
+    monkeypatch.setattr(ws_mod, "STORED_SCALES", True)
+    assert WsConfig.get_default_swiglu(768, 12288, 4096).stored_scales
+    assert WsConfig.get_default(768, 4096, 12288).stored_scales
+    assert not WsConfig.get_default(768, 4096, 1024).stored_scales  # 8 groups
 
 
 def reference_chunked(xq, xs, wq, ws, cols: int = 4096):
