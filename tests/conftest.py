@@ -177,8 +177,16 @@ def models(tmp_path_factory):
     return lj.load(tmp / "ck")[1], hf_llama(GEN_CFG, state, torch.float32)
 
 
+# The two longest files (the multi-device cases' subprocess, ~4 minutes on CI's 2 cores; the
+# shipped chain model, ~2) collected first: under the README's `-n 2 --dist loadfile` they
+# start on the two workers at once and the short files fill in around them (longest first),
+# where in name order a worker could take one of them last while the other sat idle.
+SLOW_FIRST = ("test_multi_device.py", "test_chain_model.py")
+
+
 def pytest_collection_modifyitems(config, items):
     import jax
+    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: else as collected
     if jax.default_backend() == "gpu":
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")

@@ -841,9 +841,8 @@ def test_gemm_prefetch_changes_no_bit():
     transposed and not; a negative prefetch is refused."""
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=3)
-    for bm, bn, splits, swap, prefetch in ((16, 128, 2, True, 1), (32, 256, 1, True, 2),
-                                           (16, 64, 2, True, 2), (64, 128, 1, False, 4),
-                                           (16, 32, 4, False, 1), (16, 128, 2, True, 3)):
+    for bm, bn, splits, swap, prefetch in ((32, 256, 1, True, 2), (16, 64, 2, True, 2),
+                                           (64, 128, 1, False, 4), (16, 128, 2, True, 3)):
         t = TritonTiles(bm, bn, splits, swap=swap)
         for sum_in_kernel in (False, True):
             # with the sum in the kernel: against the same sum (XLA's may associate > 2
@@ -874,12 +873,12 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
     transposed and not, with groups loaded ahead (`prefetch`, across the items) or not. The
     Triton IR verifies; settings that cannot combine are refused."""
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 512, seed=4)
-    for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
-                                 (64, 128, 1, False), (16, 32, 4, True)):
+    # wide, mid and narrow column tiles; split K 1, 2 and 4 ways; transposed and not; one
+    # program for every item, 3 (unequal ranges) or one more than the items (an empty range)
+    for bm, bn, splits, swap in ((16, 256, 4, True), (16, 64, 2, False), (64, 128, 1, False)):
         t = TritonTiles(bm, bn, splits, swap=swap)
         want = gemm_f32(xq, xs, wq, ws, t)
-        for programs, prefetch in ((1, 0), (3, 0), (7, 0), (2 * (512 // bn) * splits + 1, 0),
-                                   (3, 2), (2 * (512 // bn) * splits + 1, 1)):
+        for programs, prefetch in ((1, 0), (3, 2), (2 * (512 // bn) * splits + 1, 1)):
             got = gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, programs=programs,
                                                                prefetch=prefetch), poison=True)
             np.testing.assert_array_equal(got, want, err_msg=f"{programs=}")
