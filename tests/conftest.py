@@ -4,6 +4,9 @@ our exporter, and the independent PyTorch reference (`transformers` Llama, bidir
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import jax
@@ -14,6 +17,27 @@ import pytest
 import lacache_jax as lj
 from convert.__main__ import main as convert_main
 from lacache_jax.config import ModelConfig, tiny
+
+# On the CPU, one XLA compilation cache for the whole run: its two pytest-xdist workers and
+# the subprocesses they start (through the environment) share what each compiled, and
+# programs traced again under new jit wrappers (closures made per test) are compiled once. A
+# hit is the executable XLA built from the same program and options, so results are the same
+# bits. Made fresh by the process that starts the run (pytest-xdist's controller, whose
+# environment its workers inherit), which removes it at the end; a cache directory set by the
+# user is used and kept. Not on the GPU, whose runs are few and whose custom calls (the
+# cuBLASLt handler) need not survive serialisation.
+_OWN_CACHE = None
+if jax.default_backend() == "cpu":
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        _OWN_CACHE = tempfile.mkdtemp(prefix="lacache_jax_tests_jit_")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes",
+                      int(os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"]))
 
 # REFERENCE.md §2: LLaDA name -> transformers Llama name ({i} is the block index).
 LLADA_TO_LLAMA = {
@@ -182,6 +206,11 @@ def models(tmp_path_factory):
 # start on the two workers at once and the short files fill in around them (longest first),
 # where in name order a worker could take one of them last while the other sat idle.
 SLOW_FIRST = ("test_multi_device.py", "test_chain_model.py")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE is not None:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
