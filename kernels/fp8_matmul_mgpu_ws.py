@@ -608,6 +608,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
     # A group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
     # per column ([G, N]), widened here every call (1.5 MB at either FFN GEMM: an XLA
     # fusion before each call); or, `stored_scales`, the tile's row of them as stored.
+    # (The stored row's copy comes again every step, though its block changes every 32
+    # groups: the warp-specialised pipeline takes no input its steps do not index.)
     ws_cols = tn if c.column_scales else WAVE
     if c.stored_scales:
         ws_G = w_scale
@@ -623,7 +625,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
         # column scales and stored rows each CTA loads itself: split between a pair, the
         # second half of a 96-column row would land 192 bytes in (TMA wants 128-byte aligned
-        # SMEM), and a 16-byte row does not split
+        # SMEM), and half of a stored row's 128-byte copy is below the least Mosaic GPU copies
         ws_spec] * parts
 
     def pipeline(body, context, state=None):

@@ -874,11 +874,13 @@ def test_gemm_persistent_programs_change_no_bit(monkeypatch):
     Triton IR verifies; settings that cannot combine are refused."""
     _, _, (xq, xs), (wq, ws) = operands(40, 512, 512, seed=4)
     # wide, mid and narrow column tiles; split K 1, 2 and 4 ways; transposed and not; one
-    # program for every item, 3 (unequal ranges) or one more than the items (an empty range)
+    # program for every item, 3 (unequal ranges) or one more than the items (an empty
+    # range), each without groups loaded ahead and the last two with
     for bm, bn, splits, swap in ((16, 256, 4, True), (16, 64, 2, False), (64, 128, 1, False)):
         t = TritonTiles(bm, bn, splits, swap=swap)
         want = gemm_f32(xq, xs, wq, ws, t)
-        for programs, prefetch in ((1, 0), (3, 2), (2 * (512 // bn) * splits + 1, 1)):
+        items = 2 * (512 // bn) * splits
+        for programs, prefetch in ((1, 0), (3, 0), (items + 1, 0), (3, 2), (items + 1, 1)):
             got = gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, programs=programs,
                                                                prefetch=prefetch), poison=True)
             np.testing.assert_array_equal(got, want, err_msg=f"{programs=}")
