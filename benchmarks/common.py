@@ -163,7 +163,8 @@ def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
 def parse_settings(spec: str) -> list[tuple[object, str, int]]:
     """`module:NAME=int[,module:NAME=int...]` as (module, NAME, value): the module-level
     switches a kernel reads while tracing (e.g. `kernels.gate_up_swiglu:FUSE=1`); every NAME
-    must exist and hold an int, so that a typo fails before the device time is spent."""
+    must exist and hold an int or a bool (set from 0 / 1 as a bool), so that a typo fails
+    before the device time is spent."""
     out = []
     for entry in filter(None, spec.split(",")):
         mod, _, kv = entry.partition(":")
@@ -175,12 +176,15 @@ def parse_settings(spec: str) -> list[tuple[object, str, int]]:
         except ImportError as e:
             raise SystemExit(f"setting {entry!r}: {e}") from None
         old = getattr(module, name, None)
-        if type(old) is not int:
+        if type(old) not in (int, bool):
             raise SystemExit(f"setting {entry!r}: {mod}.{name} is not a module-level int")
         try:
-            out.append((module, name, int(value)))
+            v = int(value)
         except ValueError:
             raise SystemExit(f"setting {entry!r}: {value!r} is not an int") from None
+        if type(old) is bool and v not in (0, 1):
+            raise SystemExit(f"setting {entry!r}: {mod}.{name} is a bool: 0 or 1")
+        out.append((module, name, bool(v) if type(old) is bool else v))
     return out
 
 

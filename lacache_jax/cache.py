@@ -157,7 +157,7 @@ def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
 def _forward(ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, kv: bool):
     cos, sin = cv.rope()
     h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BT)], ctx.params.layers, ctx.cfg,
-                           cos, sin, cv.dup(keep_BT))
+                           cos, sin, cv.key_mask(keep_BT))
     return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s)), KVCache(ks, vs) if kv else None
 
 
@@ -208,7 +208,7 @@ def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, col
              and flash_cache_chosen(*tok_ML.shape, ctx.params.layers[0].tp,
                                     ctx.cfg.head_dim) == "pallas")
     h, ks, vs = run_blocks(ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
-                           ctx.canvas.dup(keep_BT), [kv_fn(i) for i in layers],
+                           ctx.canvas.key_mask(keep_BT), [kv_fn(i) for i in layers],
                            [fused_fn(i) for i in layers] if fused else None)
     return h, KVCache(ks, vs)
 
@@ -422,7 +422,7 @@ class ExactCache:
         params = ctx.params
         cos, sin = cv.rope()
         h, _, _ = run_blocks(finish_block(emb, attn, params.layers[0], ctx.cfg),
-                             params.layers[1:], ctx.cfg, cos, sin, cv.dup(keep_BT))
+                             params.layers[1:], ctx.cfg, cos, sin, cv.key_mask(keep_BT))
         return cv.logits(params, ctx.cfg, cv.cut(h, s))
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):

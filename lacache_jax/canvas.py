@@ -24,9 +24,15 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lacache_jax.config import GenerationConfig, ModelConfig
 from lacache_jax.model import Params, lm_head, rope_tables
+
+
+# Off (0): every forward passes its key mask, unpadded or not (read while tracing; the
+# benchmarks time the two: `--settings lacache_jax.canvas:UNMASKED=0`).
+UNMASKED = True
 
 
 @jax.tree_util.register_dataclass
@@ -41,17 +47,26 @@ class Canvas:
     block_len: int = dataclasses.field(metadata={"static": True})
     mask_id: int = dataclasses.field(metadata={"static": True})
     cfg_scale: float = dataclasses.field(metadata={"static": True})
+    # Every row attends to every column at every step: no row is padded (known on the host)
+    # and DPad drops nothing. Attention then takes no key mask: cuDNN's unmasked kernel
+    # instead of the one adding a [B, 1, L, S] bias (`key_mask`).
+    keeps_all: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @classmethod
-    def build(cls, pad_B: jax.Array, T: int, cfg: ModelConfig, gen: GenerationConfig):
+    def build(cls, pad_B: jax.Array | np.ndarray, T: int, cfg: ModelConfig,
+              gen: GenerationConfig):
+        """`pad_B`: each row's left padding; a host (numpy) array of zeros tells the trace
+        that no row is padded (`keeps_all` without DPad)."""
         col = jnp.arange(T)
         P = T - gen.gen_length
         valid_BT = col[None, :] >= pad_B[:, None]
         pos_BT = jnp.maximum(col[None, :] - pad_B[:, None], 0).astype(jnp.int32)
         pos_MT = jnp.concatenate([pos_BT, pos_BT]) if gen.cfg_scale > 0 else pos_BT
         cos, sin = rope_tables(pos_MT, cfg.head_dim, cfg.rope_theta)
+        keeps_all = (UNMASKED and isinstance(pad_B, np.ndarray) and not pad_B.any()
+                     and gen.dpad is None)
         return cls(valid_BT, valid_BT & (col[None, :] < P), pos_MT, cos, sin, P,
-                   gen.block_length, gen.mask_id, gen.cfg_scale)
+                   gen.block_length, gen.mask_id, gen.cfg_scale, keeps_all)
 
     @property
     def guided(self) -> bool:
@@ -72,6 +87,11 @@ class Canvas:
     def dup(self, a_B: jax.Array) -> jax.Array:
         """A per-row array for the model rows (the copies share it)."""
         return jnp.concatenate([a_B, a_B]) if self.guided else a_B
+
+    def key_mask(self, keep_BT: jax.Array) -> jax.Array | None:
+        """The model rows' key mask for the layers' attention: None where every key is kept
+        (`keeps_all`; the same weights as an all-True mask)."""
+        return None if self.keeps_all else self.dup(keep_BT)
 
     def model_s(self, s):
         """A block start for the model rows: a scalar as is, a per-row start [B] -> [M]."""

@@ -191,8 +191,9 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
 
 def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
-    resolved gen, B, canvas [B', T], left padding [B'], keys [B']), B' = B rounded up to the
-    mesh's data axis, all placed on the mesh when there is one."""
+    resolved gen, B, canvas [B', T], left padding [B'] (None where no row is padded), keys
+    [B']), B' = B rounded up to the mesh's data axis, all placed on the mesh when there is
+    one."""
     params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths, mesh)
     B, P = len(rows), max(len(r) for r in rows)
     if mesh is not None:
@@ -204,7 +205,8 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     for b, r in enumerate(rows):
         x[b, :pad[b]] = config.pad_id
         x[b, pad[b]:P] = r
-    x, pad = jnp.asarray(x), jnp.asarray(pad)
+    # No row padded: None, and the trace gets host zeros (`Canvas.keeps_all`).
+    x, pad = jnp.asarray(x), (jnp.asarray(pad) if pad.any() else None)
     if mesh is not None:
         x, pad, keys = jax.device_put((x, pad, keys), NamedSharding(mesh, PS(DATA)))
     return params, gen, B, x, pad, keys
@@ -213,6 +215,8 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
 @functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh", "report"))
 def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, report: bool, x_BT,
               pad_B, keys_B):
+    if pad_B is None:
+        pad_B = np.zeros(x_BT.shape[0], np.int32)
     with tracing_under(mesh):
         loop = sar.run if gen.flash is None else flash.run  # Flash-dLLM has its own loop
         st = loop(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
@@ -241,7 +245,7 @@ def _output(st: sar.LoopState, gen: GenerationConfig, pad_B) -> GenerateOutput:
     P = st.x_BT.shape[1] - gen.gen_length
     is_eos = st.x_BT[:, P:] == gen.eos_id
     gen_lengths = jnp.min(jnp.where(is_eos, jnp.arange(gen.gen_length), gen.gen_length), -1)
-    return GenerateOutput(tokens=st.x_BT, prompt_lengths=P - pad_B, nfe=st.nfe_B,
+    return GenerateOutput(tokens=st.x_BT, prompt_lengths=jnp.asarray(P - pad_B), nfe=st.nfe_B,
                           steps=st.steps_B, revealed=st.revealed_B, gen_lengths=gen_lengths,
                           gen_length=gen.gen_length)
 

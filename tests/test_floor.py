@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -212,6 +213,7 @@ def test_benchmark_runs_each_short_attention_choice(tmp_path, monkeypatch):
 
 
 SWITCH = 0  # a module-level switch for `generate --settings` (kernels read theirs while tracing)
+FLAG = False  # and a bool one (e.g. kernels.fp8_matmul_mgpu_ws.STORED_SCALES)
 
 
 def test_benchmark_runs_each_module_setting(tmp_path, monkeypatch):
@@ -240,6 +242,19 @@ def test_benchmark_runs_each_module_setting(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", argv + [f"{__name__}:SWICH=1"])
     with pytest.raises(SystemExit, match="SWICH is not a module-level int"):
         bench.main()
+    monkeypatch.setattr("sys.argv", argv + [f"{__name__}:FLAG=2"])
+    with pytest.raises(SystemExit, match="FLAG is a bool: 0 or 1"):
+        bench.main()
+
+
+def test_bool_switches_are_set_as_bools():
+    from benchmarks.common import module_settings, parse_settings
+    me = sys.modules[__name__]
+    assert parse_settings(f"{__name__}:FLAG=1,{__name__}:SWITCH=1") == [
+        (me, "FLAG", True), (me, "SWITCH", 1)]
+    with module_settings(f"{__name__}:FLAG=1"):
+        assert FLAG is True
+    assert FLAG is False
 
 
 def test_fp8_e2e_runs_on_a_tiny_config_and_writes_its_rows(tmp_path, monkeypatch, capsys):

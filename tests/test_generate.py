@@ -296,6 +296,38 @@ def test_ragged_batch_row_equals_row_alone(models, kw):
         assert int(batch.steps[b]) == int(alone.steps[0])
 
 
+@pytest.mark.parametrize("cache", ["none", "exact", "prefix", "dual"])
+def test_unpadded_batch_attends_without_a_key_mask(models, monkeypatch, cache):
+    """No row padded and no DPad (known on the host): the layers' attention gets no key mask
+    (cuDNN's unmasked kernel on a GPU), with the tokens, NFE and steps of the masked path;
+    a padded batch, or DPad's dropped suffix, still passes one to every call."""
+    params, _ = models
+    seen = []
+    real = lj.model.attention
+
+    def attention(q, k, v, key_mask_BS=None):
+        seen.append(key_mask_BS is None)
+        return real(q, k, v, key_mask_BS)
+    monkeypatch.setattr(lj.model, "attention", attention)
+    gen = _gen(cache=cache, steps=12)
+    even = [PROMPT, PROMPT[::-1]]
+    runs = {}
+    for name, prompts, g in (("unpadded", even, gen), ("ragged", RAGGED, gen),
+                             ("dpad", even, dataclasses.replace(
+                                 gen, dpad=lj.DPadConfig(window=10)))):
+        seen.clear()
+        jax.clear_caches()  # trace again under the patched attention
+        runs[name] = lj.generate(params, CFG, prompts, g, key=jax.random.key(3))
+        assert seen and all(seen) == (name == "unpadded") and any(seen) == all(seen), (name, seen)
+    # The same program with the mask forced back: an all-True mask weighs keys as none does.
+    monkeypatch.setattr(lj.canvas.Canvas, "key_mask", lambda self, keep: self.dup(keep))
+    jax.clear_caches()
+    masked = lj.generate(params, CFG, even, gen, key=jax.random.key(3))
+    for field in ("tokens", "nfe", "steps"):
+        np.testing.assert_array_equal(np.asarray(getattr(runs["unpadded"], field)),
+                                      np.asarray(getattr(masked, field)))
+
+
 def test_array_with_prompt_lengths_equals_list(models):
     params, _ = models
     arr = np.zeros((3, 13), np.int32)
