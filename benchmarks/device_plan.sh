@@ -23,14 +23,16 @@
 # from there), the four-shape end to end, 29, 50 (one key share at batch 8: 2% faster, on), 34
 # (rows padded once 6% faster at 756 rows); the thirty-seventh, on an H100 at the first try:
 # 55 (the wave-filling tile slower in the step: off), 22 (61 of 62 pass: one check too
-# broad, narrowed), then four failed starts.
+# broad, narrowed), then four failed starts; the thirty-eighth, on an H100 after five: 56
+# (stored scales slower in the step: off; the narrowed test passes), the attention mask probe
+# and the unmasked step (RESULTS.md).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 56 (the w scales as stored), the test 22's part 2 failed at
-# d0903de (tests/test_gpu.py -k scales_written_where, its check narrowed since), 54 at batch
-# 1's rows (SWIGLU_MS=768: its 576 tiles are 4.4 waves),
+# Left, in priority order: 22 (every GPU test since the unmasked attention), 54 at batch
+# 1's rows (SWIGLU_MS=768: its 576 tiles are 4.4 waves; cluster 1 and snake_dim n ran 4%
+# and 3% faster than the default in 56's one round),
 # then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source

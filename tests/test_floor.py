@@ -345,3 +345,16 @@ def test_flash_gamma_sweep_compares_each_verify_setting_with_part_1(monkeypatch)
         assert r["vs_flash"]["accuracy_diff"] == d and r["vs_flash"]["ci95"] == [lo, hi]
         assert r["vs_flash"]["tokens_per_step_ratio"] == pytest.approx(
             r["tokens_per_step"] / rows[0]["tokens_per_step"])
+
+
+def test_attention_mask_probe_writes_a_row_per_variant(tmp_path, monkeypatch):
+    """`python -m benchmarks.attention_mask_probe`: each variant timed or its failure recorded
+    (on the CPU cuDNN's are absent), XLA's against itself, the floor from the run's rate."""
+    from benchmarks import attention_mask_probe
+    monkeypatch.setenv("OUT", str(tmp_path))
+    attention_mask_probe.main(["--shapes", "1:32"])
+    rows = json.loads(next(tmp_path.glob("attention_mask-*.json")).read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["cudnn_mask", "cudnn_nomask", "cudnn_kvlens",
+                                            "xla_mask"]
+    assert all(r["floor_us"] > 0 for r in rows)
+    assert rows[-1]["max_diff_vs_xla"] == 0.0 and "error" not in rows[-1]
