@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as PS
 
 from kernels.cached_attention import FAState, cached_attention, takes_row_bounds
@@ -125,8 +126,9 @@ class Ctx:
     compact: CompactPlan | None = None
 
     @classmethod
-    def build(cls, params: Params, cfg: ModelConfig, gen: GenerationConfig, pad_B: jax.Array,
-              T: int) -> "Ctx":
+    def build(cls, params: Params, cfg: ModelConfig, gen: GenerationConfig,
+              pad_B: jax.Array | np.ndarray, T: int) -> "Ctx":
+        """`pad_B`: each row's left padding (host zeros: no row padded, `Canvas.build`)."""
         return cls(params, cfg, Canvas.build(pad_B, T, cfg, gen),
                    CompactPlan.build(gen, T - gen.gen_length))
 

@@ -48,8 +48,9 @@ class Canvas:
     mask_id: int = dataclasses.field(metadata={"static": True})
     cfg_scale: float = dataclasses.field(metadata={"static": True})
     # Every row attends to every column at every step: no row is padded (known on the host)
-    # and DPad drops nothing. Attention then takes no key mask: cuDNN's unmasked kernel
-    # instead of the one adding a [B, 1, L, S] bias (`key_mask`).
+    # and no DPad. Attention then takes no key mask: cuDNN's unmasked kernel instead of the
+    # one adding a [B, 1, L, S] bias (`key_mask`). The views DPad's compact canvas gathers
+    # copy it: False there.
     keeps_all: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @classmethod
@@ -90,7 +91,8 @@ class Canvas:
 
     def key_mask(self, keep_BT: jax.Array) -> jax.Array | None:
         """The model rows' key mask for the layers' attention: None where every key is kept
-        (`keeps_all`; the same weights as an all-True mask)."""
+        (`keeps_all`: `keep_BT` is then all-True, built from the canvas's validity alone; the
+        same weights as the mask)."""
         return None if self.keeps_all else self.dup(keep_BT)
 
     def model_s(self, s):

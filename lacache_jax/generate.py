@@ -191,9 +191,9 @@ def _validate(params, config, prompts, gen, key, prompt_lengths, mesh=None, slot
 
 def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
     """Validate everything; returns (params with FP8 FFN copies kept only for `fp8_ffn`,
-    resolved gen, B, canvas [B', T], left padding [B'] (None where no row is padded), keys
-    [B']), B' = B rounded up to the mesh's data axis, all placed on the mesh when there is
-    one."""
+    resolved gen, B, canvas [B', T], left padding [B'] (None where no row is padded:
+    `left_padding`), keys [B']), B' = B rounded up to the mesh's data axis, the arrays placed
+    on the mesh when there is one."""
     params, gen, rows, keys = _validate(params, config, prompts, gen, key, prompt_lengths, mesh)
     B, P = len(rows), max(len(r) for r in rows)
     if mesh is not None:
@@ -215,12 +215,17 @@ def _prepare(params, config, prompts, gen, key, prompt_lengths, mesh=None):
 @functools.partial(jax.jit, static_argnames=("cfg", "gen", "mesh", "report"))
 def _generate(params: Params, cfg: ModelConfig, gen: GenerationConfig, mesh, report: bool, x_BT,
               pad_B, keys_B):
-    if pad_B is None:
-        pad_B = np.zeros(x_BT.shape[0], np.int32)
+    pad_B = left_padding(pad_B, x_BT.shape[0])
     with tracing_under(mesh):
         loop = sar.run if gen.flash is None else flash.run  # Flash-dLLM has its own loop
         st = loop(params, cfg, gen, x_BT, pad_B, keys_B, _block_done if report else None)
         return _output(st, gen, pad_B)
+
+
+def left_padding(pad_B, B: int):
+    """`_prepare`'s padding as the loop takes it: None (no row padded) as host zeros, which
+    tell the trace so (`Canvas.keeps_all`)."""
+    return np.zeros(B, np.int32) if pad_B is None else pad_B
 
 
 def _slot_output(out: slot_refill.Outputs, rows: list[np.ndarray], gen: GenerationConfig,

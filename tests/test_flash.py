@@ -18,7 +18,7 @@ from convert.__main__ import main as convert_main
 from lacache_jax import flash
 from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
-from lacache_jax.generate import _prepare
+from lacache_jax.generate import _prepare, left_padding
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
 from tests.reference_flash import reference_flash_generate
 
@@ -85,6 +85,7 @@ def test_each_step_queries_and_tracks_what_the_reference_does(deep):
     params, model = deep
     gen = _gen(window=4, lookahead=2, track=2)  # a small budget: importance decides
     params, gen_r, _, x, pad, keys = _prepare(params, CFG, [PROMPT], gen, None, None)
+    pad = left_padding(pad, x.shape[0])
     ctx = Ctx.build(params, CFG, gen_r, pad, x.shape[1])
     budget = flash.Budget.build(gen_r.flash, G, x.shape[1])
     st = flash.init_state(ctx, x, True)

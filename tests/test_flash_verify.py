@@ -20,7 +20,7 @@ from convert.__main__ import main as convert_main
 from lacache_jax import flash
 from lacache_jax.cache import Ctx
 from lacache_jax.config import tiny
-from lacache_jax.generate import _prepare
+from lacache_jax.generate import _prepare, left_padding
 from tests.conftest import hf_llama, random_llada_state, write_hf_llada
 from tests.reference_flash import verify_mask
 from tests.test_flash import _reference  # same model (CFG), same G
@@ -161,6 +161,7 @@ def test_verify_pass_writes_nothing_to_the_cache(deep):
     params, _ = deep
     gen = _gen(window=8, lookahead=4, track=3, verify=True, accept="cumprod", gamma=0.5)
     params, gen, _, x, pad, keys = _prepare(params, CFG, [RAGGED[0]], gen, None, None)
+    pad = left_padding(pad, x.shape[0])
     plain = dataclasses.replace(gen, flash=dataclasses.replace(gen.flash, verify=False))
     st = flash.init_state(Ctx.build(params, CFG, gen, pad, x.shape[1]), x, True)
     st = _one_step(params, plain, st, pad, keys, True)  # the free run verifies from step 2 on

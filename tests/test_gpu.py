@@ -20,14 +20,17 @@ from tests.conftest import rel_err
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("B,L,H,G", [(1, 512, 32, 32), (2, 300, 8, 2)])
-def test_cudnn_attention_matches_fp32(B, L, H, G):
+@pytest.mark.parametrize("B,L,H,G,masked", [(1, 512, 32, 32, True), (2, 300, 8, 2, True),
+                                             (1, 768, 32, 32, False), (2, 300, 8, 2, False)])
+def test_cudnn_attention_matches_fp32(B, L, H, G, masked):
+    """cuDNN's attention with a key mask (ragged rows) and without one (an unpadded batch:
+    `Canvas.keeps_all`, its unmasked kernel) against fp32."""
     kq, kk, kv = jax.random.split(jax.random.key(L), 3)
     q = jax.random.normal(kq, (B, L, H, 128), jnp.float32)
     k = jax.random.normal(kk, (B, L, G, 128), jnp.float32)
     v = jax.random.normal(kv, (B, L, G, 128), jnp.float32)
     pad = np.arange(B) * 37
-    key_mask = jnp.asarray(np.arange(L)[None, :] >= pad[:, None])
+    key_mask = jnp.asarray(np.arange(L)[None, :] >= pad[:, None]) if masked else None
     with jax.default_matmul_precision("highest"):
         ref = attention(q, k, v, key_mask)  # fp32 -> XLA implementation
     bf = lambda x: x.astype(jnp.bfloat16)
