@@ -30,7 +30,7 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 22 (every GPU test since the unmasked attention), 54 at batch
+# Left, in priority order: 57, 22 (every GPU test since the unmasked attention), 54 at batch
 # 1's rows (SWIGLU_MS=768: its 576 tiles are 4.4 waves; cluster 1 and snake_dim n ran 4%
 # and 3% faster than the default in 56's one round),
 # then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
@@ -38,6 +38,7 @@
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  57  issues 23, 20: cuDNN's attention without a key mask: GPU tests, batch 8's exact step
 #  56  issue 23: the Mosaic GPU kernels with the w scales as stored: GPU test, step, sweep
 #  55  issue 23: the Mosaic GPU GEMM at the wave-filling tile (256 x 96 at the down GEMM's
 #      768 rows): GPU tests, the down GEMM against cuBLASLt, batch 1's exact + FP8 step
@@ -193,6 +194,15 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+57)
+  # issues 23, 20: the GPU tests of cuDNN's attention with and without a key mask (an
+  # unpadded batch's layers take none since the thirty-eighth session), then the exact rows
+  # of batch 8's step that call 4 of that session's box cut off, mask off / on
+  timeout -k 5 ${TEST_S:-120} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "cudnn_attention or bf16_forward" -p no:cacheprovider > "$OUT/pytest_unmasked_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_unmasked_gpu.log" "passed\|failed\|Error" || exit 1
+  step_settings generate_b8_exact_unmasked.log 330 "--batch 8 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" lacache_jax.canvas:UNMASKED=0 lacache_jax.canvas:UNMASKED=1 ;;
 56)
   # issue 23: the Mosaic GPU kernels reading the w scales as stored (WsConfig.stored_scales)
   # instead of a copy widened by an XLA transpose + broadcast before every call (1.5 MB and a
