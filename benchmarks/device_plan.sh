@@ -194,12 +194,21 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+59)
+  # issue 23: the fused SwiGLU kernel's pairs at batch 1's 1,280 rows (P 1024) off / on
+  # (SWIGLU_PAIRS_MIN_M 0: pairs everywhere, as before the thirty-ninth session), then batch
+  # 1's none and exact rows at P 512 with and without FP8 (the headline ratio, same run)
+  step_settings generate_b1_p1024_swiglu_pairs.log 200 "--batch 1 --prompt 1024 --modes \
+exact --decoding fixed --fp8-ffn on" \
+    $(alternated kernels.fp8_matmul_mgpu_ws:SWIGLU_PAIRS_MIN_M 0 4608)
+  step_settings generate_b1_headline.log 200 "--batch 1 --prompt 512 --modes none,exact \
+--decoding fixed --fp8-ffn both" "" ;;
 58)
   # issue 23: the fused SwiGLU kernel without clusters at batch 1's 768 rows (its sweep's
   # cluster-1 row 4% faster in the thirty-eighth session's one round): batch 1's exact + FP8
   # step alternated (goal 1.3x of none: 0.5 ms a step less), then the sweep's second round
   step_settings generate_b1_swiglu_cluster.log 220 "--batch 1 --prompt 512 --modes exact \
---decoding fixed --fp8-ffn on" $(alternated kernels.fp8_matmul_mgpu_ws:SWIGLU_CLUSTER 2 1)
+--decoding fixed --fp8-ffn on" $(alternated kernels.fp8_matmul_mgpu_ws:SWIGLU_PAIRS_MIN_M 0 4608)
   timeout -k 5 ${SWEEP_S:-200} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep swiglu:768 \
     2>&1 | tee "$OUT/ws_sweep_swiglu_768.log" | quiet | grep "tflops\|error" | cut -c1-200 ;;
 57)

@@ -95,10 +95,11 @@ STORED_SCALE_GROUPS = 32
 # Whether the dispatched configurations (`get_default`, `get_default_swiglu`) read the w
 # scales as stored where they can (`WsConfig.stored_scales`): off until timed on the GPU.
 STORED_SCALES = False
-# `get_default_swiglu`'s cluster (2: pairs sharing x where F allows; 1: none). At batch 1's
-# 768 rows the sweep's cluster-1 row ran 4% faster in one round (thirty-eighth session): a
-# switch so that the step can arbitrate.
-SWIGLU_CLUSTER = 2
+# The fewest rows from which `get_default_swiglu` pairs CTAs in clusters sharing x: without
+# pairs batch 1's exact + FP8 step (768 rows) ran 0.22 ms (1.4%) faster, tokens equal, and
+# the sweep's kernel 6% (thirty-ninth session, H100); at 4,608 and 6,144 rows no knob beat the
+# default (thirty-sixth). Between them untimed.
+SWIGLU_PAIRS_MIN_M = 4608
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -281,8 +282,8 @@ class WsConfig:
         Reasoned from `get_default`'s; timed as the dispatch's (thirty-fifth session, its
         GEMM 8% longer than cuBLASLt's in batch 8's step), its knobs unswept
         (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:4608`)."""
-        del M, sm_count  # one tile shape: the register budget leaves no other
-        pairs = SWIGLU_CLUSTER == 2 and F % (2 * BLOCK_N) == 0
+        del sm_count  # one tile shape: the register budget leaves no other
+        pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
         base = cls(wg_rows=WAVE, cluster=2 if pairs else 1,
                    stored_scales=STORED_SCALES and _stores_scales_whole(K))
         for steady in (True, False):
