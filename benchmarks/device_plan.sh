@@ -25,19 +25,19 @@
 # 55 (the wave-filling tile slower in the step: off), 22 (61 of 62 pass: one check too
 # broad, narrowed), then four failed starts; the thirty-eighth, on an H100 after five: 56
 # (stored scales slower in the step: off; the narrowed test passes), the attention mask probe
-# and the unmasked step (RESULTS.md).
+# and the unmasked step; the thirty-ninth, on an H100 at the first try: 57, 22 (all 65 pass
+# at 916cfa3), 58 and 59 (no SwiGLU pairs below 4,608 rows: faster, on) (RESULTS.md).
 # Done in the twenty-fourth: 30, 29, 22 (all 44 GPU tests at 6f5d600); in the
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 57, 22 (every GPU test since the unmasked attention), 54 at batch
-# 1's rows (SWIGLU_MS=768: its 576 tiles are 4.4 waves; cluster 1 and snake_dim n ran 4%
-# and 3% faster than the default in 56's one round),
-# then 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# Left, in priority order: 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  59  issue 23: SwiGLU pairs off / on at batch 1's 1,280 rows; batch 1's headline
+#  58  issue 23: SwiGLU pairs off / on at batch 1's 768 rows: step, the sweep's second round
 #  57  issues 23, 20: cuDNN's attention without a key mask: GPU tests, batch 8's exact step
 #  56  issue 23: the Mosaic GPU kernels with the w scales as stored: GPU test, step, sweep
 #  55  issue 23: the Mosaic GPU GEMM at the wave-filling tile (256 x 96 at the down GEMM's

@@ -277,11 +277,11 @@ class WsConfig:
     @classmethod
     def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
         """`gate_up_swiglu_mgpu_ws`'s: 128 x 128 output tiles (two 64-row warpgroups, each
-        with a gate and an up sum), clusters of 2 sharing x where F allows, the deepest
-        pipeline that fits (4 stages at LLaDA-8B: 196 KiB of buffers + 16.5 KiB of epilogue).
-        Reasoned from `get_default`'s; timed as the dispatch's (thirty-fifth session, its
-        GEMM 8% longer than cuBLASLt's in batch 8's step), its knobs unswept
-        (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:4608`)."""
+        with a gate and an up sum), clusters of 2 sharing x from `SWIGLU_PAIRS_MIN_M` rows
+        where F allows, the deepest pipeline that fits (4 stages at LLaDA-8B: 196 KiB of
+        buffers + 16.5 KiB of epilogue). Reasoned from `get_default`'s; its knobs swept at
+        4,608, 6,144 and 768 rows (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:M`): only
+        dropping the pairs below 4,608 rows paid in the step."""
         del sm_count  # one tile shape: the register budget leaves no other
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
         base = cls(wg_rows=WAVE, cluster=2 if pairs else 1,

@@ -385,8 +385,8 @@ def unfused_swiglu(xq, xs, wq, ws, config, interpret: bool):
 @pytest.mark.parametrize("M", [1024, 4608, 1000])
 def test_swiglu_defaults_lower_for_hopper(M):
     """The fused kernel's default (128 x 128 tiles of two 64-row warpgroups with a gate and an
-    up sum each, clusters of 2, 4 stages) lowers through Mosaic GPU at LLaDA-8B's gate/up
-    shape, batch 8's 4,608 rows and a ragged M: the epilogue's row max, FP8 cast and the
+    up sum each, clusters of 2 from 4,608 rows, 4 stages) lowers through Mosaic GPU at
+    LLaDA-8B's gate/up shape, batch 8's 4,608 rows (pairs), 1,024 and a ragged M (none): the epilogue's row max, FP8 cast and the
     stores of the tile and its row scales have layouts; the non-steady pipeline too."""
     assert "mosaic_gpu" in export_cuda(M, *GATE_UP, kernel=gate_up_swiglu_mgpu_ws)
     flat = dataclasses.replace(WsConfig.get_default_swiglu(M, 12288, 4096), steady=False,
@@ -399,7 +399,10 @@ def test_swiglu_default_config():
     assert (c.wg_rows, c.block_m, c.cluster, c.cluster_dim, c.stages, c.steady) == (
         64, 128, 2, "n", 4, True)
     assert c.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
-    assert WsConfig.get_default_swiglu(1024, 384, 4096).cluster == 1  # 3 column blocks
+    assert WsConfig.get_default_swiglu(4608, 384, 4096).cluster == 1  # 3 column blocks
+    # Below SWIGLU_PAIRS_MIN_M no pairs: faster at batch 1's 768 and 1,280 rows on an H100
+    assert WsConfig.get_default_swiglu(4607, 12288, 4096).cluster == 1
+    assert WsConfig.get_default_swiglu(768, 12288, 4096).cluster == 1
 
 
 @pytest.mark.parametrize("M,K,F,kw", [
