@@ -386,8 +386,9 @@ def unfused_swiglu(xq, xs, wq, ws, config, interpret: bool):
 def test_swiglu_defaults_lower_for_hopper(M):
     """The fused kernel's default (128 x 128 tiles of two 64-row warpgroups with a gate and an
     up sum each, clusters of 2 from 4,608 rows, 4 stages) lowers through Mosaic GPU at
-    LLaDA-8B's gate/up shape, batch 8's 4,608 rows (pairs), 1,024 and a ragged M (none): the epilogue's row max, FP8 cast and the
-    stores of the tile and its row scales have layouts; the non-steady pipeline too."""
+    LLaDA-8B's gate/up shape, batch 8's 4,608 rows (pairs), 1,024 and a ragged M (none):
+    the epilogue's row max, FP8 cast and the stores of the tile and its row scales have
+    layouts; the non-steady pipeline too."""
     assert "mosaic_gpu" in export_cuda(M, *GATE_UP, kernel=gate_up_swiglu_mgpu_ws)
     flat = dataclasses.replace(WsConfig.get_default_swiglu(M, 12288, 4096), steady=False,
                                stages=3, snake_dim="n")
