@@ -31,11 +31,13 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 26 at M 6144 (batch 8's tiles) and at M 768 with whole
+# Left, in priority order: 60 (pairs at batch 8's rows), 22 (every GPU test since the
+# pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
 # rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  60  issue 23: SwiGLU pairs off / on at batch 8's rows: FFN at 4,608, step
 #  59  issue 23: SwiGLU pairs off / on at batch 1's 1,280 rows; batch 1's headline
 #  58  issue 23: SwiGLU pairs off / on at batch 1's 768 rows: step, the sweep's second round
 #  57  issues 23, 20: cuDNN's attention without a key mask: GPU tests, batch 8's exact step
@@ -194,6 +196,18 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+60)
+  # issue 23: the fused SwiGLU kernel's pairs at batch 8's rows too: without them it ran 1.4%
+  # faster in batch 1's step (thirty-ninth session), and the thirty-sixth's sweep had one CTA
+  # a cluster 1.3% / 2.5% faster at 4,608 / 6,144 rows, within its spread. The FFN at 4,608
+  # rows (goal 1.6x bf16; 1.59x with pairs) off / on, then batch 8's exact + FP8 step
+  # alternated (pairs from 4,608 rows as shipped / never)
+  FFN_ROWS=${FFN_ROWS:-4608} ffn_settings fp8_ffn_swiglu_pairs_4608.log 300 \
+    kernels.fp8_matmul_mgpu_ws:SWIGLU_PAIRS_MIN_M=4608 \
+    kernels.fp8_matmul_mgpu_ws:SWIGLU_PAIRS_MIN_M=1000000
+  step_settings generate_b8_swiglu_pairs.log 280 "--batch 8 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" $(alternated kernels.fp8_matmul_mgpu_ws:SWIGLU_PAIRS_MIN_M 4608 \
+    1000000) ;;
 59)
   # issue 23: the fused SwiGLU kernel's pairs at batch 1's 1,280 rows (P 1024) off / on
   # (SWIGLU_PAIRS_MIN_M 0: pairs everywhere, as before the thirty-ninth session), then batch
