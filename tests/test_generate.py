@@ -510,7 +510,9 @@ def test_progress_is_reported_after_each_block_s_work(flash):
     the block counter, known when the block starts, so XLA ran it first: the bar ran a block
     ahead (seen: block 1 of 8 reported at 2% of the run, block 8 at 88%; now 14% and 100%).
     Equal blocks: report d must come after about (d - 1/2) / n of the run. Flash-dLLM
-    reports once, at the end."""
+    reports once, at the end. Measured against the reports' own spacing (one block's work):
+    the time before the loop and after it (the result's transfer, which took 15% of the run
+    on a loaded CI machine) only delays report 1, so a correct loop cannot fail this."""
     import time
     cfg = lj.tiny(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512)
     params = lj.init_params(cfg, jax.random.key(0))
@@ -526,5 +528,11 @@ def test_progress_is_reported_after_each_block_s_work(flash):
     total = time.perf_counter() - start
     n = 1 if flash else 8
     assert [(d, m) for d, m, _ in times] == [(d, n) for d in range(1, n + 1)]
-    assert all(t / total >= (d - 0.5) / n for d, _, t in times), [
-        (d, round(t / total, 3)) for d, _, t in times]
+    at = [t for _, _, t in times]
+    if flash:
+        assert at[0] >= 0.5 * total, (at, total)
+        return
+    block = (at[-1] - at[0]) / (n - 1)
+    assert all(b > a for a, b in zip(at, at[1:])), at
+    # A block ahead, report 1 came before any block's work: at 2% of the run, 0.16 of a block
+    assert at[0] >= 0.5 * block, [(d, round(t / total, 3)) for d, _, t in times]
