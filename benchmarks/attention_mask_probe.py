@@ -25,8 +25,11 @@ H, K = 32, 128
 def variants(B: int, L: int) -> dict:
     mask = jnp.broadcast_to(jnp.ones((B, L), bool)[:, None, None, :], (B, 1, L, L))
     lens = jnp.full((B,), L, jnp.int32)
-    attend = lambda impl, **kw: (lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
-        q, k, v, scale=K ** -0.5, implementation=impl, **kw))
+
+    def attend(impl, **kw):
+        return lambda q, k, v: jax.nn.dot_product_attention(
+            q, k, v, scale=K ** -0.5, implementation=impl, **kw)
+
     return {"cudnn_mask": attend("cudnn", mask=mask), "cudnn_nomask": attend("cudnn"),
             "cudnn_kvlens": attend("cudnn", query_seq_lengths=lens, key_value_seq_lengths=lens),
             "xla_mask": attend("xla", mask=mask)}

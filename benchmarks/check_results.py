@@ -34,9 +34,14 @@ def problems(results_md: str, names: list[str]) -> list[str]:
     return out
 
 
-def main() -> int:
+def repository_problems() -> list[str]:
+    """`problems` of this directory's RESULTS.md and results/."""
     names = [p.name for p in (HERE / "results").iterdir() if p.suffix in (".json", ".log")]
-    found = problems((HERE / "RESULTS.md").read_text(), names)
+    return problems((HERE / "RESULTS.md").read_text(), names)
+
+
+def main() -> int:
+    found = repository_problems()
     print("\n".join(found) or "every cited file exists and every file is cited")
     return 1 if found else 0
 

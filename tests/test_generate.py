@@ -509,10 +509,11 @@ def test_progress_is_reported_after_each_block_s_work(flash):
     """`progress(done, n)` fires once block `done` has been computed. Its callback took only
     the block counter, known when the block starts, so XLA ran it first: the bar ran a block
     ahead (seen: block 1 of 8 reported at 2% of the run, block 8 at 88%; now 14% and 100%).
-    Equal blocks: report d must come after about (d - 1/2) / n of the run. Flash-dLLM
-    reports once, at the end. Measured against the reports' own spacing (one block's work):
-    the time before the loop and after it (the result's transfer, which took 15% of the run
-    on a loaded CI machine) only delays report 1, so a correct loop cannot fail this."""
+    Equal blocks: report 1 must come after at least half a block's work, measured as the
+    reports' own spacing, and the reports in order; the time before the loop and after it
+    (the result's transfer, 15% of the run on a loaded CI machine) only delays report 1, so
+    a correct loop cannot fail this. Flash-dLLM reports once, at the end: after half the
+    run."""
     import time
     cfg = lj.tiny(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512)
     params = lj.init_params(cfg, jax.random.key(0))
