@@ -31,12 +31,13 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 60 (pairs at batch 8's rows), 22 (every GPU test since the
-# pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole
-# rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
-# (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
+# Left, in priority order: 61 (the last layer on the block's rows), 60 (pairs at batch 8's
+# rows), 22 (every GPU test since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and
+# at M 768 with whole rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8),
+# 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  61  issues 23, 20: the last layer on the block's rows off / on: batch 1's steps
 #  60  issue 23: SwiGLU pairs off / on at batch 8's rows: FFN at 4,608, step
 #  59  issue 23: SwiGLU pairs off / on at batch 1's 1,280 rows; batch 1's headline
 #  58  issue 23: SwiGLU pairs off / on at batch 1's 768 rows: step, the sweep's second round
@@ -196,6 +197,14 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+61)
+  # issues 23, 20: the last layer's attention, projection and MLP on the block's rows only
+  # (cache.HEAD_ROWS_ONLY), alternated on / off: batch 1, prompt 512, none and exact with and
+  # without the FP8 FFN (the headline ratio in each setting), then prefix
+  step_settings generate_b1_head_rows.log 420 "--batch 1 --prompt 512 --modes none,exact \
+--decoding fixed --fp8-ffn both" $(alternated lacache_jax.cache:HEAD_ROWS_ONLY 1 0)
+  ITERS=1 step_settings generate_b1_prefix_head_rows.log 120 "--batch 1 --prompt 512 --modes \
+prefix --decoding fixed --fp8-ffn both" $(alternated lacache_jax.cache:HEAD_ROWS_ONLY 1 0) ;;
 60)
   # issue 23: the fused SwiGLU kernel's pairs at batch 8's rows too: without them it ran 1.4%
   # faster in batch 1's step (thirty-ninth session), and the thirty-sixth's sweep had one CTA

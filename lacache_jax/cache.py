@@ -138,6 +138,24 @@ class Ctx:
         return None if jnp.ndim(s) == 1 else self.compact
 
 
+# On: a forward's last layer runs attention, the output projection and the MLP for the rows
+# the LM head reads (the block's) only; every row's keys and values are still made (a cache
+# keeps them). The other rows' outputs would be computed to be thrown away: at batch 1,
+# prompt 512, the last layer's 736 of 768 rows. Off (0): every query row through the whole
+# last layer (read while tracing; `--settings lacache_jax.cache:HEAD_ROWS_ONLY=0` times it).
+HEAD_ROWS_ONLY = True
+
+
+def head_blocks(x_BLD, layers, cfg: ModelConfig, cos, sin, key_mask, cut, **hooks):
+    """`run_blocks`, returning the hidden states of the rows `cut(a)` selects from a [M, L,
+    ...] array (the block's: the LM head's), computed in the last layer for those rows only
+    under `HEAD_ROWS_ONLY`."""
+    if HEAD_ROWS_ONLY:
+        return run_blocks(x_BLD, layers, cfg, cos, sin, key_mask, rows=cut, **hooks)
+    h, ks, vs = run_blocks(x_BLD, layers, cfg, cos, sin, key_mask, **hooks)
+    return cut(h), ks, vs
+
+
 def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
     """All rows through all layers; returns the block's logits and every layer's K/V (None
     without `kv`). With DPad and one block start, only the compact canvas's columns run
@@ -158,9 +176,9 @@ def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
 
 def _forward(ctx: Ctx, cv: Canvas, x_BT, keep_BT, s, kv: bool):
     cos, sin = cv.rope()
-    h, ks, vs = run_blocks(ctx.params.embed[cv.model_rows(x_BT)], ctx.params.layers, ctx.cfg,
-                           cos, sin, cv.key_mask(keep_BT))
-    return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s)), KVCache(ks, vs) if kv else None
+    h, ks, vs = head_blocks(ctx.params.embed[cv.model_rows(x_BT)], ctx.params.layers, ctx.cfg,
+                            cos, sin, cv.key_mask(keep_BT), lambda a: cv.cut(a, s))
+    return cv.logits(ctx.params, ctx.cfg, h), KVCache(ks, vs) if kv else None
 
 
 def _width(T: int, k: int, plan: CompactPlan | None) -> int:
@@ -183,13 +201,15 @@ def _kv_shape(ctx: Ctx):
 dual_update = Forced("dual_update", ("xla", "fused"))
 
 
-def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, cols_ML=None):
+def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, cols_ML=None,
+                 cut=None):
     """Query rows (model-row token ids `tok_ML`: the block's for dual, the block and what
     follows for prefix, [P, T) for prefix under slot refill, the block and its kept suffix with
     DPad; at RoPE `cos`/`sin`) through every layer, attending to the canvas-layout cache into
     which `write(c, new)` puts each layer's new K/V. `cols_ML`: the cache columns `write`
     puts the rows at, given where the fused cache-update kernel may do the writing
-    (`dual_update`). Returns (hidden, the written cache)."""
+    (`dual_update`). `cut`: the block's rows among them (`head_blocks`), None where they are
+    all the block's. Returns (hidden of the block's rows, the written cache)."""
     def kv_fn(i):
         def put(c, new):
             with jax.named_scope("cache_update"):
@@ -209,9 +229,11 @@ def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, col
     fused = (cols_ML is not None and dual_update.choice("xla") == "fused"
              and flash_cache_chosen(*tok_ML.shape, ctx.params.layers[0].tp,
                                     ctx.cfg.head_dim) == "pallas")
-    h, ks, vs = run_blocks(ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
-                           ctx.canvas.key_mask(keep_BT), [kv_fn(i) for i in layers],
-                           [fused_fn(i) for i in layers] if fused else None)
+    hooks = dict(kv_fns=[kv_fn(i) for i in layers],
+                 qkv_fns=[fused_fn(i) for i in layers] if fused else None)
+    args = (ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
+            ctx.canvas.key_mask(keep_BT))
+    h, ks, vs = run_blocks(*args, **hooks) if cut is None else head_blocks(*args, cut, **hooks)
     return h, KVCache(ks, vs)
 
 
@@ -288,8 +310,8 @@ class PrefixCache(KVPolicy):
         write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new, s, axis=1)
         cos, sin = sub.rope()
         h, cache = query_layers(ctx, sub.model_rows(x_BT[:, s:]), cos, sin, keep_BT, cache,
-                                write)
-        return cv.logits(ctx.params, ctx.cfg, h[:, :cv.block_len]), cache
+                                write, cut=lambda a: a[:, :cv.block_len])
+        return cv.logits(ctx.params, ctx.cfg, h), cache
 
     def _step_compact(self, ctx: Ctx, x_BT, keep_BT, s: int, cache, slots: int):
         """DPad: queries the block [s, s + block_len) and the kept suffix (`slots` static
@@ -301,8 +323,8 @@ class PrefixCache(KVPolicy):
         view = View.at(cv, keep_BT, cols)
         cos, sin = view.canvas.rope()
         h, cache = query_layers(ctx, view.canvas.model_rows(view.take(x_BT)), cos, sin,
-                                keep_BT, cache, view.put)
-        return cv.logits(ctx.params, ctx.cfg, h[:, :bl]), cache
+                                keep_BT, cache, view.put, cut=lambda a: a[:, :bl])
+        return cv.logits(ctx.params, ctx.cfg, h), cache
 
     @staticmethod
     def _step_window(ctx: Ctx, x_BT, keep_BT, s, cache):
@@ -317,8 +339,8 @@ class PrefixCache(KVPolicy):
         # The mixed K/V serve this step's attention only: the cache stays as the first
         # forward left it.
         h, _ = query_layers(ctx, cv.model_rows(x_BT)[:, P:], cos[:, P:], sin[:, P:], keep_BT,
-                            cache, mix)
-        return cv.logits(ctx.params, ctx.cfg, cv.cut(h, s - P)), cache
+                            cache, mix, cut=lambda a: cv.cut(a, s - P))
+        return cv.logits(ctx.params, ctx.cfg, h), cache
 
 
 class DualCache(KVPolicy):
@@ -423,9 +445,10 @@ class ExactCache:
         """Layer 0 after its attention, then the deeper layers as usual."""
         params = ctx.params
         cos, sin = cv.rope()
-        h, _, _ = run_blocks(finish_block(emb, attn, params.layers[0], ctx.cfg),
-                             params.layers[1:], ctx.cfg, cos, sin, cv.key_mask(keep_BT))
-        return cv.logits(params, ctx.cfg, cv.cut(h, s))
+        h, _, _ = head_blocks(finish_block(emb, attn, params.layers[0], ctx.cfg),
+                              params.layers[1:], ctx.cfg, cos, sin, cv.key_mask(keep_BT),
+                              lambda a: cv.cut(a, s))
+        return cv.logits(params, ctx.cfg, h)
 
     def first(self, ctx: Ctx, x_BT, keep_BT, s):
         plan = ctx.compact_at(s)

@@ -243,17 +243,21 @@ def _mlp(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig) -> jax.Array:
 
 
 def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
-          key_mask_BS: jax.Array | None, kv_fn=None, qkv_fn=None):
+          key_mask_BS: jax.Array | None, kv_fn=None, qkv_fn=None, rows=None):
     """One pre-norm block. `kv_fn(k, v) -> (k_all, v_all)` lets a cache supply the keys and
     values the queries attend to (default: the block's own); `qkv_fn(h) -> (q, k_all,
     v_all)` replaces the projection, RoPE and `kv_fn` together (a fused cache-update kernel).
-    Returns (x, k_all, v_all)."""
+    `rows(a)`: the rows of a [B, L, ...] array whose outputs are wanted; only their queries
+    attend and only they go through the projection and the MLP (every row's keys and values
+    are still made). Returns (x of those rows, k_all, v_all)."""
     h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
     if qkv_fn is not None:
         q, k_all, v_all = qkv_fn(h)
     else:
         q, k, v = qkv(h, layer, cfg, cos_BLk, sin_BLk)
         k_all, v_all = (k, v) if kv_fn is None else kv_fn(k, v)
+    if rows is not None:
+        q, x_BLD = rows(q), rows(x_BLD)
     with jax.named_scope("attention"):
         attn = attention(q, k_all, v_all, key_mask_BS)
     return finish_block(x_BLD, attn, layer, cfg), k_all, v_all
@@ -293,14 +297,19 @@ def forward_layers(params: Params, cfg: ModelConfig, tokens_BL: jax.Array,
 
 
 def run_blocks(x_BLD: jax.Array, layers: list[Layer], cfg: ModelConfig, cos_BLk, sin_BLk,
-               key_mask_BS: jax.Array | None, kv_fns=None, qkv_fns=None):
+               key_mask_BS: jax.Array | None, kv_fns=None, qkv_fns=None, rows=None):
     """`layers` in order from hidden states x; returns (x, per-layer keys and values).
-    `kv_fns[i]`, `qkv_fns[i]`: layer i's hooks (see `block`)."""
+    `kv_fns[i]`, `qkv_fns[i]`: layer i's hooks (see `block`). `rows(a)`: the rows of a
+    [B, L, ...] array whose final hidden states are wanted (the LM head's): the last layer
+    computes the rest of its block for those only (`block`), and x holds only them."""
     ks, vs = [], []
+    if rows is not None and not layers:
+        x_BLD = rows(x_BLD)
     for i, layer in enumerate(layers):
         x_BLD, k, v = block(x_BLD, layer, cfg, cos_BLk, sin_BLk, key_mask_BS,
                             None if kv_fns is None else kv_fns[i],
-                            None if qkv_fns is None else qkv_fns[i])
+                            None if qkv_fns is None else qkv_fns[i],
+                            rows if i == len(layers) - 1 else None)
         ks.append(k)
         vs.append(v)
     return x_BLD, ks, vs
