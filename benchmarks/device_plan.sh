@@ -34,7 +34,8 @@
 # Left, in priority order: 61 (the last layer on the block's rows), 60 (pairs at batch 8's
 # rows), 22 (every GPU test since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and
 # at M 768 with whole rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8),
-# 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
+# 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44
+# once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
 #  61  issues 23, 20: the last layer on the block's rows off / on: batch 1's steps
