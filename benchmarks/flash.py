@@ -62,6 +62,7 @@ from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, ll
 from kernels import flash_cache as fc
 from kernels import flash_cache_mgpu as fcm
 from kernels import window_attention as wa
+from lacache_jax import cache as cache_module
 from lacache_jax import flash
 from lacache_jax.cache import Ctx
 from lacache_jax.generate import row_keys
@@ -81,13 +82,16 @@ def budget_of(args, **verify) -> lj.FlashConfig:
 
 
 def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
-    """(FLOPs, bytes) of a later flash step: R query rows through every layer against T keys,
-    the LM head on the window rows; bytes: the weights, the whole K/V cache read once and the
-    R rows written."""
+    """(FLOPs, bytes) of a later flash step: R query rows through every layer against T keys
+    (the last layer's queries, attention, output projection and MLP the window rows' only
+    under `cache.HEAD_ROWS_ONLY`), the LM head on the window rows; bytes: the weights, the
+    whole K/V cache read once and the R rows written."""
     D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
-    proj = D * K * (2 * cfg.n_heads + 2 * cfg.n_kv_heads) + 3 * D * F
+    kv, rest = D * K * 2 * cfg.n_kv_heads, D * K * 2 * cfg.n_heads + 3 * D * F
     attn = 2 * T * cfg.n_heads * K
-    flops = 2.0 * B * (R * cfg.n_layers * (proj + attn) + fcfg.window * D * V)
+    head_rows = min(R, fcfg.window) if cache_module.HEAD_ROWS_ONLY else R
+    flops = 2.0 * B * (R * cfg.n_layers * kv + (R * (cfg.n_layers - 1) + head_rows)
+                       * (rest + attn) + fcfg.window * D * V)
     kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * K * 2  # k and v, all layers, bf16
     return flops, 2.0 * cfg.n_params + B * (T + R) * kv_row
 

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 
 from kernels.flash_cache import flash_cache
 from kernels.window_attention import window_attention
+from lacache_jax import cache as policies
 from lacache_jax import sampling
 from lacache_jax.cache import Ctx, KVCache
 from lacache_jax.config import FlashConfig, GenerationConfig, ModelConfig
@@ -156,8 +157,10 @@ def select_queries(st: FlashState, valid_BT, budget: Budget, R: int, everything:
 
 
 def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
-    """All layers for the query rows against the cache; returns (window logits [B, W, V]
-    fp32, importance [B, T] fp32, cache with every query row's K/V rewritten)."""
+    """All layers for the query rows against the cache (the last layer's attention,
+    projection and MLP for the W window rows only, `cache.HEAD_ROWS_ONLY`: no other row's
+    output is read); returns (window logits [B, W, V] fp32, importance [B, T] fp32, cache
+    with every query row's K/V rewritten)."""
     params, cfg, cv = ctx.params, ctx.cfg, ctx.canvas
     T = x_BT.shape[1]
     used = kind_BR != UNUSED
@@ -177,6 +180,8 @@ def query_forward(ctx: Ctx, x_BT, cache: KVCache, cols_BR, kind_BR, W: int):
                                   n_heads=cfg.n_heads, tp=layer.tp)
         ks.append(k_c)
         vs.append(v_c)
+        if i == cfg.n_layers - 1 and policies.HEAD_ROWS_ONLY:  # only the window's reach the head
+            q, x_BRD = q[:, :W], x_BRD[:, :W]
         with jax.named_scope("attention"):
             if i >= IMPORTANCE_FIRST_LAYER:  # the scores of the same pass, summed per key
                 attn, scores_BT = window_attention(q, k_c, v_c, cv.valid_BT, weight_BW)

@@ -1,5 +1,6 @@
 """The last layer computes the LM head's rows only (`cache.HEAD_ROWS_ONLY`): its attention,
-projection and MLP run for the block's rows, its keys and values for every row. Fails if that
+projection and MLP run for the block's rows (Flash-dLLM's: the window's), its keys and values
+for every row. Fails if that
 is silently off (the MLP's rows) and if it changes what any policy generates (the same
 tokens, NFE and steps as every row through the last layer, fp32)."""
 
@@ -31,7 +32,8 @@ def params():
 
 
 def _run(params, monkeypatch, head_rows_only: bool, slots=None, **kw):
-    """(result, the MLP's rows per call as traced, per layer in order)."""
+    """(result, the MLP's rows per call as traced, per layer in order); `kw`: the
+    GenerationConfig's fields beyond this file's blocks (with `flash`: in their place)."""
     widths = []
 
     def mlp(x_BLD, layer, cfg):
@@ -40,7 +42,8 @@ def _run(params, monkeypatch, head_rows_only: bool, slots=None, **kw):
     monkeypatch.setattr(lj.model, "mlp", mlp)
     monkeypatch.setattr(cache, "HEAD_ROWS_ONLY", head_rows_only)
     jax.clear_caches()  # trace again under the switch and the patched MLP
-    gen = lj.GenerationConfig(gen_length=G, block_length=BL, steps=12, stop_at_eos=False, **kw)
+    blocks = {} if "flash" in kw else dict(block_length=BL, steps=12)
+    gen = lj.GenerationConfig(gen_length=G, stop_at_eos=False, **blocks, **kw)
     out = lj.generate(params, CFG, PROMPTS, gen, key=jax.random.key(3), slots=slots)
     return out, widths
 
@@ -56,6 +59,8 @@ CASES = {
     "prefix_dpad": dict(cache="prefix", dpad=DPAD),
     "prefix_slots": dict(cache="prefix", slots=2),  # per-row starts: the window [P, T)
     "exact_slots": dict(cache="exact", slots=2),
+    # the prefill and later steps of the sliding window (width BL: the head's rows)
+    "flash": dict(threshold=0.9, flash=lj.FlashConfig(window=BL, lookahead=4, track=4)),
 }
 
 
@@ -68,8 +73,8 @@ def test_last_layer_runs_the_block_rows_with_the_same_tokens(params, monkeypatch
     L = CFG.n_layers
     assert L >= 2 and len(on_widths) == len(off_widths) and len(on_widths) % L == 0
     # Each traced forward's layers in order: with the switch on, its last layer's MLP takes
-    # the block's rows (its rows under CFG: one row per model row, BL of them), the others
-    # the rows they took with it off.
+    # the block's rows (its rows under CFG: one row per model row, BL of them; flash: the
+    # window's), the others the rows they took with it off.
     for f in range(0, len(on_widths), L):
         assert on_widths[f:f + L - 1] == off_widths[f:f + L - 1], (on_widths, off_widths)
         assert on_widths[f + L - 1] == BL, (case, on_widths)
