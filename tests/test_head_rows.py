@@ -48,17 +48,14 @@ def _run(params, monkeypatch, head_rows_only: bool, slots=None, **kw):
     return out, widths
 
 
-CASES = {
-    "none": dict(),
-    "none_cfg": dict(cfg_scale=1.5),
-    "exact": dict(cache="exact"),
-    "prefix": dict(cache="prefix", threshold=0.9),
+CASES = {  # every call site of `cache.head_blocks` and flash's query pass
+    "none_cfg": dict(cfg_scale=1.5),  # `_forward` (also the KV caches' first forwards)
+    "exact": dict(cache="exact"),  # `ExactCache._rest`
+    "prefix": dict(cache="prefix", threshold=0.9),  # `_step_from`
     "dual_refresh": dict(cache="dual", refresh_interval=2),
-    "none_dpad": dict(dpad=DPAD),
-    "exact_dpad": dict(cache="exact", dpad=DPAD),
-    "prefix_dpad": dict(cache="prefix", dpad=DPAD),
-    "prefix_slots": dict(cache="prefix", slots=2),  # per-row starts: the window [P, T)
-    "exact_slots": dict(cache="exact", slots=2),
+    "exact_dpad": dict(cache="exact", dpad=DPAD),  # the compact canvas
+    "prefix_dpad": dict(cache="prefix", dpad=DPAD),  # `_step_compact`
+    "prefix_slots": dict(cache="prefix", slots=2),  # per-row starts: `_step_window`'s [P, T)
     # the prefill and later steps of the sliding window (width BL: the head's rows)
     "flash": dict(threshold=0.9, flash=lj.FlashConfig(window=BL, lookahead=4, track=4)),
 }
