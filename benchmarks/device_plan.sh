@@ -32,12 +32,13 @@
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 61 (the last layer on the block's rows), 60 (pairs at batch 8's
-# rows), 22 (every GPU test since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and
-# at M 768 with whole rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8),
+# rows), 62 (the flash step with the last layer on the window's rows), 22 (every GPU test
+# since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8),
 # 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44
 # once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
+#  62  issue 17: the last layer on the window's rows off / on: the flash step at batch 32
 #  61  issues 23, 20: the last layer on the block's rows off / on: batch 1's steps
 #  60  issue 23: SwiGLU pairs off / on at batch 8's rows: FFN at 4,608, step
 #  59  issue 23: SwiGLU pairs off / on at batch 1's 1,280 rows; batch 1's headline
@@ -198,6 +199,14 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+62)
+  # issue 17: the Flash-dLLM step at batch 32 with the last layer on the window's rows
+  # (cache.HEAD_ROWS_ONLY) on / off, each in its own process (the floor counts the setting)
+  for on in 1 0; do
+    timeout -k 5 ${FLASH_S:-240} python3 -m benchmarks.flash --parts step --batch 32 \
+      --settings lacache_jax.cache:HEAD_ROWS_ONLY=$on 2>&1 \
+      | tee "$OUT/flash_b32_head_rows_$on.log" | quiet | grep "^flash\|->"
+  done ;;
 61)
   # issues 23, 20: the last layer's attention, projection and MLP on the block's rows only
   # (cache.HEAD_ROWS_ONLY), alternated on / off: batch 1, prompt 512, none and exact with and

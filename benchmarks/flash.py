@@ -58,7 +58,8 @@ import numpy as np
 
 import lacache_jax as lj
 from benchmarks.common import (REFERENCE_CEILINGS, exit_on_sigterm, floor_ms, llada_8b_setup,
-                               load_model, measure_ceilings, time_run, write_result)
+                               load_model, measure_ceilings, module_settings, time_run,
+                               write_result)
 from kernels import flash_cache as fc
 from kernels import flash_cache_mgpu as fcm
 from kernels import window_attention as wa
@@ -475,6 +476,9 @@ def main():
                          "rounds (each round's fused / unfused ratio reported)")
     ap.add_argument("--tiny", action="store_true",
                     help="small config and shapes: checks the script on CPU")
+    ap.add_argument("--settings", default="",
+                    help="module switches for the whole run (`module:NAME=int,...`, e.g. "
+                         "lacache_jax.cache:HEAD_ROWS_ONLY=0)")
     args = ap.parse_args()
     if args.tiny:
         for name, v in dict(batch="1,2", memory_batch="2", prompt=16, gen=16, window=4,
@@ -484,8 +488,9 @@ def main():
     rows = []
     exit_on_sigterm()
     try:
-        for part in args.parts.split(","):
-            PARTS[part](args, cfg, ceil, params, rows)
+        with module_settings(args.settings):
+            for part in args.parts.split(","):
+                PARTS[part](args, cfg, ceil, params, rows)
     finally:
         if not args.tiny:  # a check of the script, not a result
             path = write_result("flash", {"config": cfg.to_dict(), "ceilings": ceil,
