@@ -33,8 +33,8 @@
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Left, in priority order: 61 (the last layer on the block's rows), 60 (pairs at batch 8's
 # rows), 62 (the flash step with the last layer on the window's rows), 22 (every GPU test
-# since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8),
-# 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44
+# since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
+# over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44
 # once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a
 # decode-tile setting ever beats the tiles as now:
