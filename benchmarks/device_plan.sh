@@ -211,8 +211,9 @@ case "${1:-1}" in
   # issues 23, 20: the last layer's attention, projection and MLP on the block's rows only
   # (cache.HEAD_ROWS_ONLY), alternated on / off: batch 1, prompt 512, none and exact with and
   # without the FP8 FFN (the headline ratio in each setting), then prefix
-  step_settings generate_b1_head_rows.log 420 "--batch 1 --prompt 512 --modes none,exact \
---decoding fixed --fp8-ffn both" $(alternated lacache_jax.cache:HEAD_ROWS_ONLY 1 0)
+  ITERS=${ITERS:-1} step_settings generate_b1_head_rows.log 360 "--batch 1 --prompt 512 \
+--modes none,exact --decoding fixed --fp8-ffn both" $(alternated lacache_jax.cache:HEAD_ROWS_ONLY \
+    1 0)
   ITERS=1 step_settings generate_b1_prefix_head_rows.log 120 "--batch 1 --prompt 512 --modes \
 prefix --decoding fixed --fp8-ffn both" $(alternated lacache_jax.cache:HEAD_ROWS_ONLY 1 0) ;;
 60)
