@@ -31,13 +31,13 @@
 # twenty-third: 27, 25, 26 at M 32, 28; in the twenty-second: 25, 26 at M 768
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
-# Left, in priority order: 61 (the last layer on the block's rows), 60 (pairs at batch 8's rows),
-# 62 (the flash step with the last layer on the window's rows), 22 (every GPU test since the
-# pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps
-# (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144);
-# 40's other axes (stages 1, 8 warps); 44 once it has a PTX source (benchmarks/triton_ptx.py
-# compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile setting ever beats the tiles
-# as now:
+# Done in the fortieth: 61 (its prefix FP8 rows untimed). Left, in priority order: 60 (pairs at
+# batch 8's rows), 62 (the flash step with the last layer on the window's rows), 22 (every GPU
+# test since the pairs' threshold), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
+# over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
+# (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
+# (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
+# setting ever beats the tiles as now:
 #  62  issue 17: the last layer on the window's rows off / on: the flash step at batch 32
 #  61  issues 23, 20: the last layer on the block's rows off / on: batch 1's steps
 #  60  issue 23: SwiGLU pairs off / on at batch 8's rows: FFN at 4,608, step

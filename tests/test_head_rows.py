@@ -53,8 +53,7 @@ CASES = {  # every call site of `cache.head_blocks` and flash's query pass
     "exact": dict(cache="exact"),  # `ExactCache._rest`
     "prefix": dict(cache="prefix", threshold=0.9),  # `_step_from`
     "dual_refresh": dict(cache="dual", refresh_interval=2),
-    "exact_dpad": dict(cache="exact", dpad=DPAD),  # the compact canvas
-    "prefix_dpad": dict(cache="prefix", dpad=DPAD),  # `_step_compact`
+    "prefix_dpad": dict(cache="prefix", dpad=DPAD),  # `_step_compact`, the compact canvas
     "prefix_slots": dict(cache="prefix", slots=2),  # per-row starts: `_step_window`'s [P, T)
     # the prefill and later steps of the sliding window (width BL: the head's rows)
     "flash": dict(threshold=0.9, flash=lj.FlashConfig(window=BL, lookahead=4, track=4)),
