@@ -84,14 +84,14 @@ def budget_of(args, **verify) -> lj.FlashConfig:
 
 def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
     """(FLOPs, bytes) of a later flash step: R query rows through every layer against T keys
-    (the last layer's queries, attention, output projection and MLP the window rows' only
-    under `cache.HEAD_ROWS_ONLY`), the LM head on the window rows; bytes: the weights, the
-    whole K/V cache read once and the R rows written."""
+    (the last layer's attention, output projection and MLP the window rows' only under
+    `cache.HEAD_ROWS_ONLY`; its Q/K/V projection every row's), the LM head on the window rows;
+    bytes: the weights, the whole K/V cache read once and the R rows written."""
     D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
-    kv, rest = D * K * 2 * cfg.n_kv_heads, D * K * 2 * cfg.n_heads + 3 * D * F
+    qkv, rest = D * K * (cfg.n_heads + 2 * cfg.n_kv_heads), D * K * cfg.n_heads + 3 * D * F
     attn = 2 * T * cfg.n_heads * K
     head_rows = min(R, fcfg.window) if cache_module.HEAD_ROWS_ONLY else R
-    flops = 2.0 * B * (R * cfg.n_layers * kv + (R * (cfg.n_layers - 1) + head_rows)
+    flops = 2.0 * B * (R * cfg.n_layers * qkv + (R * (cfg.n_layers - 1) + head_rows)
                        * (rest + attn) + fcfg.window * D * V)
     kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * K * 2  # k and v, all layers, bf16
     return flops, 2.0 * cfg.n_params + B * (T + R) * kv_row

@@ -52,12 +52,12 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     the rows `block_rows` gives. FLOPs in bf16 terms: with the FP8 FFN those of layers >= 1
     count half (Hopper's FP8 tensor cores run at twice the bf16 rate). Bytes: weights + the KV
     cache read (prefix and dual; the exact cache holds layer 0's state only, its deeper layers
-    run in full as none's do). The last layer under `cache.HEAD_ROWS_ONLY`: keys and values
-    of every query row, the rest of it (queries, attention, output projection, MLP) for the
-    block's rows only."""
+    run as none's do). The last layer under `cache.HEAD_ROWS_ONLY`: the Q/K/V projection of
+    every query row (one fused GEMM), attention, output projection and MLP for the block's
+    rows only."""
     T = P + gen.gen_length
     D, F, K, V, L = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size, cfg.n_layers
-    kv, qo = D * K * 2 * cfg.n_kv_heads, D * K * 2 * cfg.n_heads
+    qkv, o = D * K * (cfg.n_heads + 2 * cfg.n_kv_heads), D * K * cfg.n_heads
     ffn = 3 * D * F  # per row of a bf16 layer; an FP8 layer counts half
     ffn_layers = 1 + (L - 1) / 2 if gen.fp8_ffn else L
     last_ffn = ffn / 2 if gen.fp8_ffn and L > 1 else ffn
@@ -65,9 +65,9 @@ def step_cost(cfg: lj.ModelConfig, gen: lj.GenerationConfig, B: int, P: int) -> 
     def flops(queries, keys):
         attn = 2 * keys * cfg.n_heads * K
         head_rows = min(queries, gen.block_length) if cache_module.HEAD_ROWS_ONLY else queries
-        return 2.0 * B * (queries * ((L - 1) * (kv + qo + attn) + kv)
+        return 2.0 * B * (queries * ((L - 1) * (o + attn) + L * qkv)
                           + (ffn_layers * ffn - last_ffn) * queries
-                          + head_rows * (qo + attn + last_ffn) + gen.block_length * D * V)
+                          + head_rows * (o + attn + last_ffn) + gen.block_length * D * V)
 
     spb = gen.steps_per_block
     kv_cache = gen.cache in ("prefix", "dual")

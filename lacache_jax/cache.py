@@ -25,6 +25,10 @@ instead would copy the cache out of the conditional at every step.)
                                                   under `dual_update("fused")`)
   dual + refresh_interval r: a full forward instead at steps i % r == 0 (`DualRefresh`).
 
+In every forward but dual's later ones (whose rows are the block's) the last layer runs its
+attention, output projection and MLP for the block's rows only (`head_blocks`): no other
+row's output reaches the LM head.
+
 With DPad (one block start), full forwards run on the compact canvas (compact.py): [0, e)
 and the kept suffix only, one program per block; prefix's later steps query the block and the
 kept suffix only. Caches keep the canvas layout, DPad's dropped columns masked keys; exact's
@@ -157,10 +161,11 @@ def head_blocks(x_BLD, layers, cfg: ModelConfig, cos, sin, key_mask, cut, **hook
 
 
 def full_forward(ctx: Ctx, x_BT, keep_BT, s, kv: bool = True):
-    """All rows through all layers; returns the block's logits and every layer's K/V (None
-    without `kv`). With DPad and one block start, only the compact canvas's columns run
-    (compact.py); their K/V are written back at their canvas columns, the rest left zero
-    (those keys are masked)."""
+    """All rows through all layers (the last one's attention and MLP for the block's rows:
+    `head_blocks`); returns the block's logits and every layer's K/V (None without `kv`).
+    With DPad and one block start, only the compact canvas's columns run (compact.py); their
+    K/V are written back at their canvas columns, the rest left zero (those keys are
+    masked)."""
     plan = ctx.compact_at(s)
     if plan is None:
         return _forward(ctx, ctx.canvas, x_BT, keep_BT, s, kv)
@@ -329,7 +334,8 @@ class PrefixCache(KVPolicy):
     @staticmethod
     def _step_window(ctx: Ctx, x_BT, keep_BT, s, cache):
         """The static query window [P, T) for any start (scalar or per row): rows before s
-        are computed and ignored; their keys, like all keys before s, come from the cache."""
+        are computed (but for the last layer's attention and MLP) and ignored; their keys,
+        like all keys before s, come from the cache."""
         cv = ctx.canvas
         P = cv.prompt_len
         s_M1 = jnp.reshape(cv.model_s(s), (-1, 1))  # [1, 1], or [M, 1] per row
@@ -410,7 +416,7 @@ def _row_by_row(kernel, q, k, v, key_mask, s, e, *state):
 class ExactCache:
     """LaCache (REFERENCE.md §7): layer 0's embeddings, q/k/v and FACache state of the columns
     outside the block are filled at its first forward and reused, so later forwards compute
-    layer 0 for the block's rows only; the deeper layers run in full. Same tokens as none.
+    layer 0 for the block's rows only; the deeper layers run as none's do. Same tokens.
     With DPad (one block start) every forward of a block runs on its compact canvas, as none's
     do, the state held in the first L columns of canvas-wide arrays (`LaCache.widened`); the
     later steps then run in a program per block (`static_later`), where L is static."""

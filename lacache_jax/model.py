@@ -248,8 +248,9 @@ def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
     values the queries attend to (default: the block's own); `qkv_fn(h) -> (q, k_all,
     v_all)` replaces the projection, RoPE and `kv_fn` together (a fused cache-update kernel).
     `rows(a)`: the rows of a [B, L, ...] array whose outputs are wanted; only their queries
-    attend and only they go through the projection and the MLP (every row's keys and values
-    are still made). Returns (x of those rows, k_all, v_all)."""
+    attend and only they go through the output projection and the MLP (the fused Q/K/V
+    projection still runs for every row: the keys and values are needed). Returns (x of those
+    rows, k_all, v_all)."""
     h = rms_norm(x_BLD, layer.attn_norm, cfg.norm_eps)
     if qkv_fn is not None:
         q, k_all, v_all = qkv_fn(h)

@@ -158,9 +158,9 @@ def test_step_cost_counts_what_each_mode_computes(monkeypatch):
     """The benchmark's floor (LLaDA-8B, prompt 512, gen 256, block 32): the exact cache costs
     what none does (its deeper layers run in full, no KV cache of theirs is read); the dual
     cache reads its K/V; the FP8 FFN's FLOPs of layers >= 1 count half (FP8's tensor-core rate
-    is twice bf16's) and its weights one byte each; the last layer's queries, attention,
-    output projection and MLP count the block's 32 rows only (`cache.HEAD_ROWS_ONLY`), its
-    keys and values every row."""
+    is twice bf16's) and its weights one byte each; the last layer's attention, output
+    projection and MLP count the block's 32 rows only (`cache.HEAD_ROWS_ONLY`), its Q/K/V
+    projection (one GEMM) every row."""
     from benchmarks.generate import step_cost
     cfg = lj.llada_8b()
     gen = lj.GenerationConfig(gen_length=256, block_length=32, steps=256)
@@ -174,11 +174,11 @@ def test_step_cost_counts_what_each_mode_computes(monkeypatch):
     # 768 rows a step in layers 1 .. L-2, the block's 32 in the last
     assert fp8[0] == pytest.approx(none[0] - 2 * (768 * (cfg.n_layers - 2) + 32) * ffn / 2)
     assert fp8[1] == none[1] - ffn * (cfg.n_layers - 1)
-    qo = 2 * cfg.d_model * cfg.n_heads * cfg.head_dim
+    o = cfg.d_model * cfg.n_heads * cfg.head_dim  # the output projection, per row
     attn = 2 * 768 * cfg.n_heads * cfg.head_dim  # a query row's, over the 768 keys
     monkeypatch.setattr(cache, "HEAD_ROWS_ONLY", False)
     every_row = cost()
-    assert every_row[0] == pytest.approx(none[0] + 2 * (768 - 32) * (qo + attn + ffn))
+    assert every_row[0] == pytest.approx(none[0] + 2 * (768 - 32) * (o + attn + ffn))
     assert every_row[1] == none[1]
 
 
