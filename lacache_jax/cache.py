@@ -150,11 +150,11 @@ class Ctx:
 HEAD_ROWS_ONLY = True
 
 
-def head_blocks(x_BLD, layers, cfg: ModelConfig, cos, sin, key_mask, cut, **hooks):
+def head_blocks(x_BLD, layers, cfg: ModelConfig, cos, sin, key_mask, cut=None, **hooks):
     """`run_blocks`, returning the hidden states of the rows `cut(a)` selects from a [M, L,
     ...] array (the block's: the LM head's), computed in the last layer for those rows only
-    under `HEAD_ROWS_ONLY`."""
-    if HEAD_ROWS_ONLY:
+    under `HEAD_ROWS_ONLY`; no `cut`: every row is the block's."""
+    if cut is None or HEAD_ROWS_ONLY:
         return run_blocks(x_BLD, layers, cfg, cos, sin, key_mask, rows=cut, **hooks)
     h, ks, vs = run_blocks(x_BLD, layers, cfg, cos, sin, key_mask, **hooks)
     return cut(h), ks, vs
@@ -234,11 +234,9 @@ def query_layers(ctx: Ctx, tok_ML, cos, sin, keep_BT, cache: KVCache, write, col
     fused = (cols_ML is not None and dual_update.choice("xla") == "fused"
              and flash_cache_chosen(*tok_ML.shape, ctx.params.layers[0].tp,
                                     ctx.cfg.head_dim) == "pallas")
-    hooks = dict(kv_fns=[kv_fn(i) for i in layers],
-                 qkv_fns=[fused_fn(i) for i in layers] if fused else None)
-    args = (ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
-            ctx.canvas.key_mask(keep_BT))
-    h, ks, vs = run_blocks(*args, **hooks) if cut is None else head_blocks(*args, cut, **hooks)
+    h, ks, vs = head_blocks(ctx.params.embed[tok_ML], ctx.params.layers, ctx.cfg, cos, sin,
+                            ctx.canvas.key_mask(keep_BT), cut, kv_fns=[kv_fn(i) for i in layers],
+                            qkv_fns=[fused_fn(i) for i in layers] if fused else None)
     return h, KVCache(ks, vs)
 
 

@@ -1,8 +1,7 @@
 """The last layer computes the LM head's rows only (`cache.HEAD_ROWS_ONLY`): its attention,
 projection and MLP run for the block's rows (Flash-dLLM's: the window's), its keys and values
-for every row. Fails if that
-is silently off (the MLP's rows) and if it changes what any policy generates (the same
-tokens, NFE and steps as every row through the last layer, fp32)."""
+for every row. Fails if that is silently off (the MLP's rows) and if it changes what any
+policy generates (the same tokens, NFE and steps as every row through the last layer, fp32)."""
 
 from __future__ import annotations
 
