@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import xla_flags
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"),
            "OUT": str(tmp_path_factory.mktemp("benchmark_out"))}
     done = subprocess.run([sys.executable, "-m", "tests.multi_device_cases"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
