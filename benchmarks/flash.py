@@ -82,17 +82,19 @@ def budget_of(args, **verify) -> lj.FlashConfig:
                           **verify)
 
 
-def step_cost(cfg, fcfg: lj.FlashConfig, B: int, T: int, R: int):
-    """(FLOPs, bytes) of a later flash step: R query rows through every layer against T keys
-    (the last layer's attention, output projection and MLP the window rows' only under
-    `cache.HEAD_ROWS_ONLY`; its Q/K/V projection every row's), the LM head on the window rows;
-    bytes: the weights, the whole K/V cache read once and the R rows written."""
+def step_cost(cfg, budget: flash.Budget, B: int, T: int):
+    """(FLOPs, bytes) of a later flash step: the budget's R query rows through every layer
+    against T keys (the last layer's attention, output projection and MLP the W window rows'
+    only under `cache.HEAD_ROWS_ONLY`; its Q/K/V projection every row's), the LM head on the
+    W window rows (the window capped at the generation length, as the step runs it); bytes:
+    the weights, the whole K/V cache read once and the R rows written."""
     D, F, K, V = cfg.d_model, cfg.d_ff, cfg.head_dim, cfg.vocab_size
+    R, W = budget.rows(T), budget.W
     qkv, rest = D * K * (cfg.n_heads + 2 * cfg.n_kv_heads), D * K * cfg.n_heads + 3 * D * F
     attn = 2 * T * cfg.n_heads * K
-    head_rows = min(R, fcfg.window) if cache_module.HEAD_ROWS_ONLY else R
+    head_rows = min(R, W) if cache_module.HEAD_ROWS_ONLY else R
     flops = 2.0 * B * (R * cfg.n_layers * qkv + (R * (cfg.n_layers - 1) + head_rows)
-                       * (rest + attn) + fcfg.window * D * V)
+                       * (rest + attn) + W * D * V)
     kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * K * 2  # k and v, all layers, bf16
     return flops, 2.0 * cfg.n_params + B * (T + R) * kv_row
 
@@ -154,8 +156,9 @@ def part_step(args, cfg, ceil, params, rows):
                               flash=fcfg)
     for B in map(int, args.batch.split(",")):
         T = args.prompt + args.gen
-        R = flash.Budget.build(fcfg, args.gen, T).rows(T)
-        flops, nbytes = step_cost(cfg, fcfg, B, T, R)
+        budget = flash.Budget.build(fcfg, args.gen, T)
+        R = budget.rows(T)
+        flops, nbytes = step_cost(cfg, budget, B, T)
         floor, ref_floor = floor_ms(flops, nbytes, ceil), floor_ms(flops, nbytes,
                                                                    REFERENCE_CEILINGS)
         r = dict(part="step", B=B, prompt=args.prompt, query_rows=R, floor_ms=floor,

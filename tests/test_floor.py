@@ -182,6 +182,38 @@ def test_step_cost_counts_what_each_mode_computes(monkeypatch):
     assert every_row[1] == none[1]
 
 
+def test_flash_step_cost_counts_the_window_as_the_step_runs_it(monkeypatch):
+    """The Flash-dLLM floor (`benchmarks/flash.py`, LLaDA-8B, prompt 512): R = W + A + Tr
+    query rows in every layer but the last's attention, output projection and MLP, which
+    count the W window rows (`cache.HEAD_ROWS_ONLY`), as the LM head does; W is the window
+    capped at the generation length (`flash.Budget`), so a generation shorter than the window
+    counts its own rows, not the window's."""
+    from benchmarks.flash import step_cost
+    from lacache_jax import flash
+    cfg = lj.llada_8b()
+    D, V = cfg.d_model, cfg.vocab_size
+    qkv = D * cfg.head_dim * (cfg.n_heads + 2 * cfg.n_kv_heads)
+    rest = D * cfg.head_dim * cfg.n_heads + 3 * D * cfg.d_ff
+
+    def flops(gen_length, window=16):
+        T = 512 + gen_length
+        fcfg = lj.FlashConfig(window=window, lookahead=48, track=64)
+        budget = flash.Budget.build(fcfg, gen_length, T)
+        attn = 2 * T * cfg.n_heads * cfg.head_dim
+        return step_cost(cfg, budget, 1, T)[0], budget.rows(T), budget.W, attn
+
+    cost, R, W, attn = flops(256)
+    assert (R, W) == (16 + 48 + 64, 16)
+    L = cfg.n_layers
+    assert cost == pytest.approx(2 * (R * L * qkv + (R * (L - 1) + W) * (rest + attn) + W * D * V))
+    cost, R, W, attn = flops(8)  # the window capped at 8 generated columns, no look-ahead
+    assert (R, W) == (8 + 0 + 64, 8)
+    assert cost == pytest.approx(2 * (R * L * qkv + (R * (L - 1) + 8) * (rest + attn) + 8 * D * V))
+    monkeypatch.setattr(cache, "HEAD_ROWS_ONLY", False)
+    every_row, R, W, attn = flops(256)
+    assert every_row == pytest.approx(2 * (R * L * (qkv + rest + attn) + W * D * V))
+
+
 def test_benchmark_dpad_both_runs_on_a_tiny_config(tmp_path, monkeypatch, capsys):
     """`python -m benchmarks.generate --tiny --dpad both` measures each configuration without
     and with DPad and reports the rows its forwards compute per block."""
