@@ -229,11 +229,19 @@ def models(tmp_path_factory):
     return lj.load(tmp / "ck")[1], hf_llama(GEN_CFG, state, torch.float32)
 
 
-# The two longest files (the multi-device cases' subprocess, ~4 minutes on CI's 2 cores; the
-# shipped chain model, ~2) collected first: under the README's `-n 2 --dist loadfile` they
-# start on the two workers at once and the short files fill in around them (longest first),
-# where in name order a worker could take one of them last while the other sat idle.
-SLOW_FIRST = ("test_multi_device.py", "test_chain_model.py")
+# The longest files first, longest first (seconds of work at optimisation level 0 on the
+# development machine, 2026-12-07: the multi-device cases' subprocess 183, generate 187, the
+# FP8 kernels 166, the chain model 163, lm_eval 122, then 60-95 each; the rest under 60):
+# under the README's `-n 2 --dist loadfile --no-loadscope-reorder` pytest-xdist deals whole
+# files to its two workers in collection order and the short files fill in at the end. In
+# name order a worker took a long file last while the other idled (the multi-device cases
+# began at 99% of a run); without `--no-loadscope-reorder`, pytest-xdist (3.6 and later)
+# deals the files with the most tests first instead, whatever this order.
+LONGEST_FIRST = ("test_multi_device.py", "test_generate.py", "test_fp8_kernels.py",
+                 "test_chain_model.py", "test_lm_eval.py", "test_flash_cache.py",
+                 "test_fp8_mgpu_ws.py", "test_lacache.py", "test_slots.py",
+                 "test_cached_attention.py", "test_demo_model.py", "test_quant.py",
+                 "test_cached_attention_mgpu.py")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -243,7 +251,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(config, items):
     import jax
-    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: else as collected
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as collected
     if jax.default_backend() == "gpu":
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
