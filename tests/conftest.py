@@ -14,6 +14,8 @@ def _cpu_only() -> bool:
     """Whether this install can run JAX on the CPU alone (no GPU plugin): decided before JAX
     starts, since XLA reads its flags once."""
     import importlib.metadata as md
+    if md.entry_points(group="jax_plugins"):  # a PJRT plugin (jax's CUDA one registers here)
+        return False
     return not any((d.metadata["Name"] or "").lower().startswith(("jax-cuda", "jax-rocm"))
                    for d in md.distributions())
 
@@ -235,8 +237,8 @@ def models(tmp_path_factory):
 # under the README's `-n 2 --dist loadfile --no-loadscope-reorder` pytest-xdist deals whole
 # files to its two workers in collection order and the short files fill in at the end. In
 # name order a worker took a long file last while the other idled (the multi-device cases
-# began at 99% of a run); without `--no-loadscope-reorder`, pytest-xdist (3.6 and later)
-# deals the files with the most tests first instead, whatever this order.
+# began at 99% of a run); without `--no-loadscope-reorder` (pytest-xdist 3.8+), pytest-xdist
+# (3.5 and later) deals the files with the most tests first instead, whatever this order.
 LONGEST_FIRST = ("test_multi_device.py", "test_generate.py", "test_fp8_kernels.py",
                  "test_chain_model.py", "test_lm_eval.py", "test_flash_cache.py",
                  "test_fp8_mgpu_ws.py", "test_lacache.py", "test_slots.py",

@@ -39,7 +39,8 @@ def test_llada_tiny_run_reports_speedup_and_bound(tmp_path):
     """--tiny: gen 32 in blocks of 8 (serve._model); `--gpus 1,2` on 2 fake CPU devices runs
     each S per device on one device and over a 2-way data axis (2 S slots)."""
     env = {"OUT": str(tmp_path), "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "PATH": "/usr/bin:/bin", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
+           "PATH": "/usr/bin:/bin",
+           "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
     done = subprocess.run([sys.executable, "-m", "benchmarks.serve", "llada", "--tiny", "--n",
                            "8", "--slots", "2", "--gpus", "1,2"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
