@@ -20,6 +20,11 @@ def _cpu_only() -> bool:
                    for d in md.distributions())
 
 
+def xla_flags(*extra: str) -> str:
+    """This run's XLA flags with `extra` (a subprocess's fake devices) added."""
+    return " ".join([os.environ.get("XLA_FLAGS", ""), *extra]).strip()
+
+
 # On a CPU-only machine, XLA's LLVM back end at optimisation level 0: most of this suite's
 # time goes to compiling many small programs. On the two-core development machine one
 # compile-bound test took 23 s at level 0, 27 at level 1 and 31-33 at the default, while the
@@ -31,12 +36,7 @@ def _cpu_only() -> bool:
 # already in XLA_FLAGS is kept.
 CPU_OPT_LEVEL = "--xla_backend_optimization_level=0"
 if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_OPT_LEVEL}".strip()
-
-
-def xla_flags(*extra: str) -> str:
-    """This run's XLA flags with `extra` (a subprocess's fake devices) added."""
-    return " ".join([os.environ.get("XLA_FLAGS", ""), *extra]).strip()
+    os.environ["XLA_FLAGS"] = xla_flags(CPU_OPT_LEVEL)
 
 
 import jax  # noqa: E402  (after XLA_FLAGS)
@@ -231,7 +231,8 @@ def models(tmp_path_factory):
     return lj.load(tmp / "ck")[1], hf_llama(GEN_CFG, state, torch.float32)
 
 
-# The longest files first, longest first (seconds of work at optimisation level 0 on the
+# The longest files first, longest first (the multi-device cases ahead of generate: their one
+# fixture's subprocess cannot be split) (seconds of work at optimisation level 0 on the
 # development machine, 2026-12-07: the multi-device cases' subprocess 183, generate 187, the
 # FP8 kernels 166, the chain model 163, lm_eval 122, then 60-95 each; the rest under 60):
 # under the README's `-n 2 --dist loadfile --no-loadscope-reorder` pytest-xdist deals whole
