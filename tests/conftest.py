@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,9 +22,13 @@ def _cpu_only() -> bool:
                    for d in md.distributions())
 
 
-def xla_flags(*extra: str) -> str:
-    """This run's XLA flags with `extra` (a subprocess's fake devices) added."""
-    return " ".join([os.environ.get("XLA_FLAGS", ""), *extra]).strip()
+def xla_flags(*extra: str, optimised: bool = False) -> str:
+    """This run's XLA flags with `extra` (a subprocess's fake devices) added; `optimised`:
+    without the optimisation level this suite set (`CPU_OPT_LEVEL`), for a subprocess whose
+    time goes to running its programs rather than compiling them."""
+    drop = CPU_OPT_LEVEL if optimised and os.environ.get(_LEVEL_MARK) else None
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != drop]
+    return " ".join([*flags, *extra])
 
 
 # On a CPU-only machine, XLA's LLVM back end at optimisation level 0: most of this suite's
@@ -32,11 +38,15 @@ def xla_flags(*extra: str) -> str:
 # whole suite level 0 came out fastest (19:38, level 1 20:55; 24:34 at the default the
 # evening before). The level is how hard the generated code is optimised: every test
 # compares programs built under the same flags, and the whole suite passes at levels 0, 1 and
-# the default. Subprocesses inherit it through the environment (`xla_flags`); a level
-# already in XLA_FLAGS is kept.
+# the default. Subprocesses inherit it through the environment (`xla_flags`), except the
+# shipped models' accuracy runs, execution-bound, which run at the default level
+# (`accuracy_record`); a level already in XLA_FLAGS is kept. _LEVEL_MARK tells the
+# pytest-xdist workers, which inherit the flags, that the level is this suite's own.
 CPU_OPT_LEVEL = "--xla_backend_optimization_level=0"
+_LEVEL_MARK = "LACACHE_JAX_TESTS_SET_OPT_LEVEL"
 if _cpu_only() and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = xla_flags(CPU_OPT_LEVEL)
+    os.environ[_LEVEL_MARK] = "1"
 
 
 import jax  # noqa: E402  (after XLA_FLAGS)
@@ -210,6 +220,25 @@ def record_forward_widths(monkeypatch) -> tuple[set, list]:
     return traced, executed
 
 
+def accuracy_record(checkpoint: Path, task: str, n: int, seed: int, modes: str,
+                    out: Path) -> dict:
+    """`python -m benchmarks.accuracy` on n held-out problems as one ragged batch (--slots 0),
+    in a subprocess at XLA's default optimisation level (`xla_flags(optimised=True)`): the
+    shipped models' accuracy runs are bound by executing their programs, not compiling them
+    (the chain model's 8 problems: 59 s there against 118 s at level 0). Returns its JSON
+    record, written under `out`."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": xla_flags(optimised=True), "OUT": str(out)}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--checkpoint",
+                           str(checkpoint), "--task", task, "--n", str(n), "--seed", str(seed),
+                           "--slots", "0", "--modes", modes, "--no-plot"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = [json.loads(f.read_text()) for f in out.glob("accuracy*.json")]
+    return record
+
+
 def rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
@@ -233,18 +262,18 @@ def models(tmp_path_factory):
 
 # The longest files first, longest first (the multi-device cases ahead of generate: their one
 # fixture's subprocess cannot be split) (seconds of work at optimisation level 0 on the
-# development machine, 2026-12-07: the multi-device cases' subprocess 183, generate 187, the
-# FP8 kernels 166, the chain model 163, lm_eval 122, then 60-95 each; the rest under 60):
+# development machine, 2026-12-07: the multi-device cases' subprocess 160-183, generate 187,
+# the FP8 kernels 166, lm_eval 122, the chain model 104 (its subprocess at the default
+# level), then 60-95 each; the rest under 60):
 # under the README's `-n 2 --dist loadfile --no-loadscope-reorder` pytest-xdist deals whole
 # files to its two workers in collection order and the short files fill in at the end. In
 # name order a worker took a long file last while the other idled (the multi-device cases
 # began at 99% of a run); without `--no-loadscope-reorder` (pytest-xdist 3.8+), pytest-xdist
 # (3.5 and later) deals the files with the most tests first instead, whatever this order.
 LONGEST_FIRST = ("test_multi_device.py", "test_generate.py", "test_fp8_kernels.py",
-                 "test_chain_model.py", "test_lm_eval.py", "test_flash_cache.py",
+                 "test_lm_eval.py", "test_chain_model.py", "test_flash_cache.py",
                  "test_fp8_mgpu_ws.py", "test_lacache.py", "test_slots.py",
-                 "test_cached_attention.py", "test_demo_model.py", "test_quant.py",
-                 "test_cached_attention_mgpu.py")
+                 "test_cached_attention.py", "test_quant.py", "test_cached_attention_mgpu.py")
 
 
 def pytest_sessionfinish(session, exitstatus):
