@@ -58,6 +58,8 @@ import lacache_jax as lj
 from convert.__main__ import main as convert_main
 from lacache_jax.config import ModelConfig, tiny
 
+ROOT = Path(__file__).resolve().parent.parent
+
 # On the CPU, one XLA compilation cache for the whole run: its two pytest-xdist workers and
 # the subprocesses they start (through the environment) share what each compiled, and
 # programs traced again under new jit wrappers (closures made per test) are compiled once. A
@@ -220,6 +222,14 @@ def record_forward_widths(monkeypatch) -> tuple[set, list]:
     return traced, executed
 
 
+def cpu_subprocess_env(out: Path, *flags: str, optimised: bool = False) -> dict[str, str]:
+    """The environment of a subprocess running this checkout's modules on the CPU: this
+    run's, with benchmark results under `out` and XLA's flags as `xla_flags(*flags,
+    optimised=optimised)`."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": xla_flags(*flags, optimised=optimised), "OUT": str(out)}
+
+
 def accuracy_record(checkpoint: Path, task: str, n: int, seed: int, modes: str,
                     out: Path) -> dict:
     """`python -m benchmarks.accuracy` on n held-out problems as one ragged batch (--slots 0),
@@ -227,13 +237,11 @@ def accuracy_record(checkpoint: Path, task: str, n: int, seed: int, modes: str,
     shipped models' accuracy runs are bound by executing their programs, not compiling them
     (the chain model's 8 problems: 59 s there against 118 s at level 0). Returns its JSON
     record, written under `out`."""
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": xla_flags(optimised=True), "OUT": str(out)}
     done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--checkpoint",
                            str(checkpoint), "--task", task, "--n", str(n), "--seed", str(seed),
                            "--slots", "0", "--modes", modes, "--no-plot"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=cpu_subprocess_env(out, optimised=True),
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = [json.loads(f.read_text()) for f in out.glob("accuracy*.json")]
     return record

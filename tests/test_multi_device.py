@@ -8,23 +8,21 @@ weight; and benchmarks/multi_gpu.py runs in its --tiny mode."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import xla_flags
+from tests.conftest import cpu_subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, dict]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=4"),
-           "OUT": str(tmp_path_factory.mktemp("benchmark_out"))}
+    env = cpu_subprocess_env(tmp_path_factory.mktemp("benchmark_out"),
+                             "--xla_force_host_platform_device_count=4")
     done = subprocess.run([sys.executable, "-m", "tests.multi_device_cases"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
