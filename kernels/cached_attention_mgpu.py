@@ -207,10 +207,10 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
                     schedule()
                 else:
                     if probe != "no_bias":
-                        bias = plgpu.load(b_tile, (), layout=plgpu.Layout.WGMMA.reduce(0))
+                        bias = hopper.load_whole(b_tile, plgpu.Layout.WGMMA.reduce(0))
 
                     def qk_of(acc_ref):
-                        plgpu.wgmma(acc_ref, qo_smem, plgpu.transpose_ref(k_tile, (1, 0)))
+                        plgpu.wgmma(acc_ref, qo_smem, k_tile.transpose((1, 0)))
                         schedule()
                         return acc_ref[...]
                     qk = pl.run_scoped(qk_of, plgpu.ACC((BLOCK_Q, nk), jnp.float32))

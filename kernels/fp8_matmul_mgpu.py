@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels import fp8_matmul as fm
+from kernels import hopper
 
 GROUP = fm.GROUP
 
@@ -63,12 +64,12 @@ def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
             x, w = x_smem.at[rows], w_smem
             if n_groups > 1:
                 x, w = x.at[:, pl.ds(c * GROUP, GROUP)], w.at[:, pl.ds(c * GROUP, GROUP)]
-            plgpu.wgmma(part, x, plgpu.transpose_ref(w, (1, 0)))
+            plgpu.wgmma(part, x, w.transpose((1, 0)))
         out = acc
         for c, part in enumerate(parts):
             done = plgpu.wgmma_accumulator_load(part, wait_n=n_groups - 1 - c)
-            xs = plgpu.load(xs_smem.at[c, rows], (), layout=plgpu.Layout.WGMMA.reduce(1))
-            ws = plgpu.load(ws_smem.at[c], (), layout=plgpu.Layout.WGMMA.reduce(0))
+            xs = hopper.load_whole(xs_smem.at[c, rows], plgpu.Layout.WGMMA.reduce(1))
+            ws = hopper.load_whole(ws_smem.at[c], plgpu.Layout.WGMMA.reduce(0))
             out = out + done * (jax.lax.broadcast_in_dim(xs, (tm, tn), [0])
                                 * jax.lax.broadcast_in_dim(ws, (tm, tn), [1]))
         return out

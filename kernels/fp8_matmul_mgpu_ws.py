@@ -376,7 +376,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
     def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
         if interpret:  # the interpreter has no layouts
             return ref[...]
-        return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA.reduce(axis))
+        return hopper.load_whole(ref, plgpu.Layout.WGMMA.reduce(axis))
     # The w scales, loaded before the wgmmas are issued (used only after they are waited
     # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
     # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
@@ -415,7 +415,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
         def wave(*accs, rows=rows, acc_sum=acc_sum, s=s):
             for j, acc in enumerate(accs):
                 plgpu.wgmma(acc, _group(x_smem.at[rows], j, groups),
-                            plgpu.transpose_ref(_group(w_smem, j, groups), (1, 0)))
+                            _group(w_smem, j, groups).transpose((1, 0)))
             for j, acc in enumerate(accs):  # group j done when at most the rest are running
                 part = plgpu.wgmma_accumulator_load(acc, wait_n=groups - 1 - j)
                 acc_sum = promote(acc_sum, part, s[j])
@@ -658,7 +658,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                 for h, acc in enumerate(sums):
                     for j in range(sg):
                         plgpu.wgmma(acc, _group(x_smem.at[_wave_rows(wg, c.wg_rows, h)], j, sg),
-                                    plgpu.transpose_ref(_group(w_smem, j, sg), (1, 0)))
+                                    _group(w_smem, j, sg).transpose((1, 0)))
                 plgpu.wgmma_wait(0)
                 return sums
             out = ()

@@ -21,3 +21,15 @@ def interpret_params():
     tests patch this function to turn on race detection)."""
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
     return InterpretGPUParams()
+
+
+def load_whole(ref, layout):
+    """`plgpu.load` of all of `ref` in `layout`. jax 0.11 deprecates the separate index
+    argument (index the ref instead) that jax 0.10 requires: pass it only where required."""
+    import inspect
+
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
