@@ -32,9 +32,12 @@
 # and 1280, 23 with split K; in the twenty-first: 23 without split-K; in the twentieth: 21 and
 # 22; in the nineteenth: 21 at its earlier form; in the eighteenth: 20 and stage 14's GPU test.
 # Done in the fortieth: 61 (its prefix FP8 rows untimed); in the forty-second, on an H100: 22
-# (all 65 GPU tests pass at 9b30afb) and 62's batch 1 with the cut on. Left, in priority order:
-# 60 (pairs at batch 8's rows), 62 (the flash step with the last layer on the window's rows),
-# 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
+# (all 65 GPU tests pass at 9b30afb) and 62's batch 1 with the cut on; in the forty-third, on
+# an H100 after about 960 s of failed starts: the Mosaic GPU kernels' GPU tests at jax 0.11's
+# API (25 pass) and 60 (no pairs at 4,608 rows either: never). Left, in priority order: 22
+# (every GPU test at the forty-third session's commits), 62 (the flash step with the last
+# layer on the window's rows), the FFN at 1,024-3,072 rows (FFN_ROWS=1536 ffn_settings), 26
+# at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile

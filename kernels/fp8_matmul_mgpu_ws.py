@@ -95,11 +95,12 @@ STORED_SCALE_GROUPS = 32
 # Whether the dispatched configurations (`get_default`, `get_default_swiglu`) read the w
 # scales as stored where they can (`WsConfig.stored_scales`): off until timed on the GPU.
 STORED_SCALES = False
-# The fewest rows from which `get_default_swiglu` pairs CTAs in clusters sharing x: without
-# pairs batch 1's exact + FP8 step (768 rows) ran 0.22 ms (1.4%) faster, tokens equal, and
-# the sweep's kernel 6% (thirty-ninth session, H100); at 4,608 and 6,144 rows no knob beat the
-# default (thirty-sixth). Between them untimed.
-SWIGLU_PAIRS_MIN_M = 4608
+# The fewest rows from which `get_default_swiglu` pairs CTAs in clusters sharing x: never
+# (a row count turns them on from there). Without pairs, tokens equal, on an H100: batch 1's
+# exact + FP8 step (768 rows) 1.4% faster and the sweep's kernel 6% (thirty-ninth session);
+# at batch 8's 4,608 rows the FFN 1.0% faster by device time (1.61x bf16 against 1.59x) and
+# the step 1.0% (forty-third session).
+SWIGLU_PAIRS_MIN_M = 2**31
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -278,10 +279,10 @@ class WsConfig:
     def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
         """`gate_up_swiglu_mgpu_ws`'s: 128 x 128 output tiles (two 64-row warpgroups, each
         with a gate and an up sum), clusters of 2 sharing x from `SWIGLU_PAIRS_MIN_M` rows
-        where F allows, the deepest pipeline that fits (4 stages at LLaDA-8B: 196 KiB of
-        buffers + 16.5 KiB of epilogue). Reasoned from `get_default`'s; its knobs swept at
-        4,608, 6,144 and 768 rows (`benchmarks/fp8_gemm.py --mgpu-ws-sweep swiglu:M`): only
-        dropping the pairs below 4,608 rows paid in the step."""
+        (never as shipped) where F allows, the deepest pipeline that fits (4 stages at
+        LLaDA-8B: 196 KiB of buffers + 16.5 KiB of epilogue). Reasoned from `get_default`'s;
+        its knobs swept at 4,608, 6,144 and 768 rows (`benchmarks/fp8_gemm.py --mgpu-ws-sweep
+        swiglu:M`): only dropping the pairs paid in the step (at 768 and 4,608 rows)."""
         del sm_count  # one tile shape: the register budget leaves no other
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
         base = cls(wg_rows=WAVE, cluster=2 if pairs else 1,

@@ -385,8 +385,8 @@ def unfused_swiglu(xq, xs, wq, ws, config, interpret: bool):
 @pytest.mark.parametrize("M", [1024, 4608, 1000])
 def test_swiglu_defaults_lower_for_hopper(M):
     """The fused kernel's default (128 x 128 tiles of two 64-row warpgroups with a gate and an
-    up sum each, clusters of 2 from 4,608 rows, 4 stages) lowers through Mosaic GPU at
-    LLaDA-8B's gate/up shape, batch 8's 4,608 rows (pairs), 1,024 and a ragged M (none):
+    up sum each, no clusters, 4 stages; the pairs lower in the sweep's test) lowers through
+    Mosaic GPU at LLaDA-8B's gate/up shape, batch 8's 4,608 rows, 1,024 and a ragged M:
     the epilogue's row max, FP8 cast and the stores of the tile and its row scales have
     layouts; the non-steady pipeline too."""
     assert "mosaic_gpu" in export_cuda(M, *GATE_UP, kernel=gate_up_swiglu_mgpu_ws)
@@ -395,15 +395,17 @@ def test_swiglu_defaults_lower_for_hopper(M):
     assert "mosaic_gpu" in export_cuda(M, *GATE_UP, config=flat, kernel=gate_up_swiglu_mgpu_ws)
 
 
-def test_swiglu_default_config():
+def test_swiglu_default_config(monkeypatch):
     c = WsConfig.get_default_swiglu(4608, 12288, 4096)
-    assert (c.wg_rows, c.block_m, c.cluster, c.cluster_dim, c.stages, c.steady) == (
-        64, 128, 2, "n", 4, True)
+    assert (c.wg_rows, c.block_m, c.cluster, c.stages, c.steady) == (64, 128, 1, 4, True)
     assert c.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
+    # No pairs as shipped (faster at 768, 1,280 and 4,608 rows on an H100); from
+    # SWIGLU_PAIRS_MIN_M rows where the column blocks pair up
+    from kernels import fp8_matmul_mgpu_ws as ws_mod
+    monkeypatch.setattr(ws_mod, "SWIGLU_PAIRS_MIN_M", 4608)
+    assert WsConfig.get_default_swiglu(4608, 12288, 4096).cluster == 2
     assert WsConfig.get_default_swiglu(4608, 384, 4096).cluster == 1  # 3 column blocks
-    # Below SWIGLU_PAIRS_MIN_M no pairs: faster at batch 1's 768 and 1,280 rows on an H100
     assert WsConfig.get_default_swiglu(4607, 12288, 4096).cluster == 1
-    assert WsConfig.get_default_swiglu(768, 12288, 4096).cluster == 1
 
 
 @pytest.mark.parametrize("M,K,F,kw", [
