@@ -1,5 +1,6 @@
-"""What the Mosaic GPU kernels share: Hopper's shared memory per block and the parameters of
-Pallas' Mosaic GPU interpreter (their CPU tests' way of running them)."""
+"""What the Mosaic GPU kernels share: Hopper's shared memory per block, the parameters of
+Pallas' Mosaic GPU interpreter (their CPU tests' way of running them) and a whole-ref load
+that works on the jax versions the project runs on (0.10 here, 0.11 on the GPU machines)."""
 
 from __future__ import annotations
 
