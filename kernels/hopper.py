@@ -4,6 +4,9 @@ that works on the jax versions the project runs on (0.10 here, 0.11 on the GPU m
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 SMEM_BYTES = 227 * 1024  # Hopper's shared memory per block
 # what a kernel's buffers may not use: barriers and Mosaic's own (the FACache kernel asked
 # 2,704 bytes more than its buffers, eighteenth session)
@@ -27,10 +30,15 @@ def interpret_params():
 def load_whole(ref, layout):
     """`plgpu.load` of all of `ref` in `layout`. jax 0.11 deprecates the separate index
     argument (index the ref instead) that jax 0.10 requires: pass it only where required."""
-    import inspect
-
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    idx = inspect.signature(plgpu.load).parameters.get("idx")
-    if idx is not None and idx.default is inspect.Parameter.empty:
+    if _load_needs_index():
         return plgpu.load(ref, (), layout=layout)
     return plgpu.load(ref, layout=layout)
+
+
+@functools.cache
+def _load_needs_index() -> bool:
+    """Whether the installed jax's `plgpu.load` has no default for its index (jax 0.10)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    return idx is not None and idx.default is inspect.Parameter.empty

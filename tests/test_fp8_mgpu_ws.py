@@ -403,7 +403,8 @@ def test_swiglu_default_config(monkeypatch):
     # SWIGLU_PAIRS_MIN_M rows where the column blocks pair up
     from kernels import fp8_matmul_mgpu_ws as ws_mod
     monkeypatch.setattr(ws_mod, "SWIGLU_PAIRS_MIN_M", 4608)
-    assert WsConfig.get_default_swiglu(4608, 12288, 4096).cluster == 2
+    pairs = WsConfig.get_default_swiglu(4608, 12288, 4096)
+    assert (pairs.cluster, pairs.cluster_dim) == (2, "n")  # sharing x
     assert WsConfig.get_default_swiglu(4608, 384, 4096).cluster == 1  # 3 column blocks
     assert WsConfig.get_default_swiglu(4607, 12288, 4096).cluster == 1
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import cpu_subprocess_env
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, cpu_subprocess_env
 
 
 @pytest.fixture(scope="module")
