@@ -11,7 +11,6 @@ import random
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,8 @@ import pytest
 import lacache_jax as lj
 from benchmarks import accuracy, arith, chain, tasks, train_demo
 from lacache_jax.tokenizer import Tokenizer
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 STATEMENT = re.compile(r"([a-z])=([a-z])([-+*])([a-z]|\d+)=(\d+)([-+*])(\d+)=(\d+)")
 DEFINITION = re.compile(r"([a-z])=([a-z])([-+*])([a-z]|\d+)")
 

@@ -20,9 +20,8 @@ import lacache_jax.__main__ as cli
 from convert.__main__ import main as convert_main
 from lacache_jax.__main__ import main
 from lacache_jax.tokenizer import Tokenizer, TokenizerError, TokenizerWarning
-from tests.conftest import random_llada_state, write_hf_llada
+from tests.conftest import ROOT, random_llada_state, write_hf_llada
 
-ROOT = Path(__file__).resolve().parents[1]
 CFG = lj.tiny(d_model=128, d_ff=256)  # FP8 FFN needs multiples of 128
 SPECIALS = {"<|startoftext|>": 312, "<|start_header_id|>": 313, "<|end_header_id|>": 314,
             "<|eot_id|>": 315, "<|endoftext|>": CFG.eos_id, "<|mdm_mask|>": CFG.mask_id}

@@ -20,10 +20,9 @@ import lacache_jax as lj
 from convert import export_hf
 from convert import safetensors_file as stf
 from convert.__main__ import main as convert_main
-from tests.conftest import random_llada_state, write_hf_llada
+from tests.conftest import ROOT, random_llada_state, write_hf_llada
 
 CFG = lj.tiny(n_heads=4, n_kv_heads=2)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

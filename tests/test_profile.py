@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks.common import idle_gaps
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("spans, min_ns, want", [

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import serve
 from benchmarks.serve import in_order_bound, queue_order
-from tests.conftest import xla_flags
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT, xla_flags
 
 
 def test_in_order_bound_is_static_over_the_in_order_makespan():
