@@ -164,7 +164,7 @@ def _require(hf: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any
 
 
 # LLaDA's code defaults (configuration_llada.ModelConfig) of the keys that must be present
-# because these defaults are not what we implement (a LayerNorm, no RoPE, tied weights, ...);
+# because these defaults are not what we implement (a LayerNorm, no RoPE, ...);
 # named in the error.
 _LLADA_DEFAULTS = {"block_type": "sequential", "activation_type": "swiglu",
                    "layer_norm_type": "default", "rope": False, "embedding_size": 50304,

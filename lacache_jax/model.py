@@ -3,7 +3,8 @@
 Shape suffixes follow the package legend (lacache_jax/__init__.py).
 
 Numerics follow REFERENCE.md §3: RMSNorm statistics in fp32, cast back, then the weight;
-rotate-half RoPE in fp32; softmax attention with fp32 accumulation; no biases; untied head.
+rotate-half RoPE in fp32; softmax attention with fp32 accumulation; no biases; the head its own matrix or
+the embedding's (`weight_tying`).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ on with defaults or off; `dpad=gaussian|uniform` also picks DPad's strategy.
 The evaluation's own args are in `EVAL_ARGS`. The reference harness's names (LLaDA's and
 Fast-dLLM's `eval_llada.py`, model `llada_dist`) are accepted for the same settings
 (`REFERENCE_NAMES`; `use_cache=true[,dual_cache=true]` is `cache=prefix|dual`), so its
-`--model_args` carry over. Unlike `GenerationConfig`, `stop_at_eos` defaults to false here
-(without `flash`): the reference decodes the whole canvas and keeps text after an EOS, which
+`--model_args` carry over. Unlike `GenerationConfig`, `steps` defaults to the args'
+`gen_length` and `stop_at_eos` to false here (without `flash`): the reference decodes the whole canvas and keeps text after an EOS, which
 an early stop would replace by EOS (`stop_at_eos=true` is faster and changes only text after
 a block holding an EOS). With `flash` it stays true: Flash-dLLM's predicted length (REFERENCE.md
 §8) is part of its decoder. Values may be strings (the command line), or
