@@ -42,6 +42,8 @@
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  64  issue 23: the fused SwiGLU kernel's 3 stages restarted each tile against 4 steady:
+#      the FFN at 768 rows, batch 1's exact + FP8 step
 #  63  issue 23: the FFN as shipped at 1,024-2,048 rows (the FFN goal's rows)
 #  62  issue 17: the last layer on the window's rows off / on: the flash step at batch 32
 #  61  issues 23, 20: the last layer on the block's rows off / on: batch 1's steps
@@ -204,6 +206,15 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+64)
+  # issue 23: the fused SwiGLU kernel with 3 stages restarted each tile against the shipped 4
+  # steady ones (the sweep's kernel 3.3% faster at 768 rows in the forty-fourth session):
+  # the FFN at 768 rows by device time, then batch 1's exact + FP8 step, alternated
+  m=kernels.fp8_matmul_mgpu_ws
+  three="$m:SWIGLU_STAGES=3,$m:SWIGLU_STEADY=0" four="$m:SWIGLU_STAGES=4"
+  FFN_ROWS=768 ffn_settings fp8_ffn_swiglu_stages_768.log 150 "$four" "$three"
+  step_settings generate_b1_swiglu_stages.log 300 "--batch 1 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" "$four" "$three" "$four" "$three" ;;
 63)
   # issue 23: the FFN goal's rows below batch 8's (FP8 >= 1.6x bf16 from 1,024 rows; 1.61x at
   # 4,608 in the forty-third session; 1,024-3,072 untimed since the fused SwiGLU kernel): the

@@ -101,6 +101,14 @@ STORED_SCALES = False
 # at batch 8's 4,608 rows the FFN 1.0% faster by device time (1.61x bf16 against 1.59x) and
 # the step 1.0% (forty-third session).
 SWIGLU_PAIRS_MIN_M = 2**31
+# `get_default_swiglu`'s pipeline: the most stages it tries (down to 2) and whether the steady
+# pipeline (the TMA pipeline carried over a CTA's tiles) comes first. As shipped, 4 stages,
+# steady. At 768 rows the sweep's kernel ran 3.3% faster with 3 stages restarted each tile
+# (161.2 against 166.7 us, H100, forty-fourth session; 2.9% and 4.3% slower than its pairs
+# default's best row in the thirty-eighth and thirty-ninth): a switch for the step's test
+# (device_plan.sh 64) before any default changes.
+SWIGLU_STAGES = 4
+SWIGLU_STEADY = 1
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -287,8 +295,8 @@ class WsConfig:
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
         base = cls(wg_rows=WAVE, cluster=2 if pairs else 1,
                    stored_scales=STORED_SCALES and _stores_scales_whole(K))
-        for steady in (True, False):
-            for stages in (4, 3, 2):
+        for steady in (True, False) if SWIGLU_STEADY else (False,):
+            for stages in range(SWIGLU_STAGES, 1, -1):
                 c = dataclasses.replace(base, stages=stages, steady=steady)
                 if c.fits(K, swiglu=True):
                     return c

@@ -407,6 +407,19 @@ def test_swiglu_default_config(monkeypatch):
     assert (pairs.cluster, pairs.cluster_dim) == (2, "n")  # sharing x
     assert WsConfig.get_default_swiglu(4608, 384, 4096).cluster == 1  # 3 column blocks
     assert WsConfig.get_default_swiglu(4607, 12288, 4096).cluster == 1
+    # The pipeline switches (device_plan.sh 64 times 3 stages restarted each tile): the
+    # stages counted down from SWIGLU_STAGES, the steady pipeline skipped without
+    # SWIGLU_STEADY (every row count the same pipeline: it depends on K alone)
+    monkeypatch.setattr(ws_mod, "SWIGLU_STAGES", 3)
+    monkeypatch.setattr(ws_mod, "SWIGLU_STEADY", 0)
+    for M in (768, 4608):
+        c = WsConfig.get_default_swiglu(M, 12288, 4096)
+        assert (c.stages, c.steady) == (3, False)
+    # steady first: 3 stages do not divide 32 K groups, so 2 steady ones; they divide 24
+    monkeypatch.setattr(ws_mod, "SWIGLU_STEADY", 1)
+    for K, want in ((4096, (2, True)), (3072, (3, True))):
+        c = WsConfig.get_default_swiglu(768, 12288, K)
+        assert (c.stages, c.steady) == want
 
 
 @pytest.mark.parametrize("M,K,F,kw", [
