@@ -109,6 +109,14 @@ SWIGLU_PAIRS_MIN_M = 2**31
 # (device_plan.sh 64) before any default changes.
 SWIGLU_STAGES = 4
 SWIGLU_STEADY = 1
+# Whether `gate_up_swiglu_mgpu_ws`'s default splits off the last partial wave of tiles
+# (`swiglu_tail_split`): the column blocks that fill whole waves of 128-row tiles in one
+# launch, the rest in a second launch of 64-row tiles (one consumer warpgroup a CTA, half a
+# tile's work) written into the first's outputs. At batch 1's 768 rows the 576 tiles are
+# 4.36 waves run as 5; split, 4 waves and one of half length (the fifth wave's idle SMs are
+# the 0.68 ms a step issue 23's 1.3x at batch 1 lacks: RESULTS.md, forty-fourth session).
+# Off until timed on the GPU (device_plan.sh 66).
+SWIGLU_TAIL = 0
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -165,6 +173,9 @@ class WsConfig:
     stored_scales: bool = False
     memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
     #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
+    # Consumer warpgroups a CTA (2, or 1: `swiglu_tail_split`'s second launch, a tile of
+    # `wg_rows` rows, no clusters)
+    consumers: int = 2
     # Timing probe (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
     # K group into one wgmma accumulator per wave with no promotion (this pipeline's upper
     # bound, the scheme of a per-tensor GEMM). A probe without the epilogue ran above the
@@ -173,7 +184,7 @@ class WsConfig:
 
     @property
     def block_m(self) -> int:
-        return 2 * self.wg_rows
+        return self.consumers * self.wg_rows
 
     @property
     def column_scales(self) -> bool:
@@ -195,8 +206,8 @@ class WsConfig:
             self.block_n if self.column_scales else WAVE)
         if self.stored_scales:  # Pallas rounds each buffer up to 1 KiB (the rest are whole)
             w_scales = parts * -(-self.stages * 4 * STORED_SCALE_GROUPS // 1024) * 1024
-        epilogue = (2 * WAVE * (GROUP + 4) if swiglu else
-                    2 * self.epi_slots * WAVE * self.epi_cols * jnp.dtype(out_dtype).itemsize)
+        epilogue = self.consumers * (WAVE * (GROUP + 4) if swiglu else self.epi_slots * WAVE
+                                     * self.epi_cols * jnp.dtype(out_dtype).itemsize)
         return self.stages * per_stage + w_scales + epilogue
 
     def fits(self, K: int, out_dtype=jnp.bfloat16, swiglu: bool = False) -> bool:
@@ -293,14 +304,40 @@ class WsConfig:
         swiglu:M`): only dropping the pairs paid in the step (at 768 and 4,608 rows)."""
         del sm_count  # one tile shape: the register budget leaves no other
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
-        base = cls(wg_rows=WAVE, cluster=2 if pairs else 1,
-                   stored_scales=STORED_SCALES and _stores_scales_whole(K))
+        return cls(wg_rows=WAVE, cluster=2 if pairs else 1).with_swiglu_pipeline(K)
+
+    @classmethod
+    def get_swiglu_tail(cls, K: int) -> WsConfig:
+        """The configuration of `swiglu_tail_split`'s second launch: 64-row tiles, one consumer
+        warpgroup (half a default tile's work a CTA), no clusters, the pipeline as the default's."""
+        return cls(wg_rows=WAVE, consumers=1, cluster=1).with_swiglu_pipeline(K)
+
+    def with_swiglu_pipeline(self, K: int) -> WsConfig:
+        """This SwiGLU tile with the deepest pipeline that fits from `SWIGLU_STAGES` stages
+        down, steady first where `SWIGLU_STEADY`, the w scales as stored where
+        `STORED_SCALES` takes them."""
+        base = dataclasses.replace(self, stored_scales=STORED_SCALES and _stores_scales_whole(K))
         for steady in (True, False) if SWIGLU_STEADY else (False,):
             for stages in range(SWIGLU_STAGES, 1, -1):
                 c = dataclasses.replace(base, stages=stages, steady=steady)
                 if c.fits(K, swiglu=True):
                     return c
         raise AssertionError("2 stages always fit")
+
+
+def swiglu_tail_split(M: int, F: int, sm_count: int) -> int | None:
+    """The column blocks `gate_up_swiglu_mgpu_ws`'s first launch takes when the last wave
+    is split off (`SWIGLU_TAIL`): the most whole columns of 128-row tiles within whole waves
+    over `sm_count` SMs, the rest left to 64-row tiles that must fit one wave; None where the
+    tiles fill their waves or the rest would not fit one. LLaDA-8B (F 12,288: 96 blocks): 88
+    at 768 rows (528 tiles, 4 waves, then 96 half tiles), 92 at 1,280, 95 at 4,608, None at
+    6,144 (4,608 tiles: 34.9 waves)."""
+    m_tiles, blocks = -(-M // (2 * WAVE)), F // BLOCK_N
+    full = m_tiles * blocks // sm_count
+    main = full * sm_count // m_tiles
+    if full == 0 or main >= blocks or 2 * m_tiles * (blocks - main) > sm_count:
+        return None
+    return main
 
 
 def _stores_scales_whole(K: int) -> bool:
@@ -352,6 +389,9 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.stored_scales and not _stores_scales_whole(K):
         raise ValueError(f"stored_scales needs K / {GROUP} a multiple of {STORED_SCALE_GROUPS} "
                          f"(whole 128-byte copies of a row), got {K // GROUP}")
+    if c.consumers not in (1, 2) or (c.consumers == 1 and c.cluster != 1):
+        raise ValueError(f"consumers must be 2, or 1 without clusters, got {c.consumers} with "
+                         f"cluster {c.cluster}")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -459,10 +499,11 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     return _ws_call(xq, x_scale, wq, w_scale, c, _Plain(c, out_dtype, N), sm_count, interpret)
 
 
-@functools.partial(jax.jit, static_argnames=("act_dtype", "config", "sm_count", "interpret"))
+@functools.partial(jax.jit, static_argnames=("act_dtype", "config", "sm_count", "interpret",
+                                             "tail"))
 def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
                            config: WsConfig | None = None, sm_count: int = 132,
-                           interpret: bool = False):
+                           interpret: bool = False, tail: bool | None = None):
     """The FP8 FFN's gate/up GEMM with SwiGLU and the 1 x 128 quantisation of its output in
     the epilogue (the contract of `gate_up_swiglu.gate_up_swiglu_quant_ref`): wq [2F, K] holds
     the gate rows, then the up rows; returns (aq [M, F] fp8, a_scale [M, F / 128] f32), and
@@ -476,7 +517,12 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
     budget), then round both to `act_dtype` (the GEMM's output dtype in the unfused path),
     apply `fused_quant.swiglu_quantize_tile` and store the FP8 tile and its row scales (group
     major, [F / 128, M]: the layout the down GEMM's x scales take) by TMA. `config`: its
-    `wg_rows` must be 64 and `step_groups` 1 (default `WsConfig.get_default_swiglu`)."""
+    `wg_rows` must be 64 and `step_groups` 1 (default `WsConfig.get_default_swiglu`).
+
+    `tail` (None: `SWIGLU_TAIL` where `config` is the default): the last partial wave split
+    off (`swiglu_tail_split`, tiles of whole 128-row blocks without clusters only), its column
+    blocks computed by a second launch in 64-row tiles (`WsConfig.get_swiglu_tail`) into the
+    first's outputs; the same products, so the same outputs."""
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     F = wq.shape[0] // 2
@@ -489,8 +535,18 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
         raise ValueError(f"the SwiGLU epilogue needs wg_rows={WAVE}, step_groups=1, no probe "
                          f"(two 64-register sums and one accumulator) and block_n={BLOCK_N} "
                          f"(a quantisation group), got {c}")
-    return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
-                    interpret)
+    if tail is None:
+        tail = bool(SWIGLU_TAIL) and config is None
+    main = (swiglu_tail_split(M, F, sm_count)
+            if tail and c.cluster == 1 and c.ctas is None and M % c.block_m == 0 else None)
+    if main is None:
+        return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
+                        interpret)
+    outs = _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype, blocks=main),
+                    sm_count, interpret, finish=False)
+    t = WsConfig.get_swiglu_tail(K)
+    return _ws_call(xq, x_scale, wq, w_scale, t, _SwiGLU(t, F, act_dtype, first=main),
+                    sm_count, interpret, into=outs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,7 +574,7 @@ class _Plain:
         swizzle = plgpu.find_swizzle(c.epi_cols * bits)
         tiled = (plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle))
         return ((jax.ShapeDtypeStruct((Mp, N), self.out_dtype),),
-                [plgpu.SMEM((2, c.epi_slots, WAVE, c.epi_cols), self.out_dtype,
+                [plgpu.SMEM((c.consumers, c.epi_slots, WAVE, c.epi_cols), self.out_dtype,
                             transforms=tiled)])
 
     def store(self, refs, sums, wg, ms, ni):
@@ -550,12 +606,15 @@ class _SwiGLU:
     F: int
     act_dtype: Any
     parts: int = 2
+    first: int = 0              # the column blocks this launch computes: [first, first +
+    blocks: int | None = None   # blocks), all from `first` where None (`swiglu_tail_split`)
 
     def w_cols(self, ni):
-        return (ni * BLOCK_N, self.F + ni * BLOCK_N)
+        n = (self.first + ni) * BLOCK_N
+        return (n, self.F + n)
 
     def n_tiles(self) -> int:
-        return self.F // BLOCK_N
+        return self.F // BLOCK_N - self.first if self.blocks is None else self.blocks
 
     def outputs(self, Mp: int, N: int):
         from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -563,8 +622,8 @@ class _SwiGLU:
         G = self.F // GROUP
         return ((jax.ShapeDtypeStruct((Mp, self.F), FP8),
                  jax.ShapeDtypeStruct((G, Mp), jnp.float32)),
-                [plgpu.SMEM((2, WAVE, GROUP), FP8, transforms=tiled),
-                 plgpu.SMEM((2, WAVE), jnp.float32)])
+                [plgpu.SMEM((self.c.consumers, WAVE, GROUP), FP8, transforms=tiled),
+                 plgpu.SMEM((self.c.consumers, WAVE), jnp.float32)])
 
     def store(self, refs, sums, wg, ms, ni):
         from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -576,9 +635,9 @@ class _SwiGLU:
         q_smem.at[wg][...] = q
         s_smem.at[wg][...] = scale
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(q_smem.at[wg], q_gmem.at[ms].at[rows, pl.ds(ni * GROUP,
-                                                                           GROUP)])
-        plgpu.copy_smem_to_gmem(s_smem.at[wg], s_gmem.at[ni].at[ms].at[rows])
+        g = self.first + ni
+        plgpu.copy_smem_to_gmem(q_smem.at[wg], q_gmem.at[ms].at[rows, pl.ds(g * GROUP, GROUP)])
+        plgpu.copy_smem_to_gmem(s_smem.at[wg], s_gmem.at[g].at[ms].at[rows])
 
     def finish(self, outs, M: int, Mp: int):
         q, s = outs
@@ -593,9 +652,11 @@ def _fp8_row_tiles():
 
 
 def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
-             interpret: bool):
+             interpret: bool, into: tuple | None = None, finish: bool = True):
     """The persistent warp-specialised kernel (module docstring) with `epilogue`'s weight
-    tiles per output tile, outputs and store (`_Plain` or `_SwiGLU`)."""
+    tiles per output tile, outputs and store (`_Plain` or `_SwiGLU`). `into`: the padded
+    outputs of an earlier launch (`finish` False there), which this one writes its tiles
+    into in place of new ones."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     if c.probe and interpret:
         raise ValueError(f"probe {c.probe!r} times the compiled kernel; the interpreter has "
@@ -647,7 +708,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         return plgpu.emit_pipeline_warp_specialized(
             body, grid=(G // sg,), memory_registers=c.memory_registers,
             max_concurrent_steps=c.stages,
-            wg_axis="wg", num_compute_wgs=2, in_specs=in_specs, compute_context=context,
+            wg_axis="wg", num_compute_wgs=c.consumers, in_specs=in_specs,
+            compute_context=context,
             pipeline_state=state)
 
     def zeros():  # built inside the kernel: kernels capture no constants
@@ -721,16 +783,26 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                                                allocations=allocations)
 
             if c.steady:  # drain: what STOP would do after the last tile (every CTA has one)
-                @pl.when(wg == 2)
+                @pl.when(wg == c.consumers)  # the producer
                 def _():
                     [consumed] = allocations["flat_consumed_barrier_refs"]
                     for s in range(c.stages):
                         plgpu.barrier_wait(consumed.at[s])
         plgpu.wait_smem_to_gmem(0)
 
-    outs = plgpu.kernel(
-        kernel, out_type=out_types, scratch_types=scratch_types,
-        grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
-        cluster_names=("cluster",), num_threads=3, thread_name="wg",
-        interpret=hopper.interpret_params() if interpret else None)(xq, xs_GM, wq, ws_G)
-    return epilogue.finish(outs, M, Mp)
+    mesh = dict(grid=(clusters,), grid_names=("cluster_grid",), cluster=(c.cluster,),
+                cluster_names=("cluster",), num_threads=c.consumers + 1, thread_name="wg")
+    run_interpreted = hopper.interpret_params() if interpret else None
+    if into is None:
+        outs = plgpu.kernel(kernel, out_type=out_types, scratch_types=scratch_types,
+                            interpret=run_interpreted, **mesh)(xq, xs_GM, wq, ws_G)
+    else:  # an earlier launch's outputs, written in place (mutable refs, as FACache's)
+        out_refs = [jax.new_ref(o, memory_space=plgpu.GMEM) for o in into]
+
+        def entry(*refs):
+            pl.run_scoped(lambda *scratch: kernel(*refs, *scratch), *scratch_types,
+                          collective_axes="wg")
+        pl.kernel(entry, out_type=(), mesh=plgpu.Mesh(**mesh),
+                  interpret=run_interpreted or False)(xq, xs_GM, wq, ws_G, *out_refs)
+        outs = tuple(r[...] for r in out_refs)
+    return epilogue.finish(outs, M, Mp) if finish else outs

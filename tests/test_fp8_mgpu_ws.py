@@ -457,6 +457,60 @@ def test_swiglu_interpreted_is_the_unfused_kernels(M, K, F, kw):
     assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -8
 
 
+def test_swiglu_tail_split():
+    """The last partial wave's column blocks (`SWIGLU_TAIL`) at LLaDA-8B's F and 132 SMs:
+    whole columns of 128-row tiles within whole waves, the rest in 64-row tiles within one."""
+    from kernels.fp8_matmul_mgpu_ws import swiglu_tail_split
+    want = {768: 88, 1024: None, 1280: 92, 1536: None, 4608: 95, 6144: None, 100: None}
+    for M, main in want.items():
+        assert swiglu_tail_split(M, 12288, 132) == main, M
+        if main is not None:  # whole waves first, then one wave of half tiles at most
+            m_tiles = M // 128
+            assert m_tiles * main <= (m_tiles * 96 // 132) * 132
+            assert 2 * m_tiles * (96 - main) <= 132
+    t = WsConfig.get_swiglu_tail(4096)
+    assert (t.consumers, t.block_m, t.cluster, t.stages) == (1, 64, 1, 4)
+    assert t.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
+
+
+def test_swiglu_tail_interpreted_is_one_launch():
+    """Split (`tail=True`: on 2 SMs, one row tile x 3 column blocks, so 2 blocks in 2 tiles,
+    then the last block in 2 half tiles of one consumer warpgroup written into the first
+    launch's outputs) against one launch, both in the Mosaic GPU interpreter: the same
+    per-group products in the same order, so equal in every element; a column block
+    neither launch wrote would stay NaN (the interpreter's fill) in the split one."""
+    from kernels.fp8_matmul_mgpu_ws import swiglu_tail_split
+    M, K, F, sms = 128, 256, 384, 2
+    assert swiglu_tail_split(M, F, sms) == 2
+    xq, xs, wq, ws = operands(M, K, 2 * F, seed=3)
+    c = WsConfig.get_default_swiglu(M, F, K)
+    one, split = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=sms,
+                                         interpret=True, tail=tail) for tail in (False, True))
+    for a, b in zip(split, one):
+        a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
+        assert np.isfinite(a).all() and np.array_equal(a, b)
+
+
+def test_swiglu_tail_lowers_for_hopper(monkeypatch):
+    """Both launches at batch 1's 768 rows (88 column blocks, then 8 in 64-row tiles of one
+    consumer warpgroup, the second taking the first's outputs in place) lower through Mosaic
+    GPU for CUDA; where the switch is read (the default configuration), off one launch."""
+    from kernels import fp8_matmul_mgpu_ws as ws_mod
+
+    def launches(**kw):
+        fn = functools.partial(gate_up_swiglu_mgpu_ws, **kw)
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+            *shapes(768, *GATE_UP)).mlir_module()
+        return [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+    first, second = launches(tail=True)
+    name = first.split(" = ")[0].strip().split(":")[0]  # "%4" of "%4:2 = ..."
+    assert f"{name}#0, {name}#1)" in second  # the first launch's outputs go in
+    for on, want in ((1, 2), (0, 1)):
+        monkeypatch.setattr(ws_mod, "SWIGLU_TAIL", on)
+        jax.clear_caches()  # the switch is read when the kernel is traced
+        assert len(launches()) == want
+
+
 def test_swiglu_refuses_what_its_registers_do_not_take():
     xq, xs, wq, ws = operands(40, 256, 512)
     for kw, msg in ((dict(), "needs wg_rows=64"),
@@ -498,3 +552,19 @@ def test_swiglu_on_gpu_at_llada_shapes(M):
         assert bool(jnp.isfinite(got).all()) and same >= 1 - 2.0 ** -10
         assert rel_err(got, unfused) <= 2.0 ** -8
         assert rel_err(got, exact) <= 2.0 ** -6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [768, 1280])
+def test_swiglu_tail_on_gpu(M):
+    """The last wave split off (`tail=True`: 88 / 92 column blocks, then 64-row tiles of one
+    consumer warpgroup written into the first launch's outputs) against one launch on the
+    GPU: each element is the same promotions in the same order on the same wgmma shape, so
+    equal in every element and scale (a block neither launch wrote would not be)."""
+    K, N = GATE_UP
+    xq, xs, wq, ws = operands(M, K, N, seed=M)
+    split = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=True)
+    one = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=False)
+    for a, b in zip(split, one):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        assert bool(jnp.isfinite(a).all()) and bool(jnp.array_equal(a, b))
