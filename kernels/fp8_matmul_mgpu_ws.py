@@ -26,6 +26,8 @@ The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
   in L2. `steady`: the TMA pipeline runs on across a CTA's tiles (Pallas' pipeline_state
   START / STEADY; we drain it after the last tile), so the next tile's first loads overlap
   this tile's last wgmmas and its epilogue, as DeepGEMM's persistent loop does.
+- One consumer warpgroup a CTA (`consumers=1`, 64-row tiles): the SwiGLU kernel's second
+  launch when its last partial wave is split off (`SWIGLU_TAIL`, `swiglu_tail_split`).
 - Epilogue: each wave's 64 x 128 fp32 sum is cast, written to swizzled SMEM in `epi_cols`-wide
   pieces (`epi_slots` slots per warpgroup, taken in turn) and stored by TMA.
 - Other tile widths (`block_n`, DeepGEMM's per-shape choice, `get_wave_filling`): where few
@@ -113,9 +115,11 @@ SWIGLU_STEADY = 1
 # (`swiglu_tail_split`): the column blocks that fill whole waves of 128-row tiles in one
 # launch, the rest in a second launch of 64-row tiles (one consumer warpgroup a CTA, half a
 # tile's work) written into the first's outputs. At batch 1's 768 rows the 576 tiles are
-# 4.36 waves run as 5; split, 4 waves and one of half length (the fifth wave's idle SMs are
-# the 0.68 ms a step issue 23's 1.3x at batch 1 lacks: RESULTS.md, forty-fourth session).
-# Off until timed on the GPU (device_plan.sh 66).
+# 4.36 waves run as 5 (the fifth wave's idle SMs are the 0.68 ms a step issue 23's 1.3x at
+# batch 1 lacks: RESULTS.md, forty-fourth session); split, 4 waves and one of 96 half tiles,
+# whose length is a guess: half a tile's work, but with no second warpgroup to hide its
+# promotions a half tile may take 0.6-0.8 of a tile's time. Off until timed on the GPU
+# (device_plan.sh 66).
 SWIGLU_TAIL = 0
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
@@ -171,8 +175,8 @@ class WsConfig:
     # before the kernel, 1.5 MB at gate/up, launched every layer of every step). Tiles
     # within one weight block only (not `column_scales`), K / 128 a multiple of 32.
     stored_scales: bool = False
-    memory_registers: int = 40    # the producer's registers (setmaxnreg); the two consumers
-    #                               get floor8((512 - this) / 2), at most 240 (40 -> 232)
+    memory_registers: int = 40    # the producer's registers (setmaxnreg); two consumers get
+    #                               floor8((512 - this) / 2), at most 240 (40 -> 232), one 256
     # Consumer warpgroups a CTA (2, or 1: `swiglu_tail_split`'s second launch, a tile of
     # `wg_rows` rows, no clusters)
     consumers: int = 2
@@ -521,8 +525,9 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
 
     `tail` (None: `SWIGLU_TAIL` where `config` is the default): the last partial wave split
     off (`swiglu_tail_split`, tiles of whole 128-row blocks without clusters only), its column
-    blocks computed by a second launch in 64-row tiles (`WsConfig.get_swiglu_tail`) into the
-    first's outputs; the same products, so the same outputs."""
+    blocks computed by a second launch in 64-row tiles of one consumer warpgroup
+    (`WsConfig.get_swiglu_tail`, whatever `config` says) into the first's outputs; the same
+    products, so the same outputs."""
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     F = wq.shape[0] // 2
@@ -537,8 +542,8 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
                          f"(a quantisation group), got {c}")
     if tail is None:
         tail = bool(SWIGLU_TAIL) and config is None
-    main = (swiglu_tail_split(M, F, sm_count)
-            if tail and c.cluster == 1 and c.ctas is None and M % c.block_m == 0 else None)
+    main = (swiglu_tail_split(M, F, sm_count) if tail and c.consumers == 2 and c.cluster == 1
+            and c.ctas is None and M % c.block_m == 0 else None)
     if main is None:
         return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
                         interpret)
@@ -803,6 +808,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
             pl.run_scoped(lambda *scratch: kernel(*refs, *scratch), *scratch_types,
                           collective_axes="wg")
         pl.kernel(entry, out_type=(), mesh=plgpu.Mesh(**mesh),
-                  interpret=run_interpreted or False)(xq, xs_GM, wq, ws_G, *out_refs)
+                  interpret=run_interpreted or False, name=f"{kernel.__name__}_into")(
+            xq, xs_GM, wq, ws_G, *out_refs)
         outs = tuple(r[...] for r in out_refs)
     return epilogue.finish(outs, M, Mp) if finish else outs

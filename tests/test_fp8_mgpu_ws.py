@@ -474,14 +474,15 @@ def test_swiglu_tail_split():
 
 
 def test_swiglu_tail_interpreted_is_one_launch():
-    """Split (`tail=True`: on 2 SMs, one row tile x 3 column blocks, so 2 blocks in 2 tiles,
-    then the last block in 2 half tiles of one consumer warpgroup written into the first
-    launch's outputs) against one launch, both in the Mosaic GPU interpreter: the same
-    per-group products in the same order, so equal in every element; a column block
-    neither launch wrote would stay NaN (the interpreter's fill) in the split one."""
+    """Split (`tail=True`: on 2 SMs, one row tile x 5 column blocks, so 4 blocks in 4 tiles,
+    two a CTA (the steady pipeline carried over), then the last block in 2 half tiles of one
+    consumer warpgroup written into the first launch's outputs) against one launch, both in
+    the Mosaic GPU interpreter: the same per-group products in the same order, so equal in
+    every element; a column block neither launch wrote would stay NaN (the interpreter's
+    fill) in the split one."""
     from kernels.fp8_matmul_mgpu_ws import swiglu_tail_split
-    M, K, F, sms = 128, 256, 384, 2
-    assert swiglu_tail_split(M, F, sms) == 2
+    M, K, F, sms = 128, 256, 640, 2
+    assert swiglu_tail_split(M, F, sms) == 4
     xq, xs, wq, ws = operands(M, K, 2 * F, seed=3)
     c = WsConfig.get_default_swiglu(M, F, K)
     one, split = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=sms,
@@ -561,7 +562,9 @@ def test_swiglu_tail_on_gpu(M):
     consumer warpgroup written into the first launch's outputs) against one launch on the
     GPU: each element is the same promotions in the same order on the same wgmma shape, so
     equal in every element and scale (a block neither launch wrote would not be)."""
+    from kernels.fp8_matmul_mgpu_ws import swiglu_tail_split
     K, N = GATE_UP
+    assert swiglu_tail_split(M, N // 2, 132) == {768: 88, 1280: 92}[M]  # a split happens
     xq, xs, wq, ws = operands(M, K, N, seed=M)
     split = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=True)
     one = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=False)
