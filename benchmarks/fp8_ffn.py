@@ -13,8 +13,9 @@ a kernel refuses is recorded as such), and XLA's fusion of each reference, at --
 Times are per call with dependent calls chained in one jitted program (`time_chained`);
 `--trace` adds the FFNs' and the quantisation tiles' device time per call from one profiled
 run of that program (`device_chained`: without the program's dispatch, which the FFI GEMM
-and Pallas calls enlarge; 5 chained calls above `TRACE_ALL_MAX_M` rows). `--settings`: the FFN rows again under each SPEC of module-level
-kernel switches (`module:NAME=int[,...]`, `common.parse_settings`), in this process.
+and Pallas calls enlarge; `TRACE_CALLS` chained calls above `TRACE_ALL_MAX_M` rows).
+`--settings`: the FFN rows again under each SPEC of module-level kernel switches
+(`module:NAME=int[,...]`, `common.parse_settings`), in this process.
 """
 
 from __future__ import annotations
@@ -37,7 +38,11 @@ from kernels.fused_quant import (QuantTiles, rmsnorm_quant, rmsnorm_quant_pallas
 from lacache_jax.model import mlp
 
 
-TRACE_ALL_MAX_M = 1024  # the most rows whose profile holds all of a timing's chained calls
+# The most rows whose profile holds all of a timing's chained calls, and the calls profiled
+# above them: 20 at 1,536 and 2,048 rows made traces past protobuf's 2 GB, which came back
+# empty (forty-fourth session)
+TRACE_ALL_MAX_M = 1024
+TRACE_CALLS = 5
 
 
 def ffn_layer(cfg, key):
@@ -84,9 +89,7 @@ def layer_times(cfg, ceil, ms, rows, layers, traced: bool = False, settings: str
         row["ffn_fp8_tb_per_s"] = fp8_bytes / t8 / 1e9
         row["parts_ms"], row["quant_x_floor"] = parts, quant_x_floor
         if traced:  # the device's own time: without the chained program's dispatch
-            # 5 calls in the profile above 1,024 rows: 20 at 1,536 and 2,048 rows made traces
-            # past protobuf's 2 GB, which came back empty (forty-fourth session)
-            nt = n if M <= TRACE_ALL_MAX_M else min(n, 5)
+            nt = n if M <= TRACE_ALL_MAX_M else min(n, TRACE_CALLS)
             d16 = device_chained(lambda x: mlp(x, bf16_layer, cfg), x, n=nt)["span_ms"]
             d8 = device_chained(lambda x: mlp(x, fp8_layer, cfg), x, n=nt)["span_ms"]
             row.update(ffn_bf16_device_ms=d16, ffn_fp8_device_ms=d8,
