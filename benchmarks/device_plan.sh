@@ -213,6 +213,15 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+67)
+  # issue 23: the fused SwiGLU kernel with 3 stages restarted each tile (faster at 768 rows in
+  # stage 64: the FFN 2.1%, batch 1's step 1.1%) and with snake bands 16 wide (the first
+  # place in stage 65's one-round sweep at 1,536 rows) at batch 8's and the goal's rows: the
+  # FFN at 1,536 and 4,608 rows by device time in each setting
+  m=kernels.fp8_matmul_mgpu_ws
+  three="$m:SWIGLU_STAGES=3,$m:SWIGLU_STEADY=0" four="$m:SWIGLU_STAGES=4"
+  FFN_ROWS=1536,4608 ffn_settings fp8_ffn_swiglu_stages_rows.log 420 "$four" "$three" \
+    "$three,$m:SWIGLU_SNAKE_WIDTH=16" ;;
 66)
   # issue 23: the fused SwiGLU kernel's last partial wave split off (SWIGLU_TAIL: 4 waves of
   # 128-row tiles, then 96 tiles of 64 rows at batch 1's 768 rows, the fifth wave's idle SMs

@@ -111,6 +111,11 @@ SWIGLU_PAIRS_MIN_M = 2**31
 # (device_plan.sh 64) before any default changes.
 SWIGLU_STAGES = 4
 SWIGLU_STEADY = 1
+# `get_default_swiglu`'s snake bands (`WsConfig.snake_width`): 8 tiles as `get_default`'s. At
+# 1,536 rows (12 row tiles: bands of 8 and 4) the sweep's one round had 16 (one band) 8.5%
+# faster (278.0 against 303.9 us, H100, forty-fifth session): a switch to time it before any
+# default changes (device_plan.sh 67).
+SWIGLU_SNAKE_WIDTH = 8
 # Whether `gate_up_swiglu_mgpu_ws`'s default splits off the last partial wave of tiles
 # (`swiglu_tail_split`): the column blocks that fill whole waves of 128-row tiles in one
 # launch, the rest in a second launch of 64-row tiles (one consumer warpgroup a CTA, half a
@@ -308,7 +313,8 @@ class WsConfig:
         swiglu:M`): only dropping the pairs paid in the step (at 768 and 4,608 rows)."""
         del sm_count  # one tile shape: the register budget leaves no other
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
-        return cls(wg_rows=WAVE, cluster=2 if pairs else 1).with_swiglu_pipeline(K)
+        return cls(wg_rows=WAVE, cluster=2 if pairs else 1,
+                   snake_width=SWIGLU_SNAKE_WIDTH).with_swiglu_pipeline(K)
 
     @classmethod
     def get_swiglu_tail(cls, K: int) -> WsConfig:
