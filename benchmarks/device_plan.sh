@@ -37,14 +37,19 @@
 # API (25 pass) and 60 (no pairs at 4,608 rows either: never); in the forty-fourth, on an
 # H100 after about 480 s: 63 (1,536 and 2,048 rows without device time: 65), the SwiGLU
 # sweep at 768 rows (3 stages restarted: 64), 22's PART 2 and the Mosaic GPU tests in part
-# (48 of 53 ran before their boxes ended, none failed). Left, in priority order: 66, 64, 65, 22
-# (every GPU test at a5eb04a or later; PART 2 now needs more than 540 s: give it the
-# call's 600), 62 (the flash step with the last layer on the window's rows), 26 at M 6144 (batch 8's
-# tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
-# QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
+# (48 of 53 ran before their boxes ended, none failed); in the forty-fifth, on an H100 at the
+# first try: 66 (the split last wave level in the step: off), 64 (3 restarted stages faster
+# at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512.
+# Left, in priority order: 68, 22 (every GPU test at the forty-fifth session's HEAD or later;
+# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
+# layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
+# over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  68  issue 23: the FFN at 1,024-4,608 rows as shipped (3 restarted stages below 4,608),
+#      batch 1's headline at prompts 512 and 1,024
+#  67  issue 23: 3 restarted stages and 16-wide snake bands in the FFN at 1,536 and 4,608 rows
 #  66  issue 23: the fused SwiGLU kernel's last wave split off (SWIGLU_TAIL): GPU tests,
 #      the FFN at 768 and 1,280 rows, batch 1's exact + FP8 step
 #  65  issue 23: the FFN at 1,536 and 2,048 rows by device time; the fused SwiGLU kernel's
@@ -213,6 +218,14 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+68)
+  # issue 23: as shipped since the forty-fifth session (3 stages restarted each tile below
+  # 4,608 rows): the FFN at 1,024, 2,048 and 4,608 rows by device time (the profiled programs
+  # now take the weights as arguments: each row count's profile should come back), then
+  # batch 1's headline (none and exact, with and without FP8) at prompts 512 and 1,024
+  FFN_ROWS=1024,2048,4608 ffn_settings fp8_ffn_rows_shipped.log 260 ""
+  step_settings generate_b1_headline.log 320 "--batch 1 --prompt 512,1024 --modes none,exact \
+--decoding fixed --fp8-ffn both" "" ;;
 67)
   # issue 23: the fused SwiGLU kernel with 3 stages restarted each tile (faster at 768 rows in
   # stage 64: the FFN 2.1%, batch 1's step 1.1%) and with snake bands 16 wide (the first

@@ -103,18 +103,20 @@ STORED_SCALES = False
 # at batch 8's 4,608 rows the FFN 1.0% faster by device time (1.61x bf16 against 1.59x) and
 # the step 1.0% (forty-third session).
 SWIGLU_PAIRS_MIN_M = 2**31
-# `get_default_swiglu`'s pipeline: the most stages it tries (down to 2) and whether the steady
-# pipeline (the TMA pipeline carried over a CTA's tiles) comes first. As shipped, 4 stages,
-# steady. At 768 rows the sweep's kernel ran 3.3% faster with 3 stages restarted each tile
-# (161.2 against 166.7 us, H100, forty-fourth session; 2.9% and 4.3% slower than its pairs
-# default's best row in the thirty-eighth and thirty-ninth): a switch for the step's test
-# (device_plan.sh 64) before any default changes.
+# `get_default_swiglu`'s pipeline: from `SWIGLU_STEADY_MIN_M` rows the most of `SWIGLU_STAGES`
+# stages that fit (down to 2), the steady pipeline (carried over a CTA's tiles) first where
+# `SWIGLU_STEADY`: 4 steady at LLaDA-8B; below it 3 stages restarted each tile. On an H100,
+# tokens equal: at 768 rows the FFN 2.1% faster by device time and batch 1's exact + FP8 step
+# 1.1% (stage 64); at 1,536 rows the FFN 2.1% (1.63x bf16 against 1.60x); at 4,608 rows
+# 0.5% slower by wall time, within its spread (stage 67; forty-fifth session). Rows between
+# 1,536 and 4,608 untimed.
+SWIGLU_STEADY_MIN_M = 4608
 SWIGLU_STAGES = 4
 SWIGLU_STEADY = 1
 # `get_default_swiglu`'s snake bands (`WsConfig.snake_width`): 8 tiles as `get_default`'s. At
 # 1,536 rows (12 row tiles: bands of 8 and 4) the sweep's one round had 16 (one band) 8.5%
-# faster (278.0 against 303.9 us, H100, forty-fifth session): a switch to time it before any
-# default changes (device_plan.sh 67).
+# faster (278.0 against 303.9 us), but in the FFN, with 3 restarted stages, 0.7% (H100,
+# forty-fifth session: stages 65, 67), within its spread; 768 rows' sweep had it 0.9% slower.
 SWIGLU_SNAKE_WIDTH = 8
 # Whether `gate_up_swiglu_mgpu_ws`'s default splits off the last partial wave of tiles
 # (`swiglu_tail_split`): the column blocks that fill whole waves of 128-row tiles in one
@@ -122,9 +124,9 @@ SWIGLU_SNAKE_WIDTH = 8
 # tile's work) written into the first's outputs. At batch 1's 768 rows the 576 tiles are
 # 4.36 waves run as 5 (the fifth wave's idle SMs are the 0.68 ms a step issue 23's 1.3x at
 # batch 1 lacks: RESULTS.md, forty-fourth session); split, 4 waves and one of 96 half tiles,
-# whose length is a guess: half a tile's work, but with no second warpgroup to hide its
-# promotions a half tile may take 0.6-0.8 of a tile's time. Off until timed on the GPU
-# (device_plan.sh 66).
+# whose length was a guess. Timed on an H100 (forty-fifth session, stage 66): the FFN 1.4%
+# faster by device time at 768 rows, batch 1's exact + FP8 step level (14.97 / 14.98 ms
+# against 15.07 / 14.96, alternated), so off.
 SWIGLU_TAIL = 0
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
@@ -307,28 +309,33 @@ class WsConfig:
     def get_default_swiglu(cls, M: int, F: int, K: int, sm_count: int = 132) -> WsConfig:
         """`gate_up_swiglu_mgpu_ws`'s: 128 x 128 output tiles (two 64-row warpgroups, each
         with a gate and an up sum), clusters of 2 sharing x from `SWIGLU_PAIRS_MIN_M` rows
-        (never as shipped) where F allows, the deepest pipeline that fits (4 stages at
-        LLaDA-8B: 196 KiB of buffers + 16.5 KiB of epilogue). Reasoned from `get_default`'s;
+        (never as shipped) where F allows, the pipeline by rows (`with_swiglu_pipeline`: 4
+        steady stages at LLaDA-8B from 4,608 rows, 196 KiB of buffers + 16.5 KiB of
+        epilogue; 3 restarted below). Reasoned from `get_default`'s;
         its knobs swept at 4,608, 6,144 and 768 rows (`benchmarks/fp8_gemm.py --mgpu-ws-sweep
-        swiglu:M`): only dropping the pairs paid in the step (at 768 and 4,608 rows)."""
+        swiglu:M`): dropping the pairs paid in the step (at 768 and 4,608 rows), and 3
+        restarted stages below 4,608 rows."""
         del sm_count  # one tile shape: the register budget leaves no other
         pairs = M >= SWIGLU_PAIRS_MIN_M and F % (2 * BLOCK_N) == 0
         return cls(wg_rows=WAVE, cluster=2 if pairs else 1,
-                   snake_width=SWIGLU_SNAKE_WIDTH).with_swiglu_pipeline(K)
+                   snake_width=SWIGLU_SNAKE_WIDTH).with_swiglu_pipeline(M, K)
 
     @classmethod
-    def get_swiglu_tail(cls, K: int) -> WsConfig:
+    def get_swiglu_tail(cls, M: int, K: int) -> WsConfig:
         """The configuration of `swiglu_tail_split`'s second launch: 64-row tiles, one consumer
         warpgroup (half a default tile's work a CTA), no clusters, the pipeline as the default's."""
-        return cls(wg_rows=WAVE, consumers=1, cluster=1).with_swiglu_pipeline(K)
+        return cls(wg_rows=WAVE, consumers=1, cluster=1).with_swiglu_pipeline(M, K)
 
-    def with_swiglu_pipeline(self, K: int) -> WsConfig:
-        """This SwiGLU tile with the deepest pipeline that fits from `SWIGLU_STAGES` stages
-        down, steady first where `SWIGLU_STEADY`, the w scales as stored where
-        `STORED_SCALES` takes them."""
+    def with_swiglu_pipeline(self, M: int, K: int) -> WsConfig:
+        """This SwiGLU tile with the deepest pipeline that fits at M rows: from
+        `SWIGLU_STEADY_MIN_M` rows `SWIGLU_STAGES` stages down, steady first where
+        `SWIGLU_STEADY`; below, 3 stages down, restarted each tile; the w scales as stored
+        where `STORED_SCALES` takes them."""
         base = dataclasses.replace(self, stored_scales=STORED_SCALES and _stores_scales_whole(K))
-        for steady in (True, False) if SWIGLU_STEADY else (False,):
-            for stages in range(SWIGLU_STAGES, 1, -1):
+        most, steadies = ((SWIGLU_STAGES, (True, False) if SWIGLU_STEADY else (False,))
+                          if M >= SWIGLU_STEADY_MIN_M else (3, (False,)))
+        for steady in steadies:
+            for stages in range(most, 1, -1):
                 c = dataclasses.replace(base, stages=stages, steady=steady)
                 if c.fits(K, swiglu=True):
                     return c
@@ -555,7 +562,7 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
                         interpret)
     outs = _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype, blocks=main),
                     sm_count, interpret, finish=False)
-    t = WsConfig.get_swiglu_tail(K)
+    t = WsConfig.get_swiglu_tail(M, K)
     return _ws_call(xq, x_scale, wq, w_scale, t, _SwiGLU(t, F, act_dtype, first=main),
                     sm_count, interpret, into=outs)
 

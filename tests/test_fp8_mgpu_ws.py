@@ -407,18 +407,20 @@ def test_swiglu_default_config(monkeypatch):
     assert (pairs.cluster, pairs.cluster_dim) == (2, "n")  # sharing x
     assert WsConfig.get_default_swiglu(4608, 384, 4096).cluster == 1  # 3 column blocks
     assert WsConfig.get_default_swiglu(4607, 12288, 4096).cluster == 1
-    # The pipeline switches (device_plan.sh 64 times 3 stages restarted each tile): the
-    # stages counted down from SWIGLU_STAGES, the steady pipeline skipped without
-    # SWIGLU_STEADY (every row count the same pipeline: it depends on K alone)
+    # The pipeline by rows: 3 stages restarted each tile below SWIGLU_STEADY_MIN_M rows
+    # (faster at 768 and 1,536 on an H100), 4 steady from there (the switches count the
+    # stages down from SWIGLU_STAGES and skip the steady pipeline without SWIGLU_STEADY)
+    for M, want in ((768, (3, False)), (4607, (3, False)), (4608, (4, True))):
+        c = WsConfig.get_default_swiglu(M, 12288, 4096)
+        assert (c.stages, c.steady) == want, M
     monkeypatch.setattr(ws_mod, "SWIGLU_STAGES", 3)
     monkeypatch.setattr(ws_mod, "SWIGLU_STEADY", 0)
-    for M in (768, 4608):
-        c = WsConfig.get_default_swiglu(M, 12288, 4096)
-        assert (c.stages, c.steady) == (3, False)
+    c = WsConfig.get_default_swiglu(4608, 12288, 4096)
+    assert (c.stages, c.steady) == (3, False)
     # steady first: 3 stages do not divide 32 K groups, so 2 steady ones; they divide 24
     monkeypatch.setattr(ws_mod, "SWIGLU_STEADY", 1)
     for K, want in ((4096, (2, True)), (3072, (3, True))):
-        c = WsConfig.get_default_swiglu(768, 12288, K)
+        c = WsConfig.get_default_swiglu(4608, 12288, K)
         assert (c.stages, c.steady) == want
 
 
@@ -468,8 +470,8 @@ def test_swiglu_tail_split():
             m_tiles = M // 128
             assert m_tiles * main <= (m_tiles * 96 // 132) * 132
             assert 2 * m_tiles * (96 - main) <= 132
-    t = WsConfig.get_swiglu_tail(4096)
-    assert (t.consumers, t.block_m, t.cluster, t.stages) == (1, 64, 1, 4)
+    t = WsConfig.get_swiglu_tail(768, 4096)  # the pipeline as the default's at these rows
+    assert (t.consumers, t.block_m, t.cluster, t.stages, t.steady) == (1, 64, 1, 3, False)
     assert t.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
 
 
