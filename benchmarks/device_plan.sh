@@ -41,7 +41,8 @@
 # first try: 66 (the split last wave level in the step: off), 64 (3 restarted stages faster
 # at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512.
 # Left, in priority order: 68, 22 (every GPU test at the forty-fifth session's HEAD or later;
-# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
+# PART 2 needs more than 540 s: give it the call's 600), the SwiGLU sweep at 768 rows from
+# the new default (--mgpu-ws-sweep swiglu:768), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
