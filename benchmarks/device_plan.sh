@@ -40,14 +40,16 @@
 # (48 of 53 ran before their boxes ended, none failed); in the forty-fifth, on an H100 at the
 # first try: 66 (the split last wave level in the step: off), 64 (3 restarted stages faster
 # at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512.
-# Left, in priority order: 68, 22 (every GPU test at the forty-fifth session's HEAD or later;
-# PART 2 needs more than 540 s: give it the call's 600), the SwiGLU sweep at 768 rows from
-# the new default (--mgpu-ws-sweep swiglu:768), 62 (the flash step with the last
+# Left, in priority order: 69 (PART=1, then PART=2; its sweep is the one at 768 rows from
+# the new default), 68, 22 (every GPU test at the forty-fifth session's HEAD or later; PART
+# 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  69  issue 23: the split-off last wave in half tiles with both warpgroups busy: GPU tests,
+#      the FFN and the SwiGLU sweep at 768 rows, batch 1's exact + FP8 step
 #  68  issue 23: the FFN at 1,024-4,608 rows as shipped (3 restarted stages below 4,608),
 #      batch 1's headline at prompts 512 and 1,024
 #  67  issue 23: 3 restarted stages and 16-wide snake bands in the FFN at 1,536 and 4,608 rows
@@ -219,6 +221,26 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+69)
+  # issue 23: the split-off last wave in half tiles with both warpgroups busy (one on gate,
+  # one on up, the up sum handed over in shared memory: SWIGLU_TAIL_SPLIT, the tail's kind
+  # since the forty-fifth session; the one-consumer kind took about 0.9 of a tile): its GPU
+  # tests, the FFN at 768 rows by device time with the tail off / on, the SwiGLU sweep at 768
+  # rows (its split_parts row: the whole kernel in half tiles), then batch 1's exact + FP8
+  # step alternated (PART=2)
+  m=kernels.fp8_matmul_mgpu_ws
+  if [[ ${PART:-1} == 1 ]]; then
+    timeout -k 5 ${TESTS_S:-150} python3 -m pytest -q -m gpu tests/test_fp8_mgpu_ws.py -k \
+      "tail or half_tiles" -p no:cacheprovider > "$OUT/pytest_half_tiles_gpu.log" 2>&1
+    tests_passed "$OUT/pytest_half_tiles_gpu.log" "passed\|failed\|Error" || exit 1
+    FFN_ROWS=768 ffn_settings fp8_ffn_half_tiles.log 170 "$m:SWIGLU_TAIL=0" "$m:SWIGLU_TAIL=1"
+    timeout -k 5 ${SWEEP_S:-200} python3 -m benchmarks.fp8_gemm --mgpu-ws-sweep swiglu:768 \
+      2>&1 | tee "$OUT/ws_sweep_swiglu_768.log" | grep "^{" | python3 -c "import ast, sys; \
+[print(round(r['ms'] * 1e3, 1), r['kernel']) for r in map(ast.literal_eval, sys.stdin)]"
+    exit
+  fi
+  step_settings generate_b1_half_tiles.log 300 "--batch 1 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" $(alternated $m:SWIGLU_TAIL 0 1) ;;
 68)
   # issue 23: as shipped since the forty-fifth session (3 stages restarted each tile below
   # 4,608 rows): the FFN at 1,024, 2,048 and 4,608 rows by device time (the profiled programs

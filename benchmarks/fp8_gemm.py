@@ -176,17 +176,18 @@ WS_SWEEP = ({}, dict(stored_scales=True), dict(probe="carry_acc"),
 
 
 # Knobs of `gate_up_swiglu_mgpu_ws` timed by `--mgpu-ws-sweep swiglu:M`, each a change from
-# `WsConfig.get_default_swiglu` (its one tile shape: the register budget leaves no other):
+# `WsConfig.get_default_swiglu` (its tile shape: the register budget leaves no larger):
 # pairs of CTAs sharing x, or sharing their weight tiles (a CTA's step loads one x tile and
 # two weight tiles, so sharing w halves the larger load), the other snake direction, wider
 # and narrower bands, the per-tile pipeline, 3 stages per tile, 4 steady (the default's
-# pipeline depends on the rows: one of the last three is it); the w scales as stored. Its
+# pipeline depends on the rows: one of the last three is it); the w scales as stored; half
+# tiles of 64 rows with a warpgroup on each of gate and up (`split_parts`). Its
 # GEMM ran 8% longer than cuBLASLt's gate/up in batch 8's step (RESULTS.md thirty-fifth
 # session).
 SWIGLU_SWEEP = ({}, dict(stored_scales=True), dict(cluster=2),
                 dict(cluster=2, cluster_dim="m"), dict(snake_dim="n"), dict(snake_width=16),
                 dict(snake_width=4), dict(steady=False), dict(stages=3, steady=False),
-                dict(stages=4, steady=True))
+                dict(stages=4, steady=True), dict(split_parts=True))
 
 
 def ws_sweep(spec: str, rows: list) -> None:

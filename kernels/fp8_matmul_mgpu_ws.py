@@ -128,6 +128,10 @@ SWIGLU_SNAKE_WIDTH = 8
 # faster by device time at 768 rows, batch 1's exact + FP8 step level (14.97 / 14.98 ms
 # against 15.07 / 14.96, alternated), so off.
 SWIGLU_TAIL = 0
+# The split-off wave's tiles: 64 rows with both warpgroups busy, one on the gate block, one
+# on the up block (`WsConfig.split_parts`), or (0) one consumer warpgroup on both, the kind
+# timed level above. Untimed on the GPU.
+SWIGLU_TAIL_SPLIT = 1
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
 # waves' sums and an accumulator), the largest known to run well (its ptxas report: a few
@@ -187,6 +191,13 @@ class WsConfig:
     # Consumer warpgroups a CTA (2, or 1: `swiglu_tail_split`'s second launch, a tile of
     # `wg_rows` rows, no clusters)
     consumers: int = 2
+    # The SwiGLU kernel's half tile with both warpgroups busy: the two consumers share the
+    # tile's 64 rows, warpgroup 0 summing the gate block, 1 the up block (a step loads both,
+    # as a whole tile's), and the up sum goes to warpgroup 0 through shared memory for the
+    # epilogue (64-row warpgroups, 2 consumers, no clusters, one K group a step, the row
+    # layout's scales as widened). The one-consumer half tile took about 0.9 of a whole
+    # tile's time (forty-fifth session): its promotions have no second warpgroup to hide them.
+    split_parts: bool = False
     # Timing probe (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
     # K group into one wgmma accumulator per wave with no promotion (this pipeline's upper
     # bound, the scheme of a per-tensor GEMM). A probe without the epilogue ran above the
@@ -195,7 +206,7 @@ class WsConfig:
 
     @property
     def block_m(self) -> int:
-        return self.consumers * self.wg_rows
+        return self.wg_rows if self.split_parts else self.consumers * self.wg_rows
 
     @property
     def column_scales(self) -> bool:
@@ -219,6 +230,8 @@ class WsConfig:
             w_scales = parts * -(-self.stages * 4 * STORED_SCALE_GROUPS // 1024) * 1024
         epilogue = self.consumers * (WAVE * (GROUP + 4) if swiglu else self.epi_slots * WAVE
                                      * self.epi_cols * jnp.dtype(out_dtype).itemsize)
+        if self.split_parts:  # one warpgroup stores; the up sum's hand-over buffer
+            epilogue = WAVE * (GROUP + 4) + WAVE * self.block_n * 4
         return self.stages * per_stage + w_scales + epilogue
 
     def fits(self, K: int, out_dtype=jnp.bfloat16, swiglu: bool = False) -> bool:
@@ -322,9 +335,12 @@ class WsConfig:
 
     @classmethod
     def get_swiglu_tail(cls, M: int, K: int) -> WsConfig:
-        """The configuration of `swiglu_tail_split`'s second launch: 64-row tiles, one consumer
-        warpgroup (half a default tile's work a CTA), no clusters, the pipeline as the default's."""
-        return cls(wg_rows=WAVE, consumers=1, cluster=1).with_swiglu_pipeline(M, K)
+        """The configuration of `swiglu_tail_split`'s second launch: 64-row tiles (half a
+        default tile's work a CTA), no clusters, the pipeline as the default's; both
+        warpgroups on a tile's two parts (`split_parts`) where `SWIGLU_TAIL_SPLIT`, else one
+        consumer warpgroup."""
+        kind = dict(split_parts=True) if SWIGLU_TAIL_SPLIT else dict(consumers=1)
+        return cls(wg_rows=WAVE, cluster=1, **kind).with_swiglu_pipeline(M, K)
 
     def with_swiglu_pipeline(self, M: int, K: int) -> WsConfig:
         """This SwiGLU tile with the deepest pipeline that fits at M rows: from
@@ -409,6 +425,10 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.consumers not in (1, 2) or (c.consumers == 1 and c.cluster != 1):
         raise ValueError(f"consumers must be 2, or 1 without clusters, got {c.consumers} with "
                          f"cluster {c.cluster}")
+    if c.split_parts and (c.consumers != 2 or c.wg_rows != WAVE or c.cluster != 1
+                          or c.step_groups != 1 or c.stored_scales or c.probe):
+        raise ValueError(f"split_parts needs 2 consumers of wg_rows={WAVE}, no clusters, one "
+                         f"K group a step, the widened scales and no probe, got {c}")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -556,15 +576,17 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
     if tail is None:
         tail = bool(SWIGLU_TAIL) and config is None
     main = (swiglu_tail_split(M, F, sm_count) if tail and c.consumers == 2 and c.cluster == 1
-            and c.ctas is None and M % c.block_m == 0 else None)
+            and not c.split_parts and c.ctas is None and M % c.block_m == 0 else None)
     if main is None:
-        return _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype), sm_count,
-                        interpret)
-    outs = _ws_call(xq, x_scale, wq, w_scale, c, _SwiGLU(c, F, act_dtype, blocks=main),
-                    sm_count, interpret, finish=False)
+        return _ws_call(xq, x_scale, wq, w_scale, c,
+                        _SwiGLU(c, F, act_dtype, interpret=interpret), sm_count, interpret)
+    outs = _ws_call(xq, x_scale, wq, w_scale, c,
+                    _SwiGLU(c, F, act_dtype, blocks=main, interpret=interpret), sm_count,
+                    interpret, finish=False)
     t = WsConfig.get_swiglu_tail(M, K)
-    return _ws_call(xq, x_scale, wq, w_scale, t, _SwiGLU(t, F, act_dtype, first=main),
-                    sm_count, interpret, into=outs)
+    return _ws_call(xq, x_scale, wq, w_scale, t,
+                    _SwiGLU(t, F, act_dtype, first=main, interpret=interpret), sm_count,
+                    interpret, into=outs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -595,7 +617,8 @@ class _Plain:
                 [plgpu.SMEM((c.consumers, c.epi_slots, WAVE, c.epi_cols), self.out_dtype,
                             transforms=tiled)])
 
-    def store(self, refs, sums, wg, ms, ni):
+    def store(self, refs, sums, wg, ms, ni, first_tile):
+        del first_tile  # each warpgroup stores its own rows: nothing handed over
         from jax.experimental.pallas import mosaic_gpu as plgpu
         (o_gmem, o_smem), c = refs, self.c
         pieces, n0 = c.block_n // c.epi_cols, self.col0(ni)
@@ -610,6 +633,9 @@ class _Plain:
                 plgpu.commit_smem()
                 plgpu.copy_smem_to_gmem(slot, o_gmem.at[ms].at[_wave_rows(wg, c.wg_rows, h),
                                                                cols])
+
+    def drain(self, refs, wg):
+        del refs, wg  # no barrier of its own
 
     def finish(self, outs, M: int, Mp: int):
         (out,) = outs
@@ -626,6 +652,7 @@ class _SwiGLU:
     parts: int = 2
     first: int = 0              # the column blocks this launch computes: [first, first +
     blocks: int | None = None   # blocks), all from `first` where None (`swiglu_tail_split`)
+    interpret: bool = False     # the hand-over's load (`split_parts`): no layouts there
 
     def w_cols(self, ni):
         n = (self.first + ni) * BLOCK_N
@@ -637,17 +664,51 @@ class _SwiGLU:
     def outputs(self, Mp: int, N: int):
         from jax.experimental.pallas import mosaic_gpu as plgpu
         tiled = _fp8_row_tiles()  # as the x and w tiles
-        G = self.F // GROUP
+        G, storers = self.F // GROUP, 1 if self.c.split_parts else self.c.consumers
+        scratch = [plgpu.SMEM((storers, WAVE, GROUP), FP8, transforms=tiled),
+                   plgpu.SMEM((storers, WAVE), jnp.float32)]
+        if self.c.split_parts:  # the up sum's buffer, and its full / free barriers
+            sw = plgpu.find_swizzle(BLOCK_N * 32)
+            scratch += [plgpu.SMEM((WAVE, BLOCK_N), jnp.float32, transforms=(
+                plgpu.TilingTransform((8, sw * 8 // 32)), plgpu.SwizzleTransform(sw))),
+                plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1)]
         return ((jax.ShapeDtypeStruct((Mp, self.F), FP8),
-                 jax.ShapeDtypeStruct((G, Mp), jnp.float32)),
-                [plgpu.SMEM((self.c.consumers, WAVE, GROUP), FP8, transforms=tiled),
-                 plgpu.SMEM((self.c.consumers, WAVE), jnp.float32)])
+                 jax.ShapeDtypeStruct((G, Mp), jnp.float32)), scratch)
 
-    def store(self, refs, sums, wg, ms, ni):
+    def store(self, refs, sums, wg, ms, ni, first_tile):
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        if not self.c.split_parts:
+            self._store(refs[:4], *sums, wg, ms, ni)
+            return
+        (acc,), (up_smem, full, free) = sums, refs[4:]
+
+        @pl.when(wg == 1)  # the up warpgroup: its sum into the buffer once the last is read
+        def _():
+            pl.when(jnp.logical_not(first_tile))(lambda: plgpu.barrier_wait(free))
+            up_smem[...] = acc
+            plgpu.barrier_arrive(full)
+
+        @pl.when(wg == 0)
+        def _():
+            plgpu.barrier_wait(full)
+            up = up_smem[...] if self.interpret else hopper.load_whole(up_smem,
+                                                                       plgpu.Layout.WGMMA)
+            plgpu.barrier_arrive(free)
+            self._store(refs[:4], acc, up, 0, ms, ni)
+
+    def drain(self, refs, wg):
+        """After a CTA's last tile: the up warpgroup sees the buffer's last release (a phase
+        no one waits for otherwise)."""
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+        if self.c.split_parts:
+            pl.when(wg == 1)(lambda: plgpu.barrier_wait(refs[6]))
+
+    def _store(self, refs, gate, up, wg, ms, ni):
+        """The tile's SwiGLU, quantised, by warpgroup `wg`'s store slots and rows."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
         q_gmem, s_gmem, q_smem, s_smem = refs
-        gate, up = (s.astype(self.act_dtype) for s in sums)  # the unfused GEMM's output dtype
-        q, scale = swiglu_quantize_tile(gate, up, keepdims=False)
+        gate, up = gate.astype(self.act_dtype), up.astype(self.act_dtype)  # the unfused GEMM's
+        q, scale = swiglu_quantize_tile(gate, up, keepdims=False)         # output dtype
         rows = _wave_rows(wg, WAVE, 0)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's stores read them
         q_smem.at[wg][...] = q
@@ -684,6 +745,10 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
     G, bm, tn, waves = K // GROUP, c.block_m, c.block_n, c.wg_rows // WAVE
     sg, kb = c.step_groups, c.step_groups * GROUP  # K groups and columns per pipeline step
     parts = epilogue.parts
+    split = c.split_parts
+    if split and parts != 2:
+        raise ValueError("split_parts is the SwiGLU kernel's (two weight blocks a tile)")
+    sums_wg = waves if split else waves * parts  # running sums a consumer carries
     pair_m = c.cluster == 2 and c.cluster_dim == "m"
     pair_n = c.cluster == 2 and c.cluster_dim == "n"
     cluster_m = bm * (2 if pair_m else 1)
@@ -750,6 +815,12 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                                     _group(w_smem, j, sg).transpose((1, 0)))
                 plgpu.wgmma_wait(0)
                 return sums
+            if split:  # this warpgroup's part (0 gate, 1 up) over the tile's rows
+                def part(p):
+                    return lambda: _promote_step(x_smem, xs_smem, w_smems[2 * p],
+                                                 w_smems[2 * p + 1], sums, 0, step[0], c,
+                                                 interpret)
+                return jax.lax.cond(wg == 0, part(0), part(1))
             out = ()
             for p in range(parts):  # part p's waves: its weight block's running sums
                 out += _promote_step(x_smem, xs_smem, w_smems[2 * p], w_smems[2 * p + 1],
@@ -774,20 +845,20 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                 if pair_n:
                     ni = 2 * ni + cta
                 ms = pl.ds(mi * bm, bm)
-                state = None
+                state, first_tile = None, info.local_index == 0
                 if c.steady:  # the first tile fills the pipeline, later ones run on
-                    state = jnp.where(info.local_index == 0, plgpu.PipelinePipeline.START,
+                    state = jnp.where(first_tile, plgpu.PipelinePipeline.START,
                                       plgpu.PipelinePipeline.STEADY).astype(jnp.int32)
 
                 def context(run):
                     if c.probe != "carry_acc":
-                        epilogue.store(refs, run((zeros(),) * (waves * parts)), wg, ms, ni)
+                        epilogue.store(refs, run((zeros(),) * sums_wg), wg, ms, ni, first_tile)
                         return
 
                     def scoped(*accs):  # zeroed once per tile, summed into over all of K
                         run(accs)
                         epilogue.store(refs, tuple(plgpu.wgmma_accumulator_load(a, wait_n=0)
-                                                   for a in accs), wg, ms, ni)
+                                                   for a in accs), wg, ms, ni, first_tile)
                     pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
                 w_in = ()
                 for n0 in epilogue.w_cols(ni):
@@ -800,6 +871,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                 pipeline(body, context, state)(x_gmem.at[ms], xs_gmem.at[:, ms], *w_in,
                                                allocations=allocations)
 
+            epilogue.drain(refs, wg)
             if c.steady:  # drain: what STOP would do after the last tile (every CTA has one)
                 @pl.when(wg == c.consumers)  # the producer
                 def _():

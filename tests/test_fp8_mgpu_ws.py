@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from kernels.fp8_matmul import fp8_matmul_ref
 from kernels.fp8_matmul_mgpu_ws import (WsConfig, _check_config, fp8_matmul_mgpu_ws,
                                         gate_up_swiglu_mgpu_ws)
 from kernels.hopper import SMEM_BYTES
+from tests.conftest import ROOT, cpu_subprocess_env
 from lacache_jax.quant import quantize_act, quantize_weight
 from tests.conftest import rel_err
 
@@ -471,33 +474,68 @@ def test_swiglu_tail_split():
             assert m_tiles * main <= (m_tiles * 96 // 132) * 132
             assert 2 * m_tiles * (96 - main) <= 132
     t = WsConfig.get_swiglu_tail(768, 4096)  # the pipeline as the default's at these rows
-    assert (t.consumers, t.block_m, t.cluster, t.stages, t.steady) == (1, 64, 1, 3, False)
+    assert (t.split_parts, t.block_m, t.cluster, t.stages, t.steady) == (True, 64, 1, 3, False)
     assert t.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
 
 
-def test_swiglu_tail_interpreted_is_one_launch():
-    """Split (`tail=True`: on 2 SMs, one row tile x 5 column blocks, so 4 blocks in 4 tiles,
-    two a CTA (the steady pipeline carried over), then the last block in 2 half tiles of one
-    consumer warpgroup written into the first launch's outputs) against one launch, both in
-    the Mosaic GPU interpreter: the same per-group products in the same order, so equal in
-    every element; a column block neither launch wrote would stay NaN (the interpreter's
-    fill) in the split one."""
-    from kernels.fp8_matmul_mgpu_ws import swiglu_tail_split
+# XLA CPU's concurrency-optimised scheduler may reorder an interpreted thread's barrier
+# callbacks, which no data orders: the half tiles' hand-over deadlocked there about one run
+# in two (two threads waiting on the third, on a 2-core machine), so their interpreted
+# checks run in a process without it
+IN_ORDER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+
+def interpreted_half_tiles():
+    """The half tiles in the Mosaic GPU interpreter (`test_swiglu_half_tiles_interpreted`'s
+    process). (1) Both warpgroups on one 64-row tile (`split_parts`: one sums the gate
+    block, the other the up block and hands its sum over in shared memory) against the
+    default tiles: one tile on one CTA, then 2 x 3 tiles on 2 CTAs (3 a CTA: the hand-over's
+    full / free barriers and the steady pipeline carried over tiles). (2) The last wave split
+    off (`tail=True`: on 2 SMs, one row tile x 5 column blocks, so 4 blocks in 4 tiles, two a
+    CTA, then the last block in 2 half tiles of either kind written into the first launch's
+    outputs) against one launch. Each output element is the same promotions in the same
+    order, so equal in every element; a block no launch wrote would stay NaN (the
+    interpreter's fill)."""
+    from kernels import fp8_matmul_mgpu_ws as ws_mod
+
+    def assert_equal(got, want):
+        for a, b in zip(got, want):
+            a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
+            assert np.isfinite(a).all() and np.array_equal(a, b)
+    for M, K, F, kw in ((64, 256, 128, dict(ctas=1, steady=False)),
+                        (128, 512, 384, dict(ctas=2, steady=True))):
+        xq, xs, wq, ws = operands(M, K, 2 * F, seed=M)
+        whole, half = (gate_up_swiglu_mgpu_ws(
+            xq, xs, wq, ws, sm_count=kw["ctas"], interpret=True,
+            config=WsConfig(wg_rows=64, cluster=1, stages=2, split_parts=split, **kw))
+            for split in (False, True))
+        assert_equal(half, whole)
     M, K, F, sms = 128, 256, 640, 2
-    assert swiglu_tail_split(M, F, sms) == 4
+    assert ws_mod.swiglu_tail_split(M, F, sms) == 4
     xq, xs, wq, ws = operands(M, K, 2 * F, seed=3)
     c = WsConfig.get_default_swiglu(M, F, K)
-    one, split = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=sms,
-                                         interpret=True, tail=tail) for tail in (False, True))
-    for a, b in zip(split, one):
-        a, b = np.asarray(a.astype(jnp.float32)), np.asarray(b.astype(jnp.float32))
-        assert np.isfinite(a).all() and np.array_equal(a, b)
+    one = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=sms, interpret=True,
+                                 tail=False)
+    for kind in (1, 0):
+        ws_mod.SWIGLU_TAIL_SPLIT = kind
+        jax.clear_caches()  # the switch is read when the kernel is traced
+        assert_equal(gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=c, sm_count=sms,
+                                            interpret=True, tail=True), one)
+
+
+def test_swiglu_half_tiles_interpreted(tmp_path):
+    """`interpreted_half_tiles` in a process without XLA CPU's reordering (`IN_ORDER`)."""
+    code = "from tests.test_fp8_mgpu_ws import interpreted_half_tiles as f; f(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          env=cpu_subprocess_env(tmp_path, IN_ORDER), text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_swiglu_tail_lowers_for_hopper(monkeypatch):
-    """Both launches at batch 1's 768 rows (88 column blocks, then 8 in 64-row tiles of one
-    consumer warpgroup, the second taking the first's outputs in place) lower through Mosaic
-    GPU for CUDA; where the switch is read (the default configuration), off one launch."""
+    """Both launches at batch 1's 768 rows (88 column blocks, then 8 in 64-row tiles, of both
+    warpgroups or of one, the second taking the first's outputs in place) lower through
+    Mosaic GPU for CUDA, and the whole kernel in half tiles; where the switch is read (the
+    default configuration), off one launch."""
     from kernels import fp8_matmul_mgpu_ws as ws_mod
 
     def launches(**kw):
@@ -505,13 +543,32 @@ def test_swiglu_tail_lowers_for_hopper(monkeypatch):
         text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
             *shapes(768, *GATE_UP)).mlir_module()
         return [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
-    first, second = launches(tail=True)
-    name = first.split(" = ")[0].strip().split(":")[0]  # "%4" of "%4:2 = ..."
-    assert f"{name}#0, {name}#1)" in second  # the first launch's outputs go in
+    for kind in (1, 0):  # the half tiles with both warpgroups busy, or one
+        monkeypatch.setattr(ws_mod, "SWIGLU_TAIL_SPLIT", kind)
+        jax.clear_caches()
+        first, second = launches(tail=True)
+        name = first.split(" = ")[0].strip().split(":")[0]  # "%4" of "%4:2 = ..."
+        assert f"{name}#0, {name}#1)" in second  # the first launch's outputs go in
+    # the whole kernel in half tiles (the sweep's `split_parts` row)
+    half = WsConfig(wg_rows=64, cluster=1, split_parts=True).with_swiglu_pipeline(768, 4096)
+    assert half.smem_bytes(swiglu=True) <= SMEM_BYTES - 1024
+    assert len(launches(config=half)) == 1
     for on, want in ((1, 2), (0, 1)):
         monkeypatch.setattr(ws_mod, "SWIGLU_TAIL", on)
         jax.clear_caches()  # the switch is read when the kernel is traced
         assert len(launches()) == want
+
+
+def test_split_parts_refuses_what_it_cannot_share():
+    for kw in (dict(cluster=2), dict(wg_rows=128), dict(consumers=1, cluster=1),
+               dict(stored_scales=True, cluster=1)):
+        with pytest.raises(ValueError, match="split_parts needs"):
+            _check_config(WsConfig(**{"wg_rows": 64, "cluster": 1, "split_parts": True, **kw}),
+                          12288, 4096)
+    xq, xs, wq, ws = operands(64, 256, 256)
+    with pytest.raises(ValueError, match="the SwiGLU kernel's"):
+        fp8_matmul_mgpu_ws(xq, xs, wq, ws, interpret=True, config=WsConfig(
+            wg_rows=64, cluster=1, stages=2, steady=False, split_parts=True))
 
 
 def test_swiglu_refuses_what_its_registers_do_not_take():
@@ -571,5 +628,20 @@ def test_swiglu_tail_on_gpu(M):
     split = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=True)
     one = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, tail=False)
     for a, b in zip(split, one):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        assert bool(jnp.isfinite(a).all()) and bool(jnp.array_equal(a, b))
+
+
+@pytest.mark.gpu
+def test_swiglu_half_tiles_on_gpu():
+    """The whole kernel in half tiles (`split_parts`: a warpgroup on each of gate and up, the
+    up sum handed over in shared memory) against the default tiles at batch 1's 768 rows on
+    the GPU: each part's sum is the same wgmma shape's promotions in the same order, so
+    equal in every element and scale."""
+    K, N = GATE_UP
+    xq, xs, wq, ws = operands(768, K, N, seed=768)
+    half = WsConfig(wg_rows=64, cluster=1, split_parts=True).with_swiglu_pipeline(768, K)
+    got = gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, config=half)
+    for a, b in zip(got, gate_up_swiglu_mgpu_ws(xq, xs, wq, ws)):
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
         assert bool(jnp.isfinite(a).all()) and bool(jnp.array_equal(a, b))
