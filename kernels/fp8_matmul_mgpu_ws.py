@@ -558,9 +558,9 @@ def gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16, *,
 
     `tail` (None: `SWIGLU_TAIL` where `config` is the default): the last partial wave split
     off (`swiglu_tail_split`, tiles of whole 128-row blocks without clusters only), its column
-    blocks computed by a second launch in 64-row tiles of one consumer warpgroup
-    (`WsConfig.get_swiglu_tail`, whatever `config` says) into the first's outputs; the same
-    products, so the same outputs."""
+    blocks computed by a second launch in 64-row half tiles (`WsConfig.get_swiglu_tail`,
+    whatever `config` says: a warpgroup on each of gate and up, or one on both) into the
+    first's outputs; the same products, so the same outputs."""
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
     F = wq.shape[0] // 2
