@@ -26,8 +26,10 @@ The recipe (DeepGEMM's sm90 FP8 GEMM, rewritten here in Pallas):
   in L2. `steady`: the TMA pipeline runs on across a CTA's tiles (Pallas' pipeline_state
   START / STEADY; we drain it after the last tile), so the next tile's first loads overlap
   this tile's last wgmmas and its epilogue, as DeepGEMM's persistent loop does.
-- One consumer warpgroup a CTA (`consumers=1`, 64-row tiles): the SwiGLU kernel's second
-  launch when its last partial wave is split off (`SWIGLU_TAIL`, `swiglu_tail_split`).
+- Half tiles of 64 rows for the SwiGLU kernel's second launch when its last partial wave is
+  split off (`SWIGLU_TAIL`, `swiglu_tail_split`): both warpgroups on one tile, one summing
+  gate and one up, the up sum handed over in shared memory (`split_parts`, the kind used),
+  or one consumer warpgroup a CTA (`consumers=1`).
 - Epilogue: each wave's 64 x 128 fp32 sum is cast, written to swizzled SMEM in `epi_cols`-wide
   pieces (`epi_slots` slots per warpgroup, taken in turn) and stored by TMA.
 - Other tile widths (`block_n`, DeepGEMM's per-shape choice, `get_wave_filling`): where few
@@ -438,6 +440,11 @@ def _wave_rows(wg, wg_rows: int, h: int):
     return pl.ds(wg * wg_rows + h * WAVE, WAVE)
 
 
+def _load(ref, layout, interpret: bool):
+    """All of `ref`, in `layout` where compiled (the interpreter has no layouts)."""
+    return ref[...] if interpret else hopper.load_whole(ref, layout)
+
+
 def _group(ref, j: int, groups: int):
     """K group j of a pipeline step's [rows, groups * 128] tile (the tile itself when the step
     is one group: the default kernel's refs stay unsliced)."""
@@ -460,9 +467,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
     groups, wg_rows, cols = c.step_groups, c.wg_rows, c.column_scales
 
     def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
-        if interpret:  # the interpreter has no layouts
-            return ref[...]
-        return hopper.load_whole(ref, plgpu.Layout.WGMMA.reduce(axis))
+        return _load(ref, plgpu.Layout.WGMMA.reduce(axis), interpret)
     # The w scales, loaded before the wgmmas are issued (used only after they are waited
     # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
     # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
@@ -691,8 +696,7 @@ class _SwiGLU:
         @pl.when(wg == 0)
         def _():
             plgpu.barrier_wait(full)
-            up = up_smem[...] if self.interpret else hopper.load_whole(up_smem,
-                                                                       plgpu.Layout.WGMMA)
+            up = _load(up_smem, plgpu.Layout.WGMMA, self.interpret)
             plgpu.barrier_arrive(free)
             self._store(refs[:4], acc, up, 0, ms, ni)
 
