@@ -122,17 +122,16 @@ SWIGLU_STEADY = 1
 SWIGLU_SNAKE_WIDTH = 8
 # Whether `gate_up_swiglu_mgpu_ws`'s default splits off the last partial wave of tiles
 # (`swiglu_tail_split`): the column blocks that fill whole waves of 128-row tiles in one
-# launch, the rest in a second launch of 64-row tiles (one consumer warpgroup a CTA, half a
-# tile's work) written into the first's outputs. At batch 1's 768 rows the 576 tiles are
-# 4.36 waves run as 5 (the fifth wave's idle SMs are the 0.68 ms a step issue 23's 1.3x at
-# batch 1 lacks: RESULTS.md, forty-fourth session); split, 4 waves and one of 96 half tiles,
-# whose length was a guess. Timed on an H100 (forty-fifth session, stage 66): the FFN 1.4%
-# faster by device time at 768 rows, batch 1's exact + FP8 step level (14.97 / 14.98 ms
-# against 15.07 / 14.96, alternated), so off.
-SWIGLU_TAIL = 0
+# launch, the rest in a second launch of 64-row tiles (half a tile's work each) written into
+# the first's outputs. At batch 1's 768 rows the 576 tiles are 4.36 waves run as 5; split, 4
+# waves and one of 96 half tiles. Timed on an H100 (forty-sixth session, stage 69, half tiles
+# with both warpgroups busy): the FFN at 768 rows 0.2233 -> 0.2177 ms by device time (1.58x
+# -> 1.63x bf16), batch 1's exact + FP8 step 14.81 / 14.81 -> 14.69 / 14.70 ms alternated,
+# tokens equal; so on. (With one consumer warpgroup a half tile, forty-fifth session: level.)
+SWIGLU_TAIL = 1
 # The split-off wave's tiles: 64 rows with both warpgroups busy, one on the gate block, one
-# on the up block (`WsConfig.split_parts`), or (0) one consumer warpgroup on both, the kind
-# timed level above. Untimed on the GPU.
+# on the up block (`WsConfig.split_parts`), or (0) one consumer warpgroup on both (level in
+# the step, forty-fifth session).
 SWIGLU_TAIL_SPLIT = 1
 # The most fp32 values (`WsConfig.tile_registers`) `get_wave_filling` lets a consumer thread
 # hold for its tile, of the 232 registers it gets: the default 256 x 128 tile's 192 (two
