@@ -39,10 +39,14 @@
 # sweep at 768 rows (3 stages restarted: 64), 22's PART 2 and the Mosaic GPU tests in part
 # (48 of 53 ran before their boxes ended, none failed); in the forty-fifth, on an H100 at the
 # first try: 66 (the split last wave level in the step: off), 64 (3 restarted stages faster
-# at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512.
-# Left, in priority order: 69 (PART=1, then PART=2; its sweep is the one at 768 rows from
-# the new default), 68, 22 (every GPU test at the forty-fifth session's HEAD or later; PART
-# 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
+# at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512;
+# in the forty-sixth, on an H100 after about 460 s: 69 (the split last wave in half tiles
+# faster: on), 68 (run with `timeout 285`: the FFN and the headline both came back), the FP8
+# kernels' GPU tests with the tail on, the tail alternated at P 1,024.
+# Left, in priority order: 25 (PROMPT=512: the FP8 step's kernels against bf16's, where
+# 0.44 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
+# forty-sixth session's HEAD or later; PART 2 needs more than 540 s: give it the call's
+# 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
