@@ -44,7 +44,7 @@
 # faster: on), 68 (run with `timeout 285`: the FFN and the headline both came back), the FP8
 # kernels' GPU tests with the tail on, the tail alternated at P 1,024.
 # Left, in priority order: 25 (PROMPT=512: the FP8 step's kernels against bf16's, where
-# 0.44 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
+# 0.2-0.27 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
 # forty-sixth session's HEAD or later; PART 2 needs more than 540 s: give it the call's
 # 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
