@@ -43,8 +43,8 @@
 # in the forty-sixth, on an H100 after about 460 s: 69 (the split last wave in half tiles
 # faster: on), 68 (run with `timeout 285`: the FFN and the headline both came back), the FP8
 # kernels' GPU tests with the tail on, the tail alternated at P 1,024.
-# Left, in priority order: 25 (PROMPT=512: the FP8 step's kernels against bf16's, where
-# 0.2-0.27 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
+# Left, in priority order: 70 (the FP8 step's kernels against bf16's and the FFN alone, where
+# 0.2-0.3 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
 # forty-sixth session's HEAD or later; PART 2 needs more than 540 s: give it the call's
 # 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
@@ -52,6 +52,7 @@
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
 #  69  issue 23: the split-off last wave in half tiles with both warpgroups busy: GPU tests,
 #      the FFN and the SwiGLU sweep at 768 rows, batch 1's exact + FP8 step
 #  68  issue 23: the FFN at 1,024-4,608 rows as shipped (3 restarted stages below 4,608),
@@ -225,6 +226,16 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+70)
+  # issue 23: where batch 1's FP8 step loses 0.2-0.3 ms of the FFN's isolated saving
+  # (forty-sixth session's arithmetic): the FFN at 768 rows by device time, then the
+  # full-canvas step's 40 largest kernels, none and exact, bf16 and FP8 (stage 25's trace),
+  # in one run: the step's FFN kernels (rmsnorm_quant, the SwiGLU GEMM's two launches, down)
+  # against the FFN alone, and the kernels only one of the two steps runs
+  FFN_ROWS=768 ffn_settings fp8_ffn_768.log 120 ""
+  timeout -k 5 ${GEN_S:-330} python3 -m benchmarks.generate --batch 1 --prompt 512 --modes \
+    none,exact --decoding fixed --fp8-ffn both --iters 2 --trace --trace-top 40 2>&1 \
+    | tee "$OUT/generate_trace_b1.log" | quiet | grep "^B=\|trace" ;;
 69)
   # issue 23: the split-off last wave in half tiles with both warpgroups busy (one on gate,
   # one on up, the up sum handed over in shared memory: SWIGLU_TAIL_SPLIT, the tail's kind
