@@ -704,7 +704,8 @@ class _SwiGLU:
         no one waits for otherwise)."""
         from jax.experimental.pallas import mosaic_gpu as plgpu
         if self.c.split_parts:
-            pl.when(wg == 1)(lambda: plgpu.barrier_wait(refs[6]))
+            _, _, free = refs[4:]  # as `store` unpacks them
+            pl.when(wg == 1)(lambda: plgpu.barrier_wait(free))
 
     def _store(self, refs, gate, up, wg, ms, ni):
         """The tile's SwiGLU, quantised, by warpgroup `wg`'s store slots and rows."""
