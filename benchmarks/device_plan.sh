@@ -42,16 +42,17 @@
 # at 768 rows), 65, 67 (and at 1,536: on below 4,608 rows) and batch 1's headline at P 512;
 # in the forty-sixth, on an H100 after about 460 s: 69 (the split last wave in half tiles
 # faster: on), 68 (run with `timeout 285`: the FFN and the headline both came back), the FP8
-# kernels' GPU tests with the tail on, the tail alternated at P 1,024.
-# Left, in priority order: 70 (the FP8 step's kernels against bf16's and the FFN alone, where
-# 0.2-0.3 ms a step of the FFN's saving alone goes missing), 22 (every GPU test at the
-# forty-sixth session's HEAD or later; PART 2 needs more than 540 s: give it the call's
-# 600), 62 (the flash step with the last
+# kernels' GPU tests with the tail on, the tail alternated at P 1,024; in the forty-seventh,
+# on an H100 after about 650 s: 70 (no saving goes missing within one run), 71 (whole-row
+# RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed).
+# Left, in priority order: 22 (every GPU test at the forty-seventh session's HEAD or later;
+# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
 #  69  issue 23: the split-off last wave in half tiles with both warpgroups busy: GPU tests,
 #      the FFN and the SwiGLU sweep at 768 rows, batch 1's exact + FP8 step
@@ -226,6 +227,18 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+71)
+  # issue 23: RMSNorm + quantisation over whole rows at the full canvas's rows (stage 70: the
+  # tiled form's statistics pass leaves XLA an rsqrt and a broadcast fusion a layer, 0.09 ms
+  # a step at 768 rows): the FFN at 768 rows by device time with WHOLE_ROWS_M 32 / 2,048,
+  # batch 1's exact + FP8 step alternated, then the headline at prompts 512 and 1,024 with
+  # whole rows in one run
+  q=kernels.fused_quant:WHOLE_ROWS_M
+  FFN_ROWS=768 ffn_settings fp8_ffn_whole_rows_768.log 150 "$q=32" "$q=2048"
+  ITERS=1 step_settings generate_b1_whole_rows.log 130 "--batch 1 --prompt 512 --modes exact \
+--decoding fixed --fp8-ffn on" $(alternated $q 32 2048)
+  ITERS=1 step_settings generate_b1_headline_whole_rows.log 240 "--batch 1 --prompt \
+512,1024 --modes none,exact --decoding fixed --fp8-ffn both" "$q=2048" ;;
 70)
   # issue 23: where batch 1's FP8 step loses 0.2-0.3 ms of the FFN's isolated saving
   # (forty-sixth session's arithmetic): the FFN at 768 rows by device time, then the

@@ -74,7 +74,9 @@ BIG_TILES: tuple[int, int] | None = None  # (rows, groups) from BIG_M rows, once
 # RMSNorm + quantisation at a dual step's 32 rows by the device's kernel time (H200,
 # RESULTS.md twenty-third session): whole rows 1 x 32 x 8 3.0 us, 1 x 32 x 4 3.3, against
 # 5.0 for the 16 x 1 x 4 tiles with XLA's statistics pass (two more launches); 1 x 32 x 1
-# 5.7. Not measured above 32 rows.
+# 5.7. At batch 1's full canvas of 768 rows (H100, RESULTS.md forty-seventh session) whole
+# rows took the FFN 1.4% less device time but left the step's time as it was (14.74-14.76
+# ms alternated), so the tiles stay there.
 WHOLE_ROWS_M = 32
 
 
