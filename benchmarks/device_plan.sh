@@ -45,13 +45,15 @@
 # kernels' GPU tests with the tail on, the tail alternated at P 1,024; in the forty-seventh,
 # on an H100 after about 650 s: 70 (no saving goes missing within one run), 71 (whole-row
 # RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed).
-# Left, in priority order: 22 (every GPU test at the forty-seventh session's HEAD or later;
-# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
+# Left, in priority order: 72 (the residual add in the FFN's RMSNorm kernel), 22 (every GPU
+# test at the forty-seventh session's HEAD or later; PART 2 needs more than 540 s: give it
+# the call's 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
 # setting ever beats the tiles as now:
+#  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
 #  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
 #  69  issue 23: the split-off last wave in half tiles with both warpgroups busy: GPU tests,
@@ -227,6 +229,23 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+72)
+  # issue 23: the attention's residual add taken into the FP8 FFN's RMSNorm + quantisation
+  # kernel (lacache_jax.quant:RESIDUAL_IN_NORM; stage 70 at 768 rows: XLA's add 7.4 us a
+  # layer with the tiled norm's sum of squares, its rsqrt and broadcast 3.0 more, beside the
+  # 4.6 us kernel): the fused kernel's GPU test, batch 1's exact + FP8 step alternated off /
+  # on, both traced (top 40: which fusions go), then the headline with it on at prompts 512
+  # and 1,024 in one run
+  timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k add_rmsnorm \
+    -p no:cacheprovider > "$OUT/pytest_add_rmsnorm_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_add_rmsnorm_gpu.log" "passed\|failed\|Error" || exit 1
+  r=lacache_jax.quant:RESIDUAL_IN_NORM
+  b1="--batch 1 --prompt 512 --modes exact --decoding fixed --fp8-ffn on"
+  ITERS=1 step_settings generate_b1_residual.log 130 "$b1" $(alternated $r 0 1)
+  ITERS=1 step_settings generate_b1_residual_trace.log 90 "$b1 --trace --trace-top 40" \
+    "$r=0" "$r=1"
+  ITERS=1 step_settings generate_b1_headline_residual.log 240 "--batch 1 --prompt 512,1024 \
+--modes none,exact --decoding fixed --fp8-ffn both" "$r=1" ;;
 71)
   # issue 23: RMSNorm + quantisation over whole rows at the full canvas's rows (stage 70: the
   # tiled form's statistics pass leaves XLA an rsqrt and a broadcast fusion a layer, 0.09 ms

@@ -201,6 +201,35 @@ def test_facache_mosaic_kernel_on_gpu():
     np.testing.assert_array_equal(np.asarray(o_d), np.asarray(o))
 
 
+def test_add_rmsnorm_quant_on_gpu():
+    """The residual add fused into whole-row RMSNorm + quantisation, Triton-compiled at
+    LLaDA-8B's width and batch 1's full-canvas rows (and a ragged 37), both scale layouts:
+    its sum is XLA's bf16 add bit for bit; its codes and scales are the whole-row kernel's
+    on that sum (the same arithmetic after the add), and within the reference's bounds
+    (test_fp8_kernels: 1 / RMS may differ in the last fp32 bit from XLA's mean)."""
+    from kernels.fused_quant import (QuantTiles, add_rmsnorm_quant_pallas,
+                                     rmsnorm_quant_pallas, rmsnorm_quant_ref)
+    from lacache_jax.quant import dequantize_act
+    D = 4096
+    kx, ky, kw = jax.random.split(jax.random.key(5), 3)
+    w = (1 + 0.2 * jax.random.normal(kw, (D,))).astype(jnp.bfloat16)
+    f32 = lambda a: np.asarray(a.astype(jnp.float32))  # noqa: E731
+    for M in (37, 768):
+        x = (jax.random.normal(kx, (M, D)) * 3).astype(jnp.bfloat16)
+        y = jax.random.normal(ky, (M, D)).astype(jnp.bfloat16)
+        for group_major in (False, True):
+            total, q, s = add_rmsnorm_quant_pallas(x, y, w, 1e-5, poison=True,
+                                                   group_major=group_major)
+            np.testing.assert_array_equal(f32(total), f32(x + y))
+            q1, s1 = rmsnorm_quant_pallas(x + y, w, 1e-5, tiles=QuantTiles(1, D // 128, 8),
+                                          group_major=group_major)
+            np.testing.assert_array_equal(f32(q), f32(q1))
+            np.testing.assert_array_equal(np.asarray(s), np.asarray(s1))
+            qr, sr = rmsnorm_quant_ref(x + y, w, 1e-5)
+            np.testing.assert_allclose(s, sr, rtol=2.0 ** -7)
+            assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
+
+
 def test_fp8_kernels_on_gpu_at_llada_widths():
     """The Triton-compiled FP8 GEMM and fused quantisation kernels at LLaDA-8B's widths
     (D 4096, F 12288; N cut to 1024 to keep the reference cheap), odd M."""
