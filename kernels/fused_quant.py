@@ -61,13 +61,18 @@ class QuantTiles:
         `WHOLE_ROWS_M` rows, one row per program over 8 warps, where the row's group count is
         a power of two."""
         if whole_rows and M <= WHOLE_ROWS_M and G & (G - 1) == 0:  # Triton's block shapes
-            return cls(1, G, 8)
+            return cls.one_row(G)
         if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES
         while G % groups:
             groups //= 2
         return cls(rows, groups)
+
+    @classmethod
+    def one_row(cls, G: int) -> QuantTiles:
+        """One whole row of G groups a program over 8 warps (see `WHOLE_ROWS_M`)."""
+        return cls(1, G, 8)
 
 
 BIG_M = 1024
@@ -314,11 +319,12 @@ def add_rmsnorm_quant_pallas(x_MD, y_MD, w_D, eps: float, *, tiles: QuantTiles |
     written by the kernel, so XLA neither runs the add as a pass of its own nor recomputes
     it in the sum's other consumer (the next residual add)."""
     M, D = x_MD.shape
-    if D % GROUP or y_MD.shape != x_MD.shape:
-        raise ValueError(f"need x and y of one shape [M, D], D a multiple of {GROUP}; got "
-                         f"{x_MD.shape} and {y_MD.shape}")
+    if D % GROUP or (y_MD.shape, y_MD.dtype) != (x_MD.shape, x_MD.dtype):
+        raise ValueError(f"need x and y of one shape [M, D] and dtype, D a multiple of "
+                         f"{GROUP}; got {x_MD.shape} {x_MD.dtype} and {y_MD.shape} "
+                         f"{y_MD.dtype}")
     G = D // GROUP
-    t = _tiles(tiles or QuantTiles(1, G, 8), M, G)
+    t = _tiles(tiles or QuantTiles.one_row(G), M, G)
     if t.groups != G:
         raise ValueError(f"tiles {t}: the residual add is fused over whole rows only "
                          f"({G} groups)")

@@ -152,8 +152,10 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN,
             o_BLD: jax.Array | None = None):
     """RMSNorm + SwiGLU FFN with per-group FP8 matmuls (fp32 accumulation), on un-normed x:
     the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
-    With `o_BLD` (the attention's projected output) the FFN runs on x + o, the residual add
-    fused into the norm's kernel (`add_rmsnorm_quant`), and returns (x + o, FFN(x + o)).
+    With `o_BLD` (the attention's projected output, x's shape and dtype) the FFN runs on
+    x + o and returns (x + o, FFN(x + o)); the add runs in the norm's kernel
+    (`add_rmsnorm_quant`: on GPU with group scales, rows aligned to `ROW_ALIGN` and a
+    power-of-two D / 128), else in XLA.
     Under a mesh the kernels run per row shard and, over a model axis, per shard of the FFN
     columns (Megatron: gate/up by output rows, down by its K columns, scales with their
     blocks; `sharding.fp8_specs`), the partial down products summed by one all-reduce."""
@@ -164,29 +166,37 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN,
     if w.tp % n:
         raise ValueError(f"FP8 FFN weights in the layout of {w.tp} column groups cannot run "
                          f"on a model axis of {n}: place them with sharding.shard_params")
+    if o_BLD is not None and (o_BLD.shape, o_BLD.dtype) != (x_BLD.shape, x_BLD.dtype):
+        raise ValueError(f"the residual's summands must match: x {x_BLD.shape} "
+                         f"{x_BLD.dtype}, o {o_BLD.shape} {o_BLD.dtype}")
     summands = (x_BLD,) if o_BLD is None else (x_BLD, o_BLD)
     if n == 1:
-        fn = lambda xs, nrm, w: _ffn_fp8_rows(*xs, nrm, eps, w, w.tp, x_BLD.dtype)
+        fn = lambda x_MD, o_MD, nrm, w: _ffn_fp8_rows(x_MD, o_MD, nrm, eps, w, w.tp,
+                                                      x_BLD.dtype)
         specs = PS()
     else:
-        def fn(xs, nrm, w):
+        def fn(x_MD, o_MD, nrm, w):
             # This shard's share of the down product, summed over the shards in fp32: the
             # single-device GEMM accumulates all of K in fp32 before its one rounding.
-            total, part = _ffn_fp8_rows(*xs, nrm, eps, w, w.tp // n, jnp.float32, MODEL)
-            return total, jax.lax.psum(part, MODEL).astype(x_BLD.dtype)
+            sum_MD, part_MD = _ffn_fp8_rows(x_MD, o_MD, nrm, eps, w, w.tp // n, jnp.float32,
+                                            MODEL)
+            return sum_MD, jax.lax.psum(part_MD, MODEL).astype(x_BLD.dtype)
         specs = dataclasses.replace(w, **sharding.fp8_specs())
 
-    def padded(*args):
+    def padded(x, *rest):
         # Zero rows up to a multiple of ROW_ALIGN (see there); the slice back to M rows
         # fuses into the residual add. Aligned rows: the program as before, no pad op.
-        *xs, nrm, w = args
-        shape = xs[0].shape  # this shard's rows under a mesh
-        xs = [a.reshape(-1, D) for a in xs]
-        M, pad = xs[0].shape[0], -xs[0].shape[0] % ROW_ALIGN
+        # Unaligned, the residual add runs in XLA with the pad (one pass, read 2 write 1,
+        # where padding both summands for the kernel would copy both).
+        *o, nrm, w = rest
+        shape = x.shape  # this shard's rows under a mesh
+        x_MD, o_MD = x.reshape(-1, D), (o[0].reshape(-1, D) if o else None)
+        M, pad = x_MD.shape[0], -x_MD.shape[0] % ROW_ALIGN
         if pad:
-            xs = [jnp.pad(a, ((0, pad), (0, 0))) for a in xs]
-        total, out = fn(xs + [None] * (2 - len(xs)), nrm, w)  # (x, o or None)
-        outs = (out,) if o_BLD is None else (total, out)
+            x_MD = jnp.pad(x_MD if o_MD is None else x_MD + o_MD, ((0, pad), (0, 0)))
+            o_MD = None
+        sum_MD, out_MD = fn(x_MD, o_MD, nrm, w)
+        outs = (out_MD,) if not o else (sum_MD, out_MD)
         return tuple((a[:M] if pad else a).reshape(shape) for a in outs)
 
     run = shard_kernel(padded, (rows,) * len(summands) + (PS(), specs), (rows,) * len(summands))
@@ -199,7 +209,10 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN,
 # the add as a pass of its own (at batch 1's 768 rows 7.4 us a layer with the tiled norm's
 # sum of squares, then 1.2 + 1.8 us of rsqrt and broadcast fusions before the 4.6 us kernel:
 # RESULTS.md forty-seventh session); with it one whole-row kernel reads x and o and writes
-# the sum beside the quantised rows. Off until timed on a GPU. Read when traced.
+# the sum beside the quantised rows. On and off give the same bits up to
+# `fused_quant.WHOLE_ROWS_M` rows (whole rows both ways); above, off normalises with XLA's
+# mean of squares, whose last fp32 bit may differ (test_rmsnorm_quant's bounds), so tokens
+# may part at near-ties. Off until timed on a GPU. Read when traced.
 RESIDUAL_IN_NORM = 0
 
 
@@ -212,9 +225,9 @@ RESIDUAL_IN_NORM = 0
 ROW_ALIGN = ROWS
 
 
-def _ffn_fp8_rows(x: jax.Array, o: jax.Array | None, norm_D: jax.Array, eps: float,
+def _ffn_fp8_rows(x: jax.Array, o_MD: jax.Array | None, norm_D: jax.Array, eps: float,
                   w: FP8FFN, groups: int, out_dtype, axis_name: str | None = None):
-    """One shard's FFN on rows x [M, D] (x + o where `o` is given: the residual add): its
+    """One shard's FFN on rows x [M, D] (x + o where `o_MD` is given: the residual add): its
     gate/up rows hold `groups` column groups (gate | up each), its down the matching K
     columns. Returns (the FFN's input, its output [M, D] in `out_dtype`). `axis_name`: the
     mesh axis the FFN columns are split over (for the ablation's row/tensor scales)."""
@@ -228,10 +241,10 @@ def _ffn_fp8_rows(x: jax.Array, o: jax.Array | None, norm_D: jax.Array, eps: flo
         return gu_M2F.reshape(M, groups, 2, -1).swapaxes(1, 2).reshape(M, -1)
 
     if w.granularity == "group":
-        if o is None:
+        if o_MD is None:
             hq, hs = rmsnorm_quant(x, norm_D, eps)
         else:
-            x, hq, hs = add_rmsnorm_quant(x, o, norm_D, eps)
+            x, hq, hs = add_rmsnorm_quant(x, o_MD, norm_D, eps)
         (M, K), F = hq.shape, w.gate_up.shape[0] // 2
         if groups == 1 and fuses_gate_up(M, F, K):  # SwiGLU in the GEMM's epilogue
             aq, as_ = gate_up_swiglu_quant(hq, hs, w.gate_up, w.gate_up_scale, x.dtype)
@@ -239,7 +252,7 @@ def _ffn_fp8_rows(x: jax.Array, o: jax.Array | None, norm_D: jax.Array, eps: flo
             gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
             aq, as_ = swiglu_quant(gate_up)
     else:
-        x = x if o is None else x + o
+        x = x if o_MD is None else x + o_MD
         hq, hs = quantize_act(rms_normed(x, norm_D, eps), w.granularity)
         gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
         gate, up = jnp.split(gate_up, 2, -1)
