@@ -51,8 +51,8 @@
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
-# (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead); 46 if a decode-tile
-# setting ever beats the tiles as now:
+# (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead). 45-48 time tile
+# options removed in remove-triton-off-switches (40 swept prefetch too): run them at d4e0970:
 #  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
 #  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
@@ -198,13 +198,6 @@ dual_settings() {
 }
 # The module switch $1 (module:NAME) at $2 and $3, alternated twice
 alternated() { echo "$1=$2 $1=$3 $1=$2 $1=$3"; }
-# fp8_tiles' Pallas rows of the log $OUT/$1: shape, the fields $2..., round, ms
-tile_rows() {
-  local log=$1; shift
-  grep "^{" "$OUT/$log" | python3 -c "import ast, sys; [print(r['shape'], *(r.get(f) for f \
-in sys.argv[1:]), r.get('round'), r.get('ms')) for r in (ast.literal_eval(line) for line in \
-sys.stdin) if r['kernel'] == 'pallas']" "$@"
-}
 # fp8_tiles' Pallas decode tiles at 32 rows by device time, one run a TILE_SPECS entry
 # (shape:splits), each in the box TILE_S or $2 seconds, appended to $OUT/$1; $3...: the
 # sweep's other axes (--block-ns, --stages, --rounds, ...)
@@ -508,25 +501,18 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # loaded before the loop (TritonTiles.scales_ahead) it waits on none. GPU test (the same
   # bits), the GEMMs by device time, then the FFN with the module switch off / on,
   # alternated (48: the dual step)
-  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
-    scales_ahead -p no:cacheprovider > "$OUT/pytest_scales_ahead_gpu.log" 2>&1
-  tests_passed "$OUT/pytest_scales_ahead_gpu.log" "passed\|failed\|Error" || exit 1
-  decode_tiles fp8_tiles_scales_ahead.log 120 --block-ns 128 --stages ${STAGES:-3,4} \
-    --scales-ahead 0,1 --rounds ${ROUNDS:-3}
-  tile_rows fp8_tiles_scales_ahead.log splits num_stages scales_ahead
-  ffn_settings fp8_ffn_scales_ahead.log 240 \
-    $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
+  echo "stage 47 timed options removed in remove-triton-off-switches; run it at" \
+    "commit d4e0970"; exit 1 ;;
 48)
   # issues 20, 23: 47's switch in the batch-1 dual step (FP8, threshold), off / on alternated
-  dual_settings generate_dual_scales_ahead.log 360 \
-    $(alternated kernels.fp8_matmul_triton:SCALES_AHEAD 0 1) ;;
+  echo "stage 48 timed options removed in remove-triton-off-switches; run it at" \
+    "commit d4e0970"; exit 1 ;;
 46)
   # issues 20, 23: the default decode tiles as now against persistent programs (PSETS: the
   # module switches kernels.fp8_matmul_triton:PROGRAMS / PREFETCH), the FFN at 32 rows by
   # device time, then the batch-1 dual step (FP8, threshold), the settings alternated
-  PSETS=${PSETS:-$(alternated kernels.fp8_matmul_triton:PROGRAMS 0 132)}
-  ffn_settings fp8_ffn_persistent.log 150 $PSETS
-  dual_settings generate_dual_persistent.log 300 $PSETS ;;
+  echo "stage 46 timed options removed in remove-triton-off-switches; run it at" \
+    "commit d4e0970"; exit 1 ;;
 45)
   # issues 20, 23: the Triton FP8 GEMM at 32 rows with its (column tile, K split) items cut
   # into persistent programs' ranges, each one flat K loop (TritonTiles.programs): the
@@ -534,12 +520,8 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # their read floor, 1.21x and 1.40x on the H200, fits one fixed cost of ~3 K groups' reads
   # a program); with the next K group loaded ahead in registers (prefetch 1) or not, should
   # Triton's pipeline not take the flat loop. Its GPU test first (the same bits)
-  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
-    persistent_programs -p no:cacheprovider > "$OUT/pytest_persistent_gpu.log" 2>&1
-  tests_passed "$OUT/pytest_persistent_gpu.log" "passed\|failed\|Error" || exit 1
-  decode_tiles fp8_tiles_persistent.log 170 --block-ns 128 --stages ${STAGES:-3} \
-    --prefetch ${PREFETCH:-0,1} --programs ${PROGRAMS:-0,132,264} --rounds ${ROUNDS:-3}
-  tile_rows fp8_tiles_persistent.log splits prefetch programs ;;
+  echo "stage 45 timed options removed in remove-triton-off-switches; run it at" \
+    "commit d4e0970"; exit 1 ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
   # (thirty-second session: the FP8 FFN's excess over its read floor is most of the FP8 dual
@@ -589,12 +571,10 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # loaded ahead in registers (TritonTiles.prefetch) x 4 or 8 warps, at the 128-column tile
   # (BLOCK_NS; the narrow tiles ran in the sixteenth and seventeenth sessions, the split-K sum
   # in the kernel lost in the thirty-second): does loading ahead lift the weight reads from
-  # 1.4-2.1 TB/s? Its GPU test first (the same bits as without)
-  timeout -k 5 ${TEST_S:-100} python3 -m pytest -q -m gpu tests/test_gpu.py -k prefetch \
-    -p no:cacheprovider > "$OUT/pytest_prefetch_gpu.log" 2>&1
-  tests_passed "$OUT/pytest_prefetch_gpu.log" "passed\|failed\|Error" || exit 1
+  # 1.4-2.1 TB/s? Its GPU test first (the same bits as without). TritonTiles.prefetch (and
+  # its GPU test) removed in remove-triton-off-switches: at d4e0970 this stage swept it too
   decode_tiles fp8_tiles_decode_device.log 170 --block-ns ${BLOCK_NS:-128} --stages \
-    ${STAGES:-1,3} --prefetch ${PREFETCH:-0,1,2} --warps ${WARPS:-4,8} --rounds ${ROUNDS:-2}
+    ${STAGES:-1,3} --warps ${WARPS:-4,8} --rounds ${ROUNDS:-2}
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
   # same measure: does TMA streaming beat Triton's loads at 32 rows?
   timeout -k 5 ${MGPU_S:-120} python3 -m benchmarks.fp8_tiles --ms 32 --kernels mgpu \

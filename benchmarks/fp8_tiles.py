@@ -3,25 +3,22 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--stages 3,4] [--prefetch 0,1,2] [--warps 4,8] [--programs 0,132,264]
-        [--scales-ahead 0,1] [--sum-in-kernel] [--rounds 5] [--device-time]
+        [--stages 3,4] [--warps 4,8] [--sum-in-kernel] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
 (Pallas only) sweep the column tile and the K splits instead, at the default row tile and
-warps (or `--warps`), over `--stages` (default 3 and 4) and `--prefetch`
-(`TritonTiles.prefetch`, default 0) and `--programs` (`TritonTiles.programs`: persistent
-programs, default 0: one per tile and split), tiles under 128 columns transposed and not: at
-decode rows each
-program's K loop is short (down at M 32 in 128-column tiles: 96 K groups over 12 splits, 8 a
-program), and narrower column tiles give as many programs with fewer splits (longer loops,
-fewer fp32 partials). `--rounds R` times every setting R times, round by round (a setting's
-rounds spread over the run, not back to back; each compiled once), and ranks the settings by
-their median: with one timing each, two pipeline depths of one tile differed 1.7x in the
-sixteenth session's sweep (RESULTS.md), too much to rank neighbours by. `--device-time` times
-each setting by the profiler's device span per call (`common.device_chained`: the split-K
-partials' sum included, each program's dispatch not), which at decode rows is where the
-chained wall times and the step's trace parted (twenty-second session).
+warps (or `--warps`), over `--stages` (default 3 and 4), tiles under 128 columns transposed
+and not: at decode rows each program's K loop is short (down at M 32 in 128-column tiles: 96
+K groups over 12 splits, 8 a program), and narrower column tiles give as many programs with
+fewer splits (longer loops, fewer fp32 partials). `--rounds R` times every setting R times,
+round by round (a setting's rounds spread over the run, not back to back; each compiled
+once), and ranks the settings by their median: with one timing each, two pipeline depths of
+one tile differed 1.7x in the sixteenth session's sweep (RESULTS.md), too much to rank
+neighbours by. `--device-time` times each setting by the profiler's device span per call
+(`common.device_chained`: the split-K partials' sum included, each program's dispatch not),
+which at decode rows is where the chained wall times and the step's trace parted
+(twenty-second session).
 """
 
 from __future__ import annotations
@@ -51,11 +48,8 @@ class DecodeSweep:
     block_ns: tuple[int, ...] = ()
     splits: tuple[int, ...] = ()
     stages: tuple[int, ...] = (3, 4)
-    prefetches: tuple[int, ...] = (0,)
     warps: tuple[int, ...] = ()  # empty: the default tiles' warps
     sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
-    programs: tuple[int, ...] = (0,)  # persistent programs (0: one per tile and split)
-    scales_ahead: tuple[bool, ...] = (False,)  # a program's scales loaded before its loop
 
     def __bool__(self) -> bool:
         return bool(self.block_ns or self.splits)
@@ -73,23 +67,19 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
     splits (where the output tiles are fewer than 2 per SM)."""
     if pallas and decode:
         # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
-        # are left out) x stages x prefetch x warps x persistent programs (not with the sum
-        # in the kernel); a narrow tile also untransposed: `swap` puts the
-        # weight rows on the MMA's M side, where fewer than 64 of them miss wgmma
+        # are left out) x stages x warps (x the sum in the kernel); a narrow tile also
+        # untransposed: `swap` puts the weight rows on the MMA's M side, where fewer than 64
+        # of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk, prefetch=pf, num_warps=nw, programs=pr,
-                                    scales_ahead=sa)
+                                    sum_in_kernel=sk, num_warps=nw)
                 for bn in d.block_ns or (base.block_n,) if N % bn == 0
                 for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
                 if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
                 for ns in d.stages
-                for pf in d.prefetches
                 for nw in d.warps or (base.num_warps,)
-                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))
-                for pr in d.programs if not (pr and sk)
-                for sa in d.scales_ahead if not (sa and (pf or pr or sk))]
+                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -199,30 +189,18 @@ def main():
                     help="time by the profiler's device span per call, not the chained wall "
                          "time (which holds each program's dispatch)")
     ap.add_argument("--stages", default="3,4", help="Pallas decode sweep: pipeline stages")
-    ap.add_argument("--prefetch", default="0",
-                    help="Pallas decode sweep: K groups loaded ahead (TritonTiles.prefetch)")
     ap.add_argument("--warps", default="", help="Pallas decode sweep: warps a program")
-    ap.add_argument("--programs", default="0",
-                    help="Pallas decode sweep: persistent programs a row tile "
-                         "(TritonTiles.programs; 0: one per tile and split)")
-    ap.add_argument("--scales-ahead", default="0",
-                    help="Pallas decode sweep: 0,1: a program's scales loaded before its loop "
-                         "(TritonTiles.scales_ahead) or not")
     ap.add_argument("--sum-in-kernel", action="store_true",
                     help="Pallas decode sweep: each split setting also with the split-K sum "
                          "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
-                         ints(args.prefetch), ints(args.warps), args.sum_in_kernel,
-                         ints(args.programs), tuple(map(bool, ints(args.scales_ahead))))
-    if not (decode.stages and decode.prefetches and decode.programs):
-        ap.error("--stages, --prefetch and --programs need at least one value each")
-    if not decode and (decode.stages, decode.prefetches, decode.warps, decode.programs,
-                       decode.scales_ahead) != (DecodeSweep.stages, DecodeSweep.prefetches,
-                                                DecodeSweep.warps, DecodeSweep.programs,
-                                                DecodeSweep.scales_ahead):
-        ap.error("--stages, --prefetch, --warps and --programs are axes of the decode sweep: "
+                         ints(args.warps), args.sum_in_kernel)
+    if not decode.stages:
+        ap.error("--stages needs at least one value")
+    if not decode and (decode.stages, decode.warps) != (DecodeSweep.stages, DecodeSweep.warps):
+        ap.error("--stages and --warps are axes of the decode sweep: "
                  "give --block-ns or --splits too")
     rows: list = []
     exit_on_sigterm()

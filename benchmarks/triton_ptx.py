@@ -1,7 +1,7 @@
 """The Pallas Triton kernels' PTX without a GPU (issues 17, 20): what their loops load and wait on.
 
     python -m benchmarks.triton_ptx OUT [--kernel fp8_matmul] [--shape down] [--m 32]
-                                        [--tiles scales_ahead=1,...]
+                                        [--tiles swap=0,...]
     python -m benchmarks.triton_ptx OUT --kernel flash_cache [--m 128] [--tiles rows=64,...]
     python -m benchmarks.triton_ptx OUT --compile [--kernel ...]   (with a Python that has triton)
 
@@ -18,7 +18,7 @@ That is Triton's own compiler, not the one inside XLA, whose version may differ;
 XLA writes no PTX to its dump (thirty-third session).
 
 `--tiles` changes the default tiles' fields (`TritonTiles` or `flash_cache.BlockSizes`),
-e.g. `scales_ahead=1` or `splits=6,num_stages=4`.
+e.g. `swap=0` or `splits=6,num_stages=4`.
 """
 
 from __future__ import annotations

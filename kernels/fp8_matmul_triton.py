@@ -12,21 +12,27 @@ to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores
 Hopper).
 
 At 32 rows the kernel reads its weights at 1.4 (down) and 2.1 (gate/up) TB/s on an H100,
-where the bf16 FFN reads at 2.7 (RESULTS.md, thirty-second session). `prefetch` loads the
-operands of the next K groups before a group's dots and carries them through the loop in
-registers, so the weight reads are issued ahead even where Triton's software pipeline
-(`num_stages`) does not issue them. It computes the same sums in the same order. On an H100
-at 32 rows (3 stages, 4 warps) one group ahead took 1.65-1.78x the time (RESULTS.md,
-thirty-third session): in Triton 3.9's PTX its loop has no cp.async left, the pipeline off.
-It is off (0).
-
-`programs` makes the grid persistent: a row tile's (column tile, K split) items are cut into
-that many contiguous ranges, and each program runs its range's K groups as one flat loop,
-storing an item's sums at its last group. It computes the same sums in the same order as one
-program per item (bit for bit on the GPU too). It was built to pay the pipeline's fill once a
-program rather than once a tile, but on an H100 at 32 rows it took 1.2-1.4x the time: 264
-programs 32.2-32.7 us against 25.7-26.6 for down, and 50.8-51.8 against 44.4-45.0 for
-gate/up; 132 programs were slower still (RESULTS.md, thirty-third session). So it is off (0).
+where the bf16 FFN reads at 2.7 (RESULTS.md, thirty-second session). Three tile options were
+built to close that gap, measured slower or no faster, and removed after commit d4e0970 (the
+last that has them, with their tests, sweep axes and device_plan.sh stages):
+- `prefetch` loaded the operands of the next K groups before a group's dots and carried them
+  through the loop in registers (the same sums in the same order), so the weight reads were
+  issued ahead even where Triton's software pipeline (`num_stages`) does not issue them. On
+  an H100 at 32 rows (3 stages, 4 warps) one group ahead took 1.65-1.78x the time (RESULTS.md,
+  thirty-third session): in Triton 3.9's PTX its loop had no cp.async left, the pipeline off.
+- `programs` made the grid persistent: a row tile's (column tile, K split) items cut into
+  that many contiguous ranges, each program running its range's K groups as one flat loop
+  (the same sums in the same order, bit for bit on the GPU too), to pay the pipeline's fill
+  once a program rather than once a tile. On an H100 at 32 rows it took 1.2-1.4x the time:
+  264 programs 32.2-32.7 us against 25.7-26.6 for down, and 50.8-51.8 against 44.4-45.0 for
+  gate/up; 132 programs were slower still (RESULTS.md, thirty-third session).
+- `scales_ahead` loaded a program's K-group scales once, before its loop, as vectors, each
+  group's picked from registers by a masked sum (exact). In PTX of the down GEMM at 32 rows
+  the loop otherwise waits on 5 plain global loads a group, the scales, which Triton's
+  pipeline does not issue ahead (it copies only the dots' operands, by cp.async); with it the
+  loop had none, for 3 shared stores and 4 more barriers. Yet on an H200 it changed the
+  default tiles' time by 0-1% and the batch-1 dual step not at all (4.44 ms both ways;
+  RESULTS.md, thirty-fourth session).
 
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
@@ -34,14 +40,6 @@ there) and the few tokens on its N side, which may be as narrow as 8; both opera
 K-major, as FP8 MMAs require. Measured 1.09x at M 32 on the H200. Yet in Triton 3.9's own
 compile of the lowered module (`benchmarks/triton_ptx.py`, CPU) the swapped 32-row tile's
 dots are `mma.sync` (64 a K loop iteration), not wgmma; XLA's Triton is unchecked.
-
-`scales_ahead` loads a program's K-group scales once, before its loop, as vectors; each
-group's are then picked from registers by a masked sum (exact: the other terms are zeros).
-In that PTX of the down GEMM at 32 rows the loop otherwise waits on 5 plain global loads a
-group, the scales, which Triton's pipeline does not issue ahead (it copies only the dots'
-operands, by cp.async); with it the loop has none, for 3 shared stores and 4 more barriers.
-Yet on an H200 it changed the default tiles' time by 0-1% and the batch-1 dual step not at
-all (RESULTS.md, thirty-fourth session), so it is off (`SCALES_AHEAD`).
 """
 
 from __future__ import annotations
@@ -93,18 +91,6 @@ class TritonTiles:
     # With splits > 1: the last of a tile's split programs to finish sums the fp32 partials
     # (in split order) and writes the output (`finish_split`), instead of XLA's sum afterwards
     sum_in_kernel: bool = False
-    # K groups whose operands are loaded ahead, in registers carried through the K loop (0:
-    # Triton's software pipeline alone, num_stages): issues the weight reads ahead even where
-    # that pipeline does not
-    prefetch: int = 0
-    # Persistent programs a row tile (0: one program per column tile and K split): each
-    # takes a contiguous range of the (column tile, K split) items as one flat K loop
-    # (`_kernel_persistent`; slower at 32 rows, see the module docstring)
-    programs: int = 0
-    # A program's K-group scales loaded once before its loop (vectors in registers, each
-    # group's picked by a masked sum) instead of one scalar load a group that the loop waits
-    # on (Triton pipelines only the dots' operands); needs a power-of-two group count a split
-    scales_ahead: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -122,10 +108,7 @@ class TritonTiles:
         bm = row_tile(M)
         splits = k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)
         return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=4, swap=swapped(M),
-                   sum_in_kernel=bool(SUM_IN_KERNEL), prefetch=PREFETCH,
-                   programs=PROGRAMS if swapped(M) else 0,
-                   scales_ahead=bool(SCALES_AHEAD) and swapped(M) and _pow2_split(
-                       K // GROUP, splits))
+                   sum_in_kernel=bool(SUM_IN_KERNEL))
 
 
 # Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
@@ -136,18 +119,6 @@ class TritonTiles:
 # reads the 12 partials alone, after the others), so it is off. Read when a caller is
 # traced: set it before the first call.
 SUM_IN_KERNEL = 0
-# The default tiles' `prefetch`, and their persistent `programs` at decode rows (the
-# transposed tiles): both 0, each slower at 32 rows on an H100 (RESULTS.md, thirty-third
-# session). Module switches, as SUM_IN_KERNEL (read when a caller is traced), so that the
-# FFN and the step can time them (`--settings`, device_plan.sh 46).
-PREFETCH = 0
-PROGRAMS = 0
-# The default decode tiles' `scales_ahead`: 0. In PTX of the down GEMM at 32 rows (Triton
-# 3.9, on the CPU) the K loop waits on 5 global loads a group, the scales, and with it on
-# none; yet on an H200 it changed the default tiles' time by 0-1% and the batch-1 dual step
-# not at all (4.44 ms both ways; RESULTS.md, thirty-fourth session).
-SCALES_AHEAD = 0
-
 
 # maxNumImpreciseAcc of the FP8 dots Pallas lowers to Triton (0: unset, as Pallas leaves it).
 # Triton's own `tl.dot` sets 2**30 for FP8; unset, Triton refuses Hopper's wgmma for an FP8
@@ -191,39 +162,13 @@ def _install_fp8_dot_rule():
 _install_fp8_dot_rule()
 
 
-def _pow2_split(n_groups: int, splits: int) -> bool:
-    """Whether a split's group count is a power of two (`scales_ahead`'s vectors)."""
-    n = n_groups // splits
-    return n & (n - 1) == 0
-
-
-def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int,
-               w_row=0, s_row=0):
+def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int):
     """K group g's operands: x's tile and scales, then each of the `n_sub` column blocks' w
-    (`sub` rows from w_ref's row `w_row`) and its weight scale (from ws_ref's row `s_row`)."""
+    (`sub` rows each) and its weight scale."""
     cols = pl.ds(g * GROUP, GROUP)
     return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
-            tuple(w_ref[pl.ds(w_row + c * sub, sub), cols] for c in range(n_sub)),
-            tuple(ws_ref[s_row + c, pl.ds(g, 1)] for c in range(n_sub)))
-
-
-def all_scales(xs_ref, ws_ref, first, n_groups: int, swap: bool, n_sub: int):
-    """The activation scales of K groups [first, first + n_groups) ([n_groups, bm] where
-    `swap`, else [bm, n_groups]) and each column block's weight scales ([n_groups] each)."""
-    groups = pl.ds(first, n_groups)
-    return (xs_ref[groups, :] if swap else xs_ref[:, groups],
-            tuple(ws_ref[c, groups] for c in range(n_sub)))
-
-
-def picked_scales(scales, g, swap: bool, ws):
-    """Group g's scales from `all_scales`' vectors, shaped as `load_group` gives them (a
-    masked sum: exact, the other terms are zeros), between its x tile and weights `ws`."""
-    xs, w_scales = scales
-    hit = jnp.arange(w_scales[0].shape[0]) == g
-    x_scale = (jnp.sum(jnp.where(hit[:, None], xs, 0.0), axis=0, keepdims=True) if swap else
-               jnp.sum(jnp.where(hit[None, :], xs, 0.0), axis=1, keepdims=True))
-    return (x_scale, ws,
-            tuple(jnp.sum(jnp.where(hit, w, 0.0), keepdims=True) for w in w_scales))
+            tuple(w_ref[pl.ds(c * sub, sub), cols] for c in range(n_sub)),
+            tuple(ws_ref[c, pl.ds(g, 1)] for c in range(n_sub)))
 
 
 def add_group(accs, operands, swap: bool):
@@ -239,41 +184,17 @@ def zero_sums(n_sub: int, sub: int, bm: int, swap: bool):
     return (jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32),) * n_sub
 
 
-def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool,
-               prefetch: int = 0, scales_ahead: bool = False):
+def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
     """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
     weight block of its columns: [128, bm] each where `swap` (out^T; `xs_ref` then holds the
-    activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G]). `prefetch`
-    (`TritonTiles.prefetch`): the operands of that many groups ahead are loaded before a
-    group's dots and carried through the loop (the same sums in the same order).
-    `scales_ahead` (`TritonTiles.scales_ahead`): the scales of all n_groups loaded before
-    the loop (`picked_scales`), the same values."""
+    activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G])."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
     load = functools.partial(load_group, x_ref, xs_ref, w_ref, ws_ref, swap=swap,
                              n_sub=n_sub, sub=sub)
     zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
-    if scales_ahead:
-        scales = all_scales(xs_ref, ws_ref, first, n_groups, swap, n_sub)
-
-        def body(g, accs):
-            x, _, ws, _ = load(first + g)
-            return add_group(accs, (x,) + picked_scales(scales, g, swap, ws), swap)
-        return jax.lax.fori_loop(0, n_groups, body, zeros)
-    if not prefetch:
-        return jax.lax.fori_loop(
-            0, n_groups, lambda g, accs: add_group(accs, load(first + g), swap), zeros)
-
-    def step(g, carry):  # the loads of group g + prefetch issued before group g's dots
-        accs, ahead = carry
-        # Every group's sum in this one loop body: the last groups added after the loop came
-        # out 1 ulp apart (another contraction into FMAs, seen in interpret mode). So the last
-        # iterations load the last group again (clamped; never used, an L2 hit: it was just
-        # read).
-        nxt = load(first + jnp.minimum(g + prefetch, n_groups - 1))
-        return add_group(accs, ahead[0], swap), ahead[1:] + (nxt,)
-    ahead = tuple(load(first + min(i, n_groups - 1)) for i in range(prefetch))
-    return jax.lax.fori_loop(0, n_groups, step, (zeros, ahead))[0]
+    return jax.lax.fori_loop(
+        0, n_groups, lambda g, accs: add_group(accs, load(first + g), swap), zeros)
 
 
 def finish_split(part_ref, count_ref, accs, *, r, col, k, slot, arrivals: int, swap: bool,
@@ -303,13 +224,13 @@ def split_sum(part_ref, r, col, width: int, splits: int):
 
 
 def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_poisoned,
-                   splits, n_col_tiles, swap, prefetch, interpret):
+                   splits, n_col_tiles, swap, interpret):
     """`_kernel` with the split-K sum in the kernel (`TritonTiles.sum_in_kernel`)."""
     del count_in  # aliased to count_ref
     o_ref, count_ref, part_ref = refs[n_poisoned:]
     i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bm, bn = x_ref.shape[0], w_ref.shape[0]
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap, prefetch)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
     r = pl.ds(i * bm, bm)
     last = finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
                         slot=i * n_col_tiles + j, arrivals=splits, swap=swap,
@@ -321,63 +242,13 @@ def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_po
             o_ref.dtype)
 
 
-def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap, prefetch,
-            scales_ahead):
+def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap, prefetch,
-                      scales_ahead)
+    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups, swap)
     sub = min(w_ref.shape[0], GROUP)
     for c, acc in enumerate(accs):
         o_ref[:, pl.ds(c * sub, sub)] = (acc.T if swap else acc).astype(o_ref.dtype)
-
-
-def _kernel_persistent(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, n_items,
-                       programs, splits, bn, swap, prefetch):
-    """`_kernel` as `programs` persistent programs a row tile (`TritonTiles.programs`): the
-    row tile's work items (column tile j, K split k; item j * splits + k) cut into
-    `programs` contiguous ranges, each range's K groups one flat loop of units, so that
-    Triton's software pipeline loads across the items' boundaries and fills once a program,
-    not once a tile. An item's sums are stored at its last group (o_ref [splits, rows, N]:
-    the partials, or the output where splits is 1) and then restart: the same sums in the
-    same order as `_kernel`'s. `prefetch` as in `accumulate`, across items too."""
-    o_ref = refs[n_poisoned]
-    # lax's div and rem (the indices are >= 0): jnp's floor division lowers with a mixed-type
-    # remainder that the Triton lowering refuses
-    div, rem = jax.lax.div, jax.lax.rem
-    p = pl.program_id(1)
-    start, stop = div(p * n_items, programs), div((p + 1) * n_items, programs)
-    n_units = (stop - start) * n_groups  # start < n_items: an empty range's unit 0 is valid
-    sub = min(bn, GROUP)
-    n_sub = bn // sub
-
-    def where(u):  # unit u's column tile, K split and group within the split
-        item = start + div(u, n_groups)
-        return div(item, splits), rem(item, splits), rem(u, n_groups)
-
-    def load(u):
-        j, k, g = where(jnp.clip(u, 0, n_units - 1))  # prefetch's last units: loaded again
-        return load_group(x_ref, xs_ref, w_ref, ws_ref, k * n_groups + g, swap=swap,
-                          n_sub=n_sub, sub=sub, w_row=j * bn, s_row=div(j * bn, GROUP))
-
-    def body(u, carry):
-        accs, ahead = carry
-        if prefetch:
-            operands, ahead = ahead[0], ahead[1:] + (load(u + prefetch),)
-        else:
-            operands = load(u)
-        accs = add_group(accs, operands, swap)
-        j, k, g = where(u)
-        last = g == n_groups - 1
-
-        @pl.when(last)
-        def _():
-            for c, acc in enumerate(accs):
-                o_ref[k, :, pl.ds(j * bn + c * sub, sub)] = (
-                    acc.T if swap else acc).astype(o_ref.dtype)
-        return tuple(jnp.where(last, 0.0, acc) for acc in accs), ahead
-    zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
-    jax.lax.fori_loop(0, n_units, body, (zeros, tuple(load(i) for i in range(prefetch))))
 
 
 def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
@@ -394,14 +265,6 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
                          f"N {N}")
     if G % S:
         raise ValueError(f"splits {S} must divide the {G} K groups")
-    if t.prefetch < 0:
-        raise ValueError(f"prefetch {t.prefetch} must be >= 0")
-    if t.programs < 0 or t.programs and t.sum_in_kernel:
-        raise ValueError(f"programs {t.programs} must be >= 0, and 0 with sum_in_kernel")
-    if t.scales_ahead and (t.prefetch or t.programs or t.sum_in_kernel or
-                           not _pow2_split(G, S)):
-        raise ValueError(f"scales_ahead needs a power-of-two group count a split (got "
-                         f"{G // S}) and no prefetch, programs or sum_in_kernel")
     Mp = pl.cdiv(M, bm) * bm
     if Mp != M:
         xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
@@ -438,13 +301,10 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
     if S > 1 and t.sum_in_kernel:
         return _summed_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
-    if t.programs:
-        return _persistent_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
     out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     out = pl.pallas_call(
-        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap,
-                          prefetch=t.prefetch, scales_ahead=t.scales_ahead),
+        functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
@@ -477,8 +337,7 @@ def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles
     whole = pl.no_block_spec
     out, _, _ = pl.pallas_call(
         functools.partial(_kernel_summed, n_groups=G // S, n_poisoned=len(poisoned), splits=S,
-                          n_col_tiles=N // bn, swap=t.swap, prefetch=t.prefetch,
-                          interpret=interpret),
+                          n_col_tiles=N // bn, swap=t.swap, interpret=interpret),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
         out_specs=[whole] * 3, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
         input_output_aliases={4: 1, **({5: 0} if poison else {})},
@@ -486,25 +345,3 @@ def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles
     )(*args, jnp.zeros((n_tiles,), jnp.int32), *poisoned)
     return out[:M]
 
-
-def _persistent_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles,
-                     out_dtype, interpret: bool, poison: bool):
-    """`fp8_matmul_pallas` over persistent programs (`TritonTiles.programs`): a grid of row
-    tiles x programs; the weights and their scales whole-array refs, each program's items
-    addressed in the kernel; the output block a row tile's whole [splits, rows, N]."""
-    bm, S = t.block_m, t.splits
-    x_spec, xs_spec = (pl.BlockSpec(spec.block_shape, lambda i, p, f=spec.index_map: f(i, 0, 0))
-                       for spec in in_specs[:2])
-    out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
-    out_spec = pl.BlockSpec((S, bm, N), lambda i, p: (0, i, 0))
-    w_spec, ws_spec = (pl.BlockSpec(a.shape, lambda i, p: (0, 0)) for a in args[2:])
-    out = pl.pallas_call(
-        functools.partial(_kernel_persistent, n_groups=G // S, n_poisoned=len(poisoned),
-                          n_items=N // t.block_n * S, programs=t.programs, splits=S,
-                          bn=t.block_n, swap=t.swap, prefetch=t.prefetch),
-        grid=(Mp // bm, t.programs), in_specs=[x_spec, xs_spec, w_spec, ws_spec] +
-        [out_spec] * len(poisoned), out_specs=out_spec, out_shape=out_shape,
-        interpret=interpret, name="fp8_matmul", input_output_aliases={4: 0} if poison else {},
-        compiler_params=compiler_params(t),
-    )(*args, *poisoned)
-    return _split_sum(out, out_dtype, M)

@@ -49,13 +49,13 @@ def gate_up_swiglu_quant_ref(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
 
 
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, q_ref, s_ref, count_ref, part_ref, *,
-            n_groups, splits, pairs, swap, prefetch, act_dtype, group_major, interpret):
+            n_groups, splits, pairs, swap, act_dtype, group_major, interpret):
     """Program (i, j, k): the GEMM's tile, its fp32 partial stored; the pair's last program
     finishes the pair's columns (module docstring)."""
     del count_in  # aliased to count_ref
     i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     bm, bn = x_ref.shape[0], w_ref.shape[0]
-    accs = tr.accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap, prefetch)
+    accs = tr.accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
     r = pl.ds(i * bm, bm)
     pair = jax.lax.rem(j, jnp.int32(pairs))
     last = tr.finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
@@ -90,9 +90,6 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     M, K = xq.shape
     N = wq.shape[0]
     t = tiles or tr.TritonTiles.get_default(M, N, K)
-    if t.programs:
-        raise ValueError(f"programs {t.programs}: persistent programs are not built for the "
-                         "fused gate/up + SwiGLU kernel (set 0)")
     if N % (2 * GROUP):
         raise ValueError(f"gate|up needs 2F rows with F a multiple of {GROUP}, got {N}")
     if t.block_n % GROUP or (N // 2) % t.block_n:
@@ -114,8 +111,7 @@ def gate_up_swiglu_quant_pallas(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16
     def body(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs):
         _kernel(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs[len(poisoned):],
                 n_groups=K // GROUP // S, splits=S, pairs=pairs, swap=t.swap,
-                prefetch=t.prefetch, act_dtype=act_dtype, group_major=group_major,
-                interpret=interpret)
+                act_dtype=act_dtype, group_major=group_major, interpret=interpret)
 
     q, s, _, _ = pl.pallas_call(
         body, grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),

@@ -31,13 +31,6 @@ def operands(M, K, N, seed=0):
     return x, w, quantize_groups(x), quantize_weight(w)
 
 
-def gemm_f32(xq, xs, wq, ws, tiles, poison: bool = False):
-    """The Triton GEMM's fp32 output at `tiles` in interpret mode, as numpy (`poison`: the
-    output starts NaN, so an unwritten element shows)."""
-    return np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=tiles,
-                                        interpret=True, poison=poison))
-
-
 @pytest.mark.parametrize("M,K,N", [(1, 128, 128), (5, 256, 384), (33, 384, 256),
                                    (130, 256, 128)])
 def test_gemm_matches_dequantised_fp32(M, K, N):
@@ -704,24 +697,12 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 4), sum_in_kernel=True))
     assert [(t.splits, t.num_stages, t.sum_in_kernel) for t in got] == [
         (1, 3, False), (1, 4, False), (4, 3, False), (4, 3, True), (4, 4, False), (4, 4, True)]
-    # --stages, --prefetch and --warps: each setting at each depth, prefetch and warp count
-    got = configs(32, 4096, 12288, True,
-                  decode=DecodeSweep(block_ns=(128,), stages=(1, 3), prefetches=(0, 2)))
-    assert [(t.splits, t.num_stages, t.prefetch, t.num_warps) for t in got] == [
-        (12, 1, 0, 4), (12, 1, 2, 4), (12, 3, 0, 4), (12, 3, 2, 4)]
+    # --stages and --warps: each setting at each depth and warp count
+    got = configs(32, 4096, 12288, True, decode=DecodeSweep(block_ns=(128,), stages=(1, 3)))
+    assert [(t.splits, t.num_stages, t.num_warps) for t in got] == [(12, 1, 4), (12, 3, 4)]
     got = configs(32, 4096, 12288, True, decode=DecodeSweep(splits=(6,), warps=(4, 8)))
     assert [(t.splits, t.num_stages, t.num_warps) for t in got] == [
         (6, 3, 4), (6, 3, 8), (6, 4, 4), (6, 4, 8)]
-    # --programs: persistent programs, never with the sum in the kernel (the kernel refuses it)
-    got = configs(32, 4096, 12288, True, decode=DecodeSweep(
-        splits=(12,), stages=(3,), prefetches=(0, 1), programs=(0, 132), sum_in_kernel=True))
-    assert [(t.prefetch, t.sum_in_kernel, t.programs) for t in got] == [
-        (0, False, 0), (0, False, 132), (0, True, 0), (1, False, 0), (1, False, 132),
-        (1, True, 0)]
-    # --scales-ahead: alone (no prefetch, persistence or sum in the kernel: refused there)
-    got = configs(32, 4096, 12288, True, decode=DecodeSweep(
-        splits=(12,), stages=(3,), prefetches=(0, 1), scales_ahead=(False, True)))
-    assert [(t.prefetch, t.scales_ahead) for t in got] == [(0, False), (0, True), (1, False)]
 
 
 def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
@@ -909,111 +890,3 @@ def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
     monkeypatch.setattr(tr, "SUM_IN_KERNEL", 1)
     assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 128, 12, 4, 3, swap=True,
                                                                    sum_in_kernel=True)
-
-
-def test_gemm_prefetch_changes_no_bit():
-    """`TritonTiles.prefetch`: the operands of the next groups loaded before a group's dots
-    and carried through the K loop (the last ones loaded again, unused) give the same sums
-    in the same order: every output bit of `prefetch=0`, for split K, several row and column tiles,
-    transposed and not, a prefetch as deep as a split's groups and deeper, with the split-K
-    sum in the kernel, and in the fused gate/up + SwiGLU kernel. The Triton IR verifies,
-    transposed and not; a negative prefetch is refused."""
-    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
-    _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=3)
-    for bm, bn, splits, swap, prefetch in ((32, 256, 1, True, 2), (16, 64, 2, True, 2),
-                                           (64, 128, 1, False, 4), (16, 128, 2, True, 3)):
-        t = TritonTiles(bm, bn, splits, swap=swap)
-        for sum_in_kernel in (False, True):
-            # with the sum in the kernel: against the same sum (XLA's may associate > 2
-            # otherwise)
-            t = dataclasses.replace(t, sum_in_kernel=sum_in_kernel)
-            np.testing.assert_array_equal(
-                gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, prefetch=prefetch), poison=True),
-                gemm_f32(xq, xs, wq, ws, t))
-    t = TritonTiles(16, 128, 2, swap=True)
-    fused = [gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
-             for tiles in (t, dataclasses.replace(t, prefetch=2))]
-    for a, b in zip(*fused):
-        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-    for swap in (True, False):
-        ahead = TritonTiles(32, 128, 2, swap=swap, prefetch=2)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=ahead), xq, xs, wq, ws)
-    with pytest.raises(ValueError, match="prefetch -1"):
-        fp8_matmul_pallas(xq, xs, wq, ws, tiles=TritonTiles(16, 128, 2, prefetch=-1),
-                          interpret=True)
-
-
-def test_gemm_persistent_programs_change_no_bit(monkeypatch):
-    """`TritonTiles.programs`: a row tile's (column tile, K split) items cut into persistent
-    programs' ranges, each one flat K loop storing an item's sums at its last group, give the
-    same sums in the same order as a program per item: every output bit (every element
-    written: the output starts NaN), for fewer programs than items (ranges of unequal length),
-    more (empty ranges), split K or not, two row tiles, wide and narrow column tiles,
-    transposed and not, with groups loaded ahead (`prefetch`, across the items) or not. The
-    Triton IR verifies; settings that cannot combine are refused."""
-    _, _, (xq, xs), (wq, ws) = operands(40, 512, 512, seed=4)
-    # wide, mid and narrow column tiles; split K 1, 2 and 4 ways; transposed and not; one
-    # program for every item, 3 (unequal ranges) or one more than the items (an empty
-    # range), each without groups loaded ahead and the last two with
-    for bm, bn, splits, swap in ((16, 256, 4, True), (16, 64, 2, False), (64, 128, 1, False)):
-        t = TritonTiles(bm, bn, splits, swap=swap)
-        want = gemm_f32(xq, xs, wq, ws, t)
-        items = 2 * (512 // bn) * splits
-        for programs, prefetch in ((1, 0), (3, 0), (items + 1, 0), (3, 2), (items + 1, 1)):
-            got = gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, programs=programs,
-                                                               prefetch=prefetch), poison=True)
-            np.testing.assert_array_equal(got, want, err_msg=f"{programs=}")
-    for swap, prefetch in ((True, 0), (False, 0), (True, 2)):
-        t = TritonTiles(32, 128, 2, swap=swap, programs=5, prefetch=prefetch)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
-    for bad in (TritonTiles(16, 128, 2, programs=-1),
-                TritonTiles(16, 128, 2, programs=4, sum_in_kernel=True)):
-        with pytest.raises(ValueError, match="programs"):
-            fp8_matmul_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
-    from kernels import fp8_matmul_triton as tr
-    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
-    with pytest.raises(ValueError, match="programs 4"):
-        gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=TritonTiles(16, 128, 2, swap=True,
-                                                                      programs=4),
-                                    interpret=True)
-    # the module switches set the default tiles' programs (decode rows only) and prefetch
-    assert TritonTiles.get_default(32, 4096, 12288).programs == 0
-    monkeypatch.setattr(tr, "PROGRAMS", 132)
-    monkeypatch.setattr(tr, "PREFETCH", 1)
-    assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(
-        32, 128, 12, 4, 3, swap=True, prefetch=1, programs=132)
-    assert TritonTiles.get_default(768, 4096, 12288).programs == 0
-
-
-def test_gemm_scales_ahead_change_no_bit(monkeypatch):
-    """`TritonTiles.scales_ahead`: a program's K-group scales loaded once before its loop and
-    each group's picked from registers by a masked sum give every output bit of one load a
-    group (every element written), split K or not, wide and narrow column tiles, transposed
-    and not; the Triton IR verifies; settings it cannot take are refused; the module switch
-    sets it in the decode tiles only, where a split's group count is a power of two."""
-    from kernels import fp8_matmul_triton as tr
-    _, _, (xq, xs), (wq, ws) = operands(40, 512, 1024, seed=5)
-    for bm, bn, splits, swap in ((32, 128, 2, True), (16, 256, 4, True), (16, 64, 2, False),
-                                 (64, 128, 1, False), (16, 32, 2, True)):
-        t = TritonTiles(bm, bn, splits, swap=swap)
-        np.testing.assert_array_equal(
-            gemm_f32(xq, xs, wq, ws, dataclasses.replace(t, scales_ahead=True), poison=True),
-            gemm_f32(xq, xs, wq, ws, t))
-    for swap in (True, False):
-        t = TritonTiles(32, 128, 2, swap=swap, scales_ahead=True)
-        assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=t), xq, xs, wq, ws)
-    for bad in (TritonTiles(16, 128, 2, prefetch=1, scales_ahead=True),
-                TritonTiles(16, 128, 2, programs=4, scales_ahead=True),
-                TritonTiles(16, 128, 2, sum_in_kernel=True, scales_ahead=True)):
-        with pytest.raises(ValueError, match="scales_ahead"):
-            fp8_matmul_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
-    _, _, (xq3, xs3), (wq3, ws3) = operands(16, 384, 256, seed=5)  # 3 K groups
-    with pytest.raises(ValueError, match="got 3"):
-        fp8_matmul_pallas(xq3, xs3, wq3, ws3, tiles=TritonTiles(16, 128, 1, scales_ahead=True),
-                          interpret=True)
-    assert not TritonTiles.get_default(32, 4096, 12288).scales_ahead
-    monkeypatch.setattr(tr, "SCALES_AHEAD", 1)
-    assert TritonTiles.get_default(32, 4096, 12288).scales_ahead      # 96 groups / 12: 8
-    assert not TritonTiles.get_default(768, 4096, 12288).scales_ahead  # not a decode tile
-    assert TritonTiles.get_default(32, 1536, 9216).splits == 24  # 72 groups: 3 a split
-    assert not TritonTiles.get_default(32, 1536, 9216).scales_ahead
