@@ -52,7 +52,7 @@
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead). 45-48 time tile
-# options removed in remove-triton-off-switches (40 swept prefetch too): run them at d4e0970:
+# options removed by 880fb66 (40 swept prefetch too): run them at d4e0970:
 #  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
 #  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
@@ -501,17 +501,17 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # loaded before the loop (TritonTiles.scales_ahead) it waits on none. GPU test (the same
   # bits), the GEMMs by device time, then the FFN with the module switch off / on,
   # alternated (48: the dual step)
-  echo "stage 47 timed options removed in remove-triton-off-switches; run it at" \
+  echo "stage 47 timed options removed by 880fb66; run it at" \
     "commit d4e0970"; exit 1 ;;
 48)
   # issues 20, 23: 47's switch in the batch-1 dual step (FP8, threshold), off / on alternated
-  echo "stage 48 timed options removed in remove-triton-off-switches; run it at" \
+  echo "stage 48 timed options removed by 880fb66; run it at" \
     "commit d4e0970"; exit 1 ;;
 46)
   # issues 20, 23: the default decode tiles as now against persistent programs (PSETS: the
   # module switches kernels.fp8_matmul_triton:PROGRAMS / PREFETCH), the FFN at 32 rows by
   # device time, then the batch-1 dual step (FP8, threshold), the settings alternated
-  echo "stage 46 timed options removed in remove-triton-off-switches; run it at" \
+  echo "stage 46 timed options removed by 880fb66; run it at" \
     "commit d4e0970"; exit 1 ;;
 45)
   # issues 20, 23: the Triton FP8 GEMM at 32 rows with its (column tile, K split) items cut
@@ -520,7 +520,7 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # their read floor, 1.21x and 1.40x on the H200, fits one fixed cost of ~3 K groups' reads
   # a program); with the next K group loaded ahead in registers (prefetch 1) or not, should
   # Triton's pipeline not take the flat loop. Its GPU test first (the same bits)
-  echo "stage 45 timed options removed in remove-triton-off-switches; run it at" \
+  echo "stage 45 timed options removed by 880fb66; run it at" \
     "commit d4e0970"; exit 1 ;;
 44)
   # issue 20: the FP8 GEMM at 32 rows reads its weights at 1.4-2.1 TB/s, the bf16 FFN at 2.7
@@ -572,7 +572,7 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # (BLOCK_NS; the narrow tiles ran in the sixteenth and seventeenth sessions, the split-K sum
   # in the kernel lost in the thirty-second): does loading ahead lift the weight reads from
   # 1.4-2.1 TB/s? Its GPU test first (the same bits as without). TritonTiles.prefetch (and
-  # its GPU test) removed in remove-triton-off-switches: at d4e0970 this stage swept it too
+  # its GPU test) removed by 880fb66: at d4e0970 this stage swept it too
   decode_tiles fp8_tiles_decode_device.log 170 --block-ns ${BLOCK_NS:-128} --stages \
     ${STAGES:-1,3} --warps ${WARPS:-4,8} --rounds ${ROUNDS:-2}
   # the Mosaic GPU kernel's decode pipelines (TMA; stages, K groups a step, K splits) by the
