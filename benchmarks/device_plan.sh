@@ -227,18 +227,18 @@ case "${1:-1}" in
   # kernel (lacache_jax.quant:RESIDUAL_IN_NORM; stage 70 at 768 rows: XLA's add 7.4 us a
   # layer with the tiled norm's sum of squares, its rsqrt and broadcast 3.0 more, beside the
   # 4.6 us kernel): the fused kernel's GPU test, batch 1's exact + FP8 step alternated off /
-  # on, both traced (top 40: which fusions go), then the headline with it on at prompts 512
-  # and 1,024 in one run
+  # on, the headline with it on at prompts 512 and 1,024 in one run, then both settings
+  # traced (top 40: which fusions go; last, as the call's box may end it)
   timeout -k 5 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k add_rmsnorm \
     -p no:cacheprovider > "$OUT/pytest_add_rmsnorm_gpu.log" 2>&1
   tests_passed "$OUT/pytest_add_rmsnorm_gpu.log" "passed\|failed\|Error" || exit 1
   r=lacache_jax.quant:RESIDUAL_IN_NORM
   b1="--batch 1 --prompt 512 --modes exact --decoding fixed --fp8-ffn on"
   ITERS=1 step_settings generate_b1_residual.log 130 "$b1" $(alternated $r 0 1)
-  ITERS=1 step_settings generate_b1_residual_trace.log 90 "$b1 --trace --trace-top 40" \
-    "$r=0" "$r=1"
   ITERS=1 step_settings generate_b1_headline_residual.log 240 "--batch 1 --prompt 512,1024 \
---modes none,exact --decoding fixed --fp8-ffn both" "$r=1" ;;
+--modes none,exact --decoding fixed --fp8-ffn both" "$r=1"
+  ITERS=1 step_settings generate_b1_residual_trace.log 90 "$b1 --trace --trace-top 40" \
+    "$r=0" "$r=1" ;;
 71)
   # issue 23: RMSNorm + quantisation over whole rows at the full canvas's rows (stage 70: the
   # tiled form's statistics pass leaves XLA an rsqrt and a broadcast fusion a layer, 0.09 ms
