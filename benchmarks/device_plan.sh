@@ -53,6 +53,7 @@
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead). 45-48 time tile
 # options removed by 880fb66 (40 swept prefetch too): run them at d4e0970:
+#  73  issue 23: 72 in a short call: GPU test, the headline's two configurations off / on
 #  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
 #  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
@@ -222,6 +223,16 @@ DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_tri
 SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
+73)
+  # issue 23: stage 72 in a short call (its budget's last minutes): the fused kernel's GPU
+  # test, then in one run the headline's two configurations (none bf16, exact + FP8) with the
+  # residual add off and on, prompt 1,024 first (its 1.3x the further off)
+  timeout -k 5 110 python3 -m pytest -q -m gpu tests/test_gpu.py -k add_rmsnorm \
+    -p no:cacheprovider > "$OUT/pytest_add_rmsnorm_gpu.log" 2>&1
+  tests_passed "$OUT/pytest_add_rmsnorm_gpu.log" "passed\|failed\|Error" || exit 1
+  r=lacache_jax.quant:RESIDUAL_IN_NORM
+  ITERS=1 step_settings generate_b1_headline_residual.log 400 "--batch 1 --prompt 1024,512 \
+--modes none,exact --decoding fixed --fp8-ffn both --only none:off,exact:on" "$r=0" "$r=1" ;;
 72)
   # issue 23: the attention's residual add taken into the FP8 FFN's RMSNorm + quantisation
   # kernel (lacache_jax.quant:RESIDUAL_IN_NORM; stage 70 at 768 rows: XLA's add 7.4 us a

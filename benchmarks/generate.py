@@ -4,7 +4,8 @@
                                   [--decoding fixed,threshold] [--prompt 512,1024]
                                   [--dpad off|on|both] [--dpad-strategy gaussian|uniform]
                                   [--dual-update xla,fused] [--short-attention split,cudnn]
-                                  [--settings SPEC [SPEC ...]] [--trace] [--tiny]
+                                  [--only CACHE:FP8,...] [--settings SPEC [SPEC ...]]
+                                  [--trace] [--tiny]
 
 Random weights never cross a confidence threshold, so every configuration reveals one token
 per step (256 steps for gen 256): implementations compare per forward pass. Reports latency,
@@ -138,6 +139,9 @@ def main():
                     help="comma-separated among xla,fused: how dual's later steps write K/V")
     ap.add_argument("--short-attention", default="split",
                     help="comma-separated among split,cudnn: a few query rows' attention")
+    ap.add_argument("--only", default=None, metavar="CACHE:FP8,...",
+                    help="run only these of --modes x --fp8-ffn (e.g. none:off,exact:on: the "
+                         "headline's two, where a call's time is short)")
     ap.add_argument("--settings", nargs="+", default=[""], metavar="SPEC",
                     help="module:NAME=int[,...] switches, each SPEC a run of every "
                          "configuration")
@@ -195,6 +199,8 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
             args.settings):
         if update != "xla" and mode != "dual":
             continue  # only the dual cache's later steps have the choice
+        if args.only and f"{mode}:{'on' if fp8 else 'off'}" not in args.only.split(","):
+            continue
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,
             threshold=0.9 if decoding == "threshold" else None, stop_at_eos=False,
