@@ -227,8 +227,11 @@ def test_add_rmsnorm_quant_on_gpu():
             np.testing.assert_array_equal(f32(total), f32(x + y))
             q1, s1 = rmsnorm_quant_pallas(x + y, w, 1e-5, tiles=tiles,
                                           group_major=group_major)
-            np.testing.assert_array_equal(f32(q), f32(q1))
-            np.testing.assert_array_equal(np.asarray(s), np.asarray(s1))
+            # Triton may reduce a row's D squares in another order in the two kernels (one
+            # row of 768 on an H100, 2026-12-07): 1 / RMS then moves by its last fp32 bit
+            # and flips that row's codes at rounding ties; every row meets the bounds below.
+            differ = (f32(q) != f32(q1)).any(1) | (np.asarray(s) != np.asarray(s1)).any(1)
+            assert differ.sum() <= max(1, M // 256), np.nonzero(differ)
             qr, sr = rmsnorm_quant_ref(x + y, w, 1e-5)
             np.testing.assert_allclose(s, sr, rtol=2.0 ** -7)
             assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -5
@@ -241,7 +244,7 @@ def test_add_rmsnorm_quant_on_gpu():
         unfused = quant.ffn_fp8(x + o, w, 1e-5, ffn)
         if L == 16:
             np.testing.assert_array_equal(f32(out), f32(unfused))
-        else:
+        else:  # see the 1 / RMS note above
             assert rel_err(out.astype(jnp.float32), unfused.astype(jnp.float32)) <= 2.0 ** -8
 
 
