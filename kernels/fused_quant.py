@@ -2,8 +2,7 @@
 that produces the activation (REFERENCE.md §7), so the bf16 activation is never written:
 
 - `rmsnorm_quant`: LLaDA's RMSNorm (fp32 statistics, rounded to the activation dtype, times the
-  weight) then quantisation: feeds the gate/up GEMM. `add_rmsnorm_quant` does the residual
-  add before it in the same kernel (whole rows), writing the sum too.
+  weight) then quantisation: feeds the gate/up GEMM.
 - `swiglu_quant`: silu(gate) * up in fp32 then quantisation: feeds the down GEMM.
 
 `scale = amax / 448` per group (1 for an all-zero group), values clipped to +-448 and rounded
@@ -61,18 +60,13 @@ class QuantTiles:
         `WHOLE_ROWS_M` rows, one row per program over 8 warps, where the row's group count is
         a power of two."""
         if whole_rows and M <= WHOLE_ROWS_M and G & (G - 1) == 0:  # Triton's block shapes
-            return cls.one_row(G)
+            return cls(1, G, 8)
         if BIG_TILES is None or M < BIG_M:
             return cls()
         rows, groups = BIG_TILES
         while G % groups:
             groups //= 2
         return cls(rows, groups)
-
-    @classmethod
-    def one_row(cls, G: int) -> QuantTiles:
-        """One whole row of G groups a program over 8 warps (see `WHOLE_ROWS_M`)."""
-        return cls(1, G, 8)
 
 
 BIG_M = 1024
@@ -190,23 +184,8 @@ def _rmsnorm_quant_rows_kernel(x_ref, w_ref, q_ref, s_ref, *, eps: float, interp
     its first form, unrolled into 2 x 32 group steps at D 4096, ran 8-13x its byte floor by
     chained wall time; this form, one row per program over 8 warps, is RMSNorm's default at
     up to `WHOLE_ROWS_M` rows.)"""
-    _norm_quantize_rows(x_ref[...], w_ref, q_ref, s_ref, eps, interpret, group_major)
-
-
-def _add_rmsnorm_quant_rows_kernel(x_ref, y_ref, w_ref, q_ref, s_ref, sum_ref, *, eps: float,
-                                   interpret: bool, group_major: bool):
-    """The residual add first: x + y in fp32 rounded to x's dtype (XLA's half-precision add),
-    written out, then `_rmsnorm_quant_rows_kernel`'s arithmetic on it."""
-    x = (x_ref[...].astype(jnp.float32) + y_ref[...].astype(jnp.float32)).astype(x_ref.dtype)
-    x = rounded(x) if interpret else x  # see `_normed`
-    sum_ref[...] = x
-    _norm_quantize_rows(x, w_ref, q_ref, s_ref, eps, interpret, group_major)
-
-
-def _norm_quantize_rows(x, w_ref, q_ref, s_ref, eps: float, interpret: bool,
-                        group_major: bool):
-    """RMSNorm + quantisation of whole rows x [rows, D], their statistics included."""
-    R, D = x.shape
+    R, D = x_ref.shape
+    x = x_ref[...]
     x32 = x.astype(jnp.float32)
     rstd = jax.lax.rsqrt(jnp.sum(x32 * x32, axis=1, keepdims=True) / D + eps)
     h = _normed(x, rstd, w_ref[...], interpret).reshape(R, D // GROUP, GROUP)
@@ -238,11 +217,9 @@ def _pad_rows(x, rows):
 
 
 def _quantising_call(kernel, inputs, in_specs, M: int, Mp: int, G: int, tiles: QuantTiles,
-                     name: str, interpret: bool, poison: bool, group_major: bool,
-                     sum_dtype=None):
+                     name: str, interpret: bool, poison: bool, group_major: bool):
     """One program per `tiles` tile: fp8 [M, G * 128] and scales [M, G] (the transpose of
-    the [G, Mp] the kernel writes where `group_major`), and with `sum_dtype` a third output
-    [M, G * 128] of that dtype (the residual sum). With `poison` (tests) the outputs are
+    the [G, Mp] the kernel writes where `group_major`). With `poison` (tests) the outputs are
     NaN-filled inputs aliased to them, never read."""
     R, C = tiles.rows, tiles.groups
     out_shape = [jax.ShapeDtypeStruct((Mp, G * GROUP), FP8),
@@ -250,22 +227,19 @@ def _quantising_call(kernel, inputs, in_specs, M: int, Mp: int, G: int, tiles: Q
     out_specs = [pl.BlockSpec((R, C * GROUP), lambda i, g: (i, g)),
                  pl.BlockSpec((C, R), lambda i, g: (g, i)) if group_major else
                  pl.BlockSpec((R, C), lambda i, g: (i, g))]
-    if sum_dtype is not None:
-        out_shape.append(jax.ShapeDtypeStruct((Mp, G * GROUP), sum_dtype))
-        out_specs.append(out_specs[0])
     poisoned = [jnp.full(o.shape, jnp.nan, o.dtype) for o in out_shape] if poison else []
     n_in = len(inputs)
 
     def body(*refs):
         kernel(*refs[:n_in], *refs[n_in + len(poisoned):], group_major=group_major)
 
-    q, s, *total = pl.pallas_call(
+    q, s = pl.pallas_call(
         body, grid=(Mp // R, G // C), in_specs=in_specs + out_specs[:len(poisoned)],
         out_specs=out_specs, out_shape=out_shape, interpret=interpret, name=name,
         compiler_params=_triton(tiles.warps),
         input_output_aliases={n_in + j: j for j in range(len(poisoned))},
     )(*inputs, *poisoned)
-    return (q[:M], s[:, :M].T if group_major else s[:M], *(t[:M] for t in total))
+    return q[:M], (s[:, :M].T if group_major else s[:M])
 
 
 def _tiles(tiles: QuantTiles | None, M: int, G: int) -> QuantTiles:
@@ -308,36 +282,6 @@ def rmsnorm_quant_pallas(x_MD, w_D, eps: float, *, tiles: QuantTiles | None = No
                             interpret, poison, group_major)
 
 
-@functools.partial(jax.jit, static_argnames=("eps", "tiles", "interpret", "poison",
-                                             "group_major"))
-def add_rmsnorm_quant_pallas(x_MD, y_MD, w_D, eps: float, *, tiles: QuantTiles | None = None,
-                             interpret: bool = False, poison: bool = False,
-                             group_major: bool = False):
-    """The residual add fused into RMSNorm + quantisation over whole rows: (x + y in x's
-    dtype, its fp8 [M, D], scales [M, D / 128]) with `rmsnorm_quant_pallas`'s whole-row
-    arithmetic (`tiles`: whole rows, one a program over 8 warps by default). The sum is
-    written by the kernel, so XLA neither runs the add as a pass of its own nor recomputes
-    it in the sum's other consumer (the next residual add)."""
-    M, D = x_MD.shape
-    if D % GROUP or (y_MD.shape, y_MD.dtype) != (x_MD.shape, x_MD.dtype):
-        raise ValueError(f"need x and y of one shape [M, D] and dtype, D a multiple of "
-                         f"{GROUP}; got {x_MD.shape} {x_MD.dtype} and {y_MD.shape} "
-                         f"{y_MD.dtype}")
-    G = D // GROUP
-    t = _tiles(tiles or QuantTiles.one_row(G), M, G)
-    if t.groups != G:
-        raise ValueError(f"tiles {t}: the residual add is fused over whole rows only "
-                         f"({G} groups)")
-    (x, M, Mp), (y, _, _) = _pad_rows(x_MD, t.rows), _pad_rows(y_MD, t.rows)
-    x_spec = pl.BlockSpec((t.rows, D), lambda i, g: (i, g))
-    w_spec = pl.BlockSpec((D,), lambda i, g: (g,))
-    kernel = functools.partial(_add_rmsnorm_quant_rows_kernel, eps=eps, interpret=interpret)
-    q, s, total = _quantising_call(kernel, (x, y, w_D), [x_spec, x_spec, w_spec], M, Mp, G, t,
-                                   "add_rmsnorm_quant", interpret, poison, group_major,
-                                   x_MD.dtype)
-    return total, q, s
-
-
 @functools.partial(jax.jit, static_argnames=("tiles", "interpret", "poison", "group_major"))
 def swiglu_quant_pallas(gate_up_M2F, *, tiles: QuantTiles | None = None,
                         interpret: bool = False, poison: bool = False,
@@ -371,17 +315,6 @@ def rmsnorm_quant(x_MD, w_D, eps: float):
         return rmsnorm_quant_pallas(x_MD, w_D, eps,
                                     group_major=scales_group_major(x_MD.shape[0]))
     return rmsnorm_quant_ref(x_MD, w_D, eps)
-
-
-def add_rmsnorm_quant(x_MD, y_MD, w_D, eps: float):
-    """(x + y, `rmsnorm_quant` of it): on GPU one kernel where whole rows make a Triton block
-    (`add_rmsnorm_quant_pallas`), else XLA's add then `rmsnorm_quant`."""
-    G = x_MD.shape[-1] // GROUP
-    if jax.default_backend() == "gpu" and G & (G - 1) == 0:
-        return add_rmsnorm_quant_pallas(x_MD, y_MD, w_D, eps,
-                                        group_major=scales_group_major(x_MD.shape[0]))
-    total = x_MD + y_MD
-    return (total, *rmsnorm_quant(total, w_D, eps))
 
 
 def swiglu_quant(gate_up_M2F):

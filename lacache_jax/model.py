@@ -268,18 +268,8 @@ def block(x_BLD: jax.Array, layer: Layer, cfg: ModelConfig, cos_BLk, sin_BLk,
 def finish_block(x_BLD: jax.Array, attn_BLHK: jax.Array, layer: Layer, cfg: ModelConfig):
     """The rest of a block once its attention output is known: projection, residual, MLP."""
     B, L, _ = x_BLD.shape
-    x_BLD, f_BLD = mlp_after_add(x_BLD, attn_BLHK.reshape(B, L, -1) @ layer.wo, layer, cfg)
-    return x_BLD + f_BLD
-
-
-def mlp_after_add(x_BLD: jax.Array, o_BLD: jax.Array, layer: Layer, cfg: ModelConfig):
-    """(x + o, the MLP of it): the residual add before the MLP, which an FP8 layer takes into
-    its norm's kernel where `quant.RESIDUAL_IN_NORM` is on."""
-    if layer.ffn8 is not None and quant.RESIDUAL_IN_NORM:
-        with jax.named_scope("ffn"):
-            return quant.ffn_fp8(x_BLD, layer.ff_norm, cfg.norm_eps, layer.ffn8, o_BLD)
-    x_BLD = x_BLD + o_BLD
-    return x_BLD, mlp(x_BLD, layer, cfg)
+    x_BLD = x_BLD + attn_BLHK.reshape(B, L, -1) @ layer.wo
+    return x_BLD + mlp(x_BLD, layer, cfg)
 
 
 def lm_head(params: Params, cfg: ModelConfig, x_BLD: jax.Array) -> jax.Array:

@@ -23,9 +23,8 @@ from jax.sharding import PartitionSpec as PS
 
 from kernels.fp8_matmul import fp8_matmul, fp8_matmul_ref  # noqa: F401 (re-exported)
 from kernels.fused_quant import FP8  # noqa: F401 (re-exported)
-from kernels.fused_quant import (GROUP, ROWS, add_rmsnorm_quant, group_scale,
-                                 quantize_groups, rms_normed, rmsnorm_quant, swiglu_quant,
-                                 to_fp8)
+from kernels.fused_quant import (GROUP, ROWS, group_scale, quantize_groups, rms_normed,
+                                 rmsnorm_quant, swiglu_quant, to_fp8)
 from kernels.gate_up_swiglu import gate_up_swiglu_quant, takes as fuses_gate_up
 from lacache_jax import sharding
 from lacache_jax.sharding import DATA, MODEL, shard_kernel
@@ -148,14 +147,9 @@ def quantize_ffn_layer(w_gate_up, w_down, granularity: str = "group") -> FP8FFN:
                   granularity)
 
 
-def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN,
-            o_BLD: jax.Array | None = None):
+def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN) -> jax.Array:
     """RMSNorm + SwiGLU FFN with per-group FP8 matmuls (fp32 accumulation), on un-normed x:
     the norm is fused into the first quantisation, SwiGLU into the second (kernels on GPU).
-    With `o_BLD` (the attention's projected output, x's shape and dtype) the FFN runs on
-    x + o and returns (x + o, FFN(x + o)); the add runs in the norm's kernel
-    (`add_rmsnorm_quant`: on GPU with group scales, rows aligned to `ROW_ALIGN` and a
-    power-of-two D / 128), else in XLA.
     Under a mesh the kernels run per row shard and, over a model axis, per shard of the FFN
     columns (Megatron: gate/up by output rows, down by its K columns, scales with their
     blocks; `sharding.fp8_specs`), the partial down products summed by one all-reduce."""
@@ -166,54 +160,28 @@ def ffn_fp8(x_BLD: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN,
     if w.tp % n:
         raise ValueError(f"FP8 FFN weights in the layout of {w.tp} column groups cannot run "
                          f"on a model axis of {n}: place them with sharding.shard_params")
-    if o_BLD is not None and (o_BLD.shape, o_BLD.dtype) != (x_BLD.shape, x_BLD.dtype):
-        raise ValueError(f"the residual's summands must match: x {x_BLD.shape} "
-                         f"{x_BLD.dtype}, o {o_BLD.shape} {o_BLD.dtype}")
-    summands = (x_BLD,) if o_BLD is None else (x_BLD, o_BLD)
     if n == 1:
-        fn = lambda x_MD, o_MD, nrm, w: _ffn_fp8_rows(x_MD, o_MD, nrm, eps, w, w.tp,
-                                                      x_BLD.dtype)
+        fn = lambda x_MD, nrm, w: _ffn_fp8_rows(x_MD, nrm, eps, w, w.tp, x_MD.dtype)
         specs = PS()
     else:
-        def fn(x_MD, o_MD, nrm, w):
+        def fn(x_MD, nrm, w):
             # This shard's share of the down product, summed over the shards in fp32: the
             # single-device GEMM accumulates all of K in fp32 before its one rounding.
-            sum_MD, part_MD = _ffn_fp8_rows(x_MD, o_MD, nrm, eps, w, w.tp // n, jnp.float32,
-                                            MODEL)
-            return sum_MD, jax.lax.psum(part_MD, MODEL).astype(x_BLD.dtype)
+            part = _ffn_fp8_rows(x_MD, nrm, eps, w, w.tp // n, jnp.float32, MODEL)
+            return jax.lax.psum(part, MODEL).astype(x_MD.dtype)
         specs = dataclasses.replace(w, **sharding.fp8_specs())
 
-    def padded(x, *rest):
+    def padded(x, nrm, w):
         # Zero rows up to a multiple of ROW_ALIGN (see there); the slice back to M rows
         # fuses into the residual add. Aligned rows: the program as before, no pad op.
-        # Unaligned, the residual add runs in XLA with the pad (one pass, read 2 write 1,
-        # where padding both summands for the kernel would copy both).
-        *o, nrm, w = rest
-        shape = x.shape  # this shard's rows under a mesh
-        x_MD, o_MD = x.reshape(-1, D), (o[0].reshape(-1, D) if o else None)
+        x_MD = x.reshape(-1, D)
         M, pad = x_MD.shape[0], -x_MD.shape[0] % ROW_ALIGN
-        if pad:
-            x_MD = jnp.pad(x_MD if o_MD is None else x_MD + o_MD, ((0, pad), (0, 0)))
-            o_MD = None
-        sum_MD, out_MD = fn(x_MD, o_MD, nrm, w)
-        outs = (out_MD,) if not o else (sum_MD, out_MD)
-        return tuple((a[:M] if pad else a).reshape(shape) for a in outs)
+        if not pad:
+            return fn(x_MD, nrm, w).reshape(x.shape)
+        return fn(jnp.pad(x_MD, ((0, pad), (0, 0))), nrm, w)[:M].reshape(x.shape)
 
-    run = shard_kernel(padded, (rows,) * len(summands) + (PS(), specs), (rows,) * len(summands))
-    out = run(*summands, norm_D, w)
-    return out[0] if o_BLD is None else out
-
-
-# Whether the FP8 layers take the attention's residual add into the FFN's RMSNorm +
-# quantisation kernel (`ffn_fp8` with `o_BLD`, `model.mlp_after_add`). Without it XLA runs
-# the add as a pass of its own (at batch 1's 768 rows 7.4 us a layer with the tiled norm's
-# sum of squares, then 1.2 + 1.8 us of rsqrt and broadcast fusions before the 4.6 us kernel:
-# RESULTS.md forty-seventh session); with it one whole-row kernel reads x and o and writes
-# the sum beside the quantised rows. On and off give the same bits up to
-# `fused_quant.WHOLE_ROWS_M` rows (whole rows both ways); above, off normalises with XLA's
-# mean of squares, whose last fp32 bit may differ (test_rmsnorm_quant's bounds), so tokens
-# may part at near-ties. Off until timed on a GPU. Read when traced.
-RESIDUAL_IN_NORM = 0
+    run = shard_kernel(padded, (rows, PS(), specs), rows)
+    return run(x_BLD, norm_D, w)
 
 
 # `ffn_fp8` pads its rows once to this multiple: the quantisation kernels' row tile
@@ -225,12 +193,11 @@ RESIDUAL_IN_NORM = 0
 ROW_ALIGN = ROWS
 
 
-def _ffn_fp8_rows(x: jax.Array, o_MD: jax.Array | None, norm_D: jax.Array, eps: float,
-                  w: FP8FFN, groups: int, out_dtype, axis_name: str | None = None):
-    """One shard's FFN on rows x [M, D] (x + o where `o_MD` is given: the residual add): its
-    gate/up rows hold `groups` column groups (gate | up each), its down the matching K
-    columns. Returns (the FFN's input, its output [M, D] in `out_dtype`). `axis_name`: the
-    mesh axis the FFN columns are split over (for the ablation's row/tensor scales)."""
+def _ffn_fp8_rows(x: jax.Array, norm_D: jax.Array, eps: float, w: FP8FFN, groups: int,
+                  out_dtype, axis_name: str | None = None) -> jax.Array:
+    """One shard's FFN on rows x [M, D]: its gate/up rows hold `groups` column groups
+    (gate | up each), its down the matching K columns; [M, D] in `out_dtype`. `axis_name`:
+    the mesh axis the FFN columns are split over (for the ablation's row/tensor scales)."""
 
     def gate_then_up(gu_M2F):
         # Several groups in this shard (a layout for more shards than run it): all gates,
@@ -241,10 +208,7 @@ def _ffn_fp8_rows(x: jax.Array, o_MD: jax.Array | None, norm_D: jax.Array, eps: 
         return gu_M2F.reshape(M, groups, 2, -1).swapaxes(1, 2).reshape(M, -1)
 
     if w.granularity == "group":
-        if o_MD is None:
-            hq, hs = rmsnorm_quant(x, norm_D, eps)
-        else:
-            x, hq, hs = add_rmsnorm_quant(x, o_MD, norm_D, eps)
+        hq, hs = rmsnorm_quant(x, norm_D, eps)
         (M, K), F = hq.shape, w.gate_up.shape[0] // 2
         if groups == 1 and fuses_gate_up(M, F, K):  # SwiGLU in the GEMM's epilogue
             aq, as_ = gate_up_swiglu_quant(hq, hs, w.gate_up, w.gate_up_scale, x.dtype)
@@ -252,10 +216,9 @@ def _ffn_fp8_rows(x: jax.Array, o_MD: jax.Array | None, norm_D: jax.Array, eps: 
             gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
             aq, as_ = swiglu_quant(gate_up)
     else:
-        x = x if o_MD is None else x + o_MD
         hq, hs = quantize_act(rms_normed(x, norm_D, eps), w.granularity)
         gate_up = gate_then_up(fp8_matmul(hq, hs, w.gate_up, w.gate_up_scale, x.dtype))
         gate, up = jnp.split(gate_up, 2, -1)
         aq, as_ = quantize_act(jax.nn.silu(gate.astype(jnp.float32)) * up, w.granularity,
                                axis_name)
-    return x, fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)
+    return fp8_matmul(aq, as_, w.down, w.down_scale, out_dtype)

@@ -108,36 +108,3 @@ def test_generate_runs_the_fp8_ffn(params, monkeypatch, cache):
     restated = np.asarray(lj.generate(params, CFG, PROMPTS, gen).tokens)
     jax.clear_caches()
     np.testing.assert_array_equal(fp8, restated)
-
-
-def test_residual_add_in_the_norm_kernel_keeps_the_tokens(params, monkeypatch):
-    """`quant.RESIDUAL_IN_NORM`: every FP8 layer (all but the first) takes the attention's
-    residual add into its RMSNorm + quantisation (`add_rmsnorm_quant`, here on the CPU's
-    reference dispatch: XLA's add, then the norm), and generation keeps its tokens and
-    logits; off, that function is never reached."""
-    from kernels.fused_quant import add_rmsnorm_quant
-    gen = lj.GenerationConfig(gen_length=16, block_length=8, steps=16, cache="dual",
-                              fp8_ffn=True, stop_at_eos=False)
-    tokens = np.random.default_rng(1).integers(0, 300, (2, 24))
-    calls = []
-
-    def counted(*args):
-        calls.append(args[0].shape)
-        return add_rmsnorm_quant(*args)
-    monkeypatch.setattr(quant, "add_rmsnorm_quant", counted)
-    jax.clear_caches()
-    off = (np.asarray(lj.generate(params, CFG, PROMPTS, gen).tokens),
-           lj.forward(params, CFG, tokens))
-    assert calls == []
-    monkeypatch.setattr(quant, "RESIDUAL_IN_NORM", 1)
-    jax.clear_caches()
-    logits = lj.forward(params, CFG, tokens)
-    n8 = CFG.n_layers - 1
-    assert len(calls) == n8, calls  # one trace of the forward: each FP8 layer once
-    on = (np.asarray(lj.generate(params, CFG, PROMPTS, gen).tokens), logits)
-    jax.clear_caches()
-    assert len(calls) > n8, calls
-    np.testing.assert_array_equal(on[0], off[0])
-    # fp32 weights and activations: the same adds and norms, only placed in other fusions
-    # (an fp32 add rounds once either way; a reduction's order can differ: ~1e-7 relative)
-    assert rel_err(on[1], off[1]) <= 1e-6

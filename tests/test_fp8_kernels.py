@@ -131,44 +131,6 @@ def test_rmsnorm_quant_whole_rows(rows, warps):
         rmsnorm_quant_pallas(x, w, 1e-5, tiles=QuantTiles(1, D // 128, 3), interpret=True)
 
 
-@pytest.mark.parametrize("rows", [1, 16])
-def test_add_rmsnorm_quant_is_the_whole_row_kernel_on_the_sum(rows):
-    """The residual add fused into whole-row RMSNorm + quantisation: its sum is XLA's bf16
-    add bit for bit (fp32 add, one rounding), and its FP8 codes and scales are the whole-row
-    kernel's on that sum bit for bit (the same arithmetic after the add), in both scale
-    layouts, at a ragged M (37: padded to 48 for 16-row tiles), with the outputs
-    NaN-poisoned; its Triton IR passes the verifier; tiles other than whole rows and
-    summands of two shapes or dtypes are refused."""
-    from kernels.fused_quant import QuantTiles, add_rmsnorm_quant_pallas
-    M, D = 37, 512
-    kx, ky, kw = jax.random.split(jax.random.key(12), 3)
-    x = (jax.random.normal(kx, (M, D)) * 3).astype(jnp.bfloat16)
-    y = jax.random.normal(ky, (M, D)).astype(jnp.bfloat16)
-    w = (1 + 0.2 * jax.random.normal(kw, (D,))).astype(jnp.bfloat16)
-    tiles = QuantTiles(rows, D // 128, 8 if rows == 1 else 4)
-    f32 = lambda a: np.asarray(a.astype(jnp.float32))  # noqa: E731
-    scales = []
-    for group_major in (False, True):
-        total, q, s = add_rmsnorm_quant_pallas(x, y, w, 1e-5, tiles=tiles, interpret=True,
-                                               poison=True, group_major=group_major)
-        np.testing.assert_array_equal(f32(total), f32(x + y))
-        assert total.dtype == jnp.bfloat16 and q.shape == (M, D) and s.shape == (M, D // 128)
-        q1, s1 = rmsnorm_quant_pallas(x + y, w, 1e-5, tiles=tiles, interpret=True,
-                                      group_major=group_major)
-        np.testing.assert_array_equal(f32(q), f32(q1))
-        np.testing.assert_array_equal(np.asarray(s), np.asarray(s1))
-        scales.append(np.asarray(s))
-    np.testing.assert_array_equal(*scales)
-    assert_valid_triton(lambda x, y, w: add_rmsnorm_quant_pallas(x, y, w, 1e-5, tiles=tiles),
-                        x, y, w)
-    with pytest.raises(ValueError, match="whole rows"):
-        add_rmsnorm_quant_pallas(x, y, w, 1e-5, tiles=QuantTiles(16, 1), interpret=True)
-    with pytest.raises(ValueError, match="one shape"):
-        add_rmsnorm_quant_pallas(x, y[:5], w, 1e-5, interpret=True)
-    with pytest.raises(ValueError, match="one shape"):
-        add_rmsnorm_quant_pallas(x, y.astype(jnp.float32), w, 1e-5, interpret=True)
-
-
 def test_rmsnorm_quant_takes_whole_rows_at_few_rows():
     """Up to `WHOLE_ROWS_M` rows RMSNorm's default is one whole row per program over 8
     warps (its statistics in the kernel); above, the per-group tiles; SwiGLU keeps them."""
@@ -310,47 +272,6 @@ def test_ffn_through_the_kernels_matches_the_reference_path(monkeypatch):
     # code of the SwiGLU activation (2^-3 relative for that element): 2^-8 bounds it. A path
     # that is merely within FP8 error of the exact FFN (0.041 each) does not pass.
     assert rel_err(out.astype(jnp.float32), ref.astype(jnp.float32)) <= 2.0 ** -8
-
-
-@pytest.mark.parametrize("group_major", [False, True])
-def test_ffn_takes_the_residual_add(monkeypatch, group_major):
-    """`quant.ffn_fp8` with the attention's output `o`: (x + o, the FFN of x + o), bit for
-    bit the FFN called on XLA's sum, on the references (the CPU dispatch) and with the fused
-    add + RMSNorm kernel against the whole-row RMSNorm kernel (interpret mode, in the scale
-    layout the GEMM asks for). At 32 rows (aligned) the kernel takes the add; at 18 rows the
-    add runs in XLA with the rows' padding, and the kernel is not called."""
-    from kernels import fused_quant as fq
-    from lacache_jax import quant
-    k = jax.random.split(jax.random.key(4), 5)
-    D, F = 256, 384
-    w = quant.FP8FFN(*quantize_weight(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5),
-                     *quantize_weight(jax.random.normal(k[1], (F, D)) * F ** -0.5))
-    norm = (1 + 0.1 * jax.random.normal(k[4], (D,))).astype(jnp.bfloat16)
-    f32 = lambda a: np.asarray(a.astype(jnp.float32))  # noqa: E731
-
-    def check(L):
-        x, o = (jax.random.normal(kk, (2, L, D)).astype(jnp.bfloat16) for kk in k[2:4])
-        total, out = quant.ffn_fp8(x, norm, 1e-5, w, o)
-        np.testing.assert_array_equal(f32(total), f32(x + o))
-        np.testing.assert_array_equal(f32(out), f32(quant.ffn_fp8(x + o, norm, 1e-5, w)))
-    check(16)
-    check(9)
-    one_row = fq.QuantTiles.one_row(D // 128)
-    monkeypatch.setattr(quant, "rmsnorm_quant", functools.partial(
-        fq.rmsnorm_quant_pallas, tiles=one_row, interpret=True, group_major=group_major))
-    calls = []
-
-    def fused(*args):
-        calls.append(args[0].shape)
-        return fq.add_rmsnorm_quant_pallas(*args, interpret=True, group_major=group_major)
-    monkeypatch.setattr(quant, "add_rmsnorm_quant", fused)
-    check(16)
-    assert calls == [(32, D)]
-    check(9)
-    assert calls == [(32, D)]
-    with pytest.raises(ValueError, match="summands must match"):
-        quant.ffn_fp8(jnp.zeros((1, 16, D), jnp.bfloat16), norm, 1e-5, w,
-                      jnp.zeros((1, 16, D), jnp.float32))
 
 
 def test_ffn_kernels_see_rows_padded_once(monkeypatch):

@@ -82,9 +82,6 @@ def test_fp8_ffn_is_split_over_the_model_axis(cases):
         # of the down GEMM's K is in another order: a few ulp (2^-24 ~ 6e-8) of the output.
         # A scale taken per shard instead moves it by FP8 rounding (~3e-2).
         assert cases[f"ffn_split/{g}"]["rel_err"] <= 1e-6, cases[f"ffn_split/{g}"]
-    # the residual add taken into the split FFN: x + o exactly (fp32), the FFN as above
-    r = cases["ffn_split/group_add"]
-    assert r["sum_err"] == 0 and r["rel_err"] <= 1e-6, r
     error = cases["fp8_model4_refused"]["error"]
     assert error and "d_ff" in error and "128" in error and "model axis (4)" in error, error
     assert cases["fp8_model4_bf16_runs"]["same"]
