@@ -44,16 +44,18 @@
 # faster: on), 68 (run with `timeout 285`: the FFN and the headline both came back), the FP8
 # kernels' GPU tests with the tail on, the tail alternated at P 1,024; in the forty-seventh,
 # on an H100 after about 650 s: 70 (no saving goes missing within one run), 71 (whole-row
-# RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed).
-# Left, in priority order: 72 (the residual add in the FFN's RMSNorm kernel), 22 (every GPU
-# test at the forty-seventh session's HEAD or later; PART 2 needs more than 540 s: give it
-# the call's 600), 62 (the flash step with the last
+# RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed);
+# in the forty-eighth, on an H100 after about 1,350 s: 73 (the residual add in the FFN's
+# RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803).
+# Left, in priority order: 22 (every GPU test at the forty-eighth session's HEAD or later;
+# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
 # layer on the window's rows), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
 # (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
 # (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead). 45-48 time tile
 # options removed by 880fb66 (40 swept prefetch too): run them at d4e0970:
 #  73  issue 23: 72 in a short call: GPU test, the headline's two configurations off / on
+#      (72 and 73: run them at 4d8c803, the switch removed since)
 #  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
 #  71  issue 23: RMSNorm + quantisation over whole rows at 768 rows: the FFN, batch 1's step
 #  70  issue 23: batch 1's step kernels, bf16 and FP8, beside the FFN alone at 768 rows
