@@ -162,39 +162,28 @@ def _install_fp8_dot_rule():
 _install_fp8_dot_rule()
 
 
-def load_group(x_ref, xs_ref, w_ref, ws_ref, g, *, swap: bool, n_sub: int, sub: int):
-    """K group g's operands: x's tile and scales, then each of the `n_sub` column blocks' w
-    (`sub` rows each) and its weight scale."""
-    cols = pl.ds(g * GROUP, GROUP)
-    return (x_ref[:, cols], xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)],
-            tuple(w_ref[pl.ds(c * sub, sub), cols] for c in range(n_sub)),
-            tuple(ws_ref[c, pl.ds(g, 1)] for c in range(n_sub)))
-
-
-def add_group(accs, operands, swap: bool):
-    """The fp32 sums `accs` plus one K group's scaled dots (`load_group`'s operands)."""
-    x, xs, ws, w_scales = operands
-    return tuple(
-        acc + (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
-               jnp.dot(x, w.T, preferred_element_type=jnp.float32)) * (xs * w_scale)
-        for acc, w, w_scale in zip(accs, ws, w_scales))
-
-
-def zero_sums(n_sub: int, sub: int, bm: int, swap: bool):
-    return (jnp.zeros((sub, bm) if swap else (bm, sub), jnp.float32),) * n_sub
-
-
 def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
     """This program's fp32 sums over K groups [first, first + n_groups), one per 128-wide
     weight block of its columns: [128, bm] each where `swap` (out^T; `xs_ref` then holds the
     activation scales transposed, [G, bm]), else [bm, 128] (`xs_ref` [bm, G])."""
     sub = min(w_ref.shape[0], GROUP)  # column block with one weight scale per K group
     n_sub = w_ref.shape[0] // sub
-    load = functools.partial(load_group, x_ref, xs_ref, w_ref, ws_ref, swap=swap,
-                             n_sub=n_sub, sub=sub)
-    zeros = zero_sums(n_sub, sub, x_ref.shape[0], swap)
-    return jax.lax.fori_loop(
-        0, n_groups, lambda g, accs: add_group(accs, load(first + g), swap), zeros)
+
+    def add_group(i, accs):
+        g = first + i
+        cols = pl.ds(g * GROUP, GROUP)
+        x = x_ref[:, cols]
+        xs = xs_ref[pl.ds(g, 1), :] if swap else xs_ref[:, pl.ds(g, 1)]
+        ws = tuple(w_ref[pl.ds(c * sub, sub), cols] for c in range(n_sub))
+        w_scales = tuple(ws_ref[c, pl.ds(g, 1)] for c in range(n_sub))
+        return tuple(
+            acc + (jnp.dot(w, x.T, preferred_element_type=jnp.float32) if swap else
+                   jnp.dot(x, w.T, preferred_element_type=jnp.float32)) * (xs * w_scale)
+            for acc, w, w_scale in zip(accs, ws, w_scales))
+
+    zeros = (jnp.zeros((sub, x_ref.shape[0]) if swap else (x_ref.shape[0], sub),
+                       jnp.float32),) * n_sub
+    return jax.lax.fori_loop(0, n_groups, add_group, zeros)
 
 
 def finish_split(part_ref, count_ref, accs, *, r, col, k, slot, arrivals: int, swap: bool,
