@@ -154,6 +154,11 @@ def main():
     args = ap.parse_args()
     for spec in args.settings:
         parse_settings(spec)  # a typo fails before the weights are built
+    if args.only is not None:
+        args.only = set(args.only.split(","))
+        unknown = args.only - {f"{m}:{f}" for m in args.modes.split(",") for f in ("off", "on")}
+        if unknown:
+            ap.error(f"--only: {sorted(unknown)} not among --modes x off,on")
 
     cfg, ceil, params = setup(args.tiny, args.layers)
     if args.fp8_ffn != "off":
@@ -199,7 +204,7 @@ def measure_all(args, cfg, ceil, params, rows, baseline):
             args.settings):
         if update != "xla" and mode != "dual":
             continue  # only the dual cache's later steps have the choice
-        if args.only and f"{mode}:{'on' if fp8 else 'off'}" not in args.only.split(","):
+        if args.only and f"{mode}:{'on' if fp8 else 'off'}" not in args.only:
             continue
         gen = lj.GenerationConfig(
             gen_length=args.gen, block_length=args.block, steps=args.gen, cache=mode,

@@ -253,6 +253,25 @@ def test_benchmark_runs_each_short_attention_choice(tmp_path, monkeypatch):
         bench.main()
 
 
+def test_benchmark_only_runs_the_chosen_pairs(tmp_path, monkeypatch, capsys):
+    """`generate --only CACHE:FP8,...`: of --modes x --fp8-ffn only those pairs run; a pair
+    outside them refused before the weights are built (2 layers: the first stays bf16)."""
+    from benchmarks import generate as bench
+    monkeypatch.setenv("OUT", str(tmp_path))
+    argv = ["generate", "--tiny", "--layers", "2", "--batch", "1", "--modes", "none,exact",
+            "--decoding", "fixed", "--prompt", "16", "--gen", "16", "--block", "8", "--iters",
+            "1", "--fp8-ffn", "both", "--only"]
+    monkeypatch.setattr("sys.argv", argv + ["none:off,exact:on"])
+    bench.main()
+    rows = json.loads(next(tmp_path.glob("generate-*.json")).read_text())["rows"]
+    assert [(r["cache"], r["fp8_ffn"]) for r in rows] == [("none", False), ("exact", True)]
+    monkeypatch.setattr(bench, "setup", lambda *a: pytest.fail("built before the check"))
+    monkeypatch.setattr("sys.argv", argv + ["dual:on"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "--only: ['dual:on'] not among --modes" in capsys.readouterr().err
+
+
 SWITCH = 0  # a module-level switch for `generate --settings` (kernels read theirs while tracing)
 FLAG = False  # and a bool one (e.g. kernels.fp8_matmul_mgpu_ws.STORED_SCALES)
 
