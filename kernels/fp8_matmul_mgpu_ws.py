@@ -92,13 +92,6 @@ GROUP = fm.GROUP
 WAVE = 64      # rows of one wgmma (Hopper's wgmma M)
 BLOCK_N = 128  # a weight block's columns (and the default tile's: one w scale per group)
 PROBES = ("", "carry_acc")
-# K groups whose w scales one copy of `stored_scales` brings (a tile's scales are a row of
-# the stored [N / 128, K / 128] array): 128 bytes of fp32, the least Mosaic GPU copies (a
-# byte per thread of the issuing warpgroup); LLaDA-8B's 32 and 96 groups are 1 and 3 copies
-STORED_SCALE_GROUPS = 32
-# Whether the dispatched configurations (`get_default`, `get_default_swiglu`) read the w
-# scales as stored where they can (`WsConfig.stored_scales`): off until timed on the GPU.
-STORED_SCALES = False
 # The fewest rows from which `get_default_swiglu` pairs CTAs in clusters sharing x: never
 # (a row count turns them on from there). Without pairs, tokens equal, on an H100: batch 1's
 # exact + FP8 step (768 rows) 1.4% faster and the sweep's kernel 6% (thirty-ninth session);
@@ -181,12 +174,6 @@ class WsConfig:
     # runs: the promotion's FFMAs overlap a wgmma of their own warpgroup, not only the other
     # warpgroup's (the probe: the promotion takes about a fifth of the time).
     step_groups: int = 1
-    # The w scales as stored ([N / 128, K / 128], a tile's row `STORED_SCALE_GROUPS` groups
-    # a TMA copy, one scalar a group read from shared memory) in place of the [K / 128, N /
-    # 128 * 64] copy widened for the row layout each call (an XLA transpose + broadcast
-    # before the kernel, 1.5 MB at gate/up, launched every layer of every step). Tiles
-    # within one weight block only (not `column_scales`), K / 128 a multiple of 32.
-    stored_scales: bool = False
     memory_registers: int = 40    # the producer's registers (setmaxnreg); two consumers get
     #                               floor8((512 - this) / 2), at most 240 (40 -> 232), one 256
     # Consumer warpgroups a CTA (2, or 1: `swiglu_tail_split`'s second launch, a tile of
@@ -195,9 +182,9 @@ class WsConfig:
     # The SwiGLU kernel's half tile with both warpgroups busy: the two consumers share the
     # tile's 64 rows, warpgroup 0 summing the gate block, 1 the up block (a step loads both,
     # as a whole tile's), and the up sum goes to warpgroup 0 through shared memory for the
-    # epilogue (64-row warpgroups, 2 consumers, no clusters, one K group a step, the row
-    # layout's scales as widened). The one-consumer half tile took about 0.9 of a whole
-    # tile's time (forty-fifth session): its promotions have no second warpgroup to hide them.
+    # epilogue (64-row warpgroups, 2 consumers, no clusters, one K group a step). The
+    # one-consumer half tile took about 0.9 of a whole tile's time (forty-fifth session):
+    # its promotions have no second warpgroup to hide them.
     split_parts: bool = False
     # Timing probe (wrong outputs; benchmarks only, never dispatched): "carry_acc" sums every
     # K group into one wgmma accumulator per wave with no promotion (this pipeline's upper
@@ -227,8 +214,6 @@ class WsConfig:
             self.block_m * GROUP + self.block_m * 4 + parts * self.block_n * GROUP)
         w_scales = parts * self.stages * self.step_groups * 4 * (
             self.block_n if self.column_scales else WAVE)
-        if self.stored_scales:  # Pallas rounds each buffer up to 1 KiB (the rest are whole)
-            w_scales = parts * -(-self.stages * 4 * STORED_SCALE_GROUPS // 1024) * 1024
         epilogue = self.consumers * (WAVE * (GROUP + 4) if swiglu else self.epi_slots * WAVE
                                      * self.epi_cols * jnp.dtype(out_dtype).itemsize)
         if self.split_parts:  # one warpgroup stores; the up sum's hand-over buffer
@@ -252,8 +237,7 @@ class WsConfig:
         most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
         session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
         reasoning by its numbers."""
-        base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1,
-                   stored_scales=STORED_SCALES and _stores_scales_whole(K))
+        base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
         tiles, _ = _waves(M, N, base.block_m, base.block_n, sm_count)
         if tiles < sm_count and M <= WAVE * 2:
             base = dataclasses.replace(base, wg_rows=WAVE)
@@ -346,14 +330,12 @@ class WsConfig:
     def with_swiglu_pipeline(self, M: int, K: int) -> WsConfig:
         """This SwiGLU tile with the deepest pipeline that fits at M rows: from
         `SWIGLU_STEADY_MIN_M` rows `SWIGLU_STAGES` stages down, steady first where
-        `SWIGLU_STEADY`; below, 3 stages down, restarted each tile; the w scales as stored
-        where `STORED_SCALES` takes them."""
-        base = dataclasses.replace(self, stored_scales=STORED_SCALES and _stores_scales_whole(K))
+        `SWIGLU_STEADY`; below, 3 stages down, restarted each tile."""
         most, steadies = ((SWIGLU_STAGES, (True, False) if SWIGLU_STEADY else (False,))
                           if M >= SWIGLU_STEADY_MIN_M else (3, (False,)))
         for steady in steadies:
             for stages in range(most, 1, -1):
-                c = dataclasses.replace(base, stages=stages, steady=steady)
+                c = dataclasses.replace(self, stages=stages, steady=steady)
                 if c.fits(K, swiglu=True):
                     return c
         raise AssertionError("2 stages always fit")
@@ -372,11 +354,6 @@ def swiglu_tail_split(M: int, F: int, sm_count: int) -> int | None:
     if full == 0 or main >= blocks or 2 * m_tiles * (blocks - main) > sm_count:
         return None
     return main
-
-
-def _stores_scales_whole(K: int) -> bool:
-    """Whether a row of stored w scales is whole TMA copies (`WsConfig.stored_scales`)."""
-    return (K // GROUP) % STORED_SCALE_GROUPS == 0
 
 
 def _check_config(c: WsConfig, N: int, K: int) -> None:
@@ -417,19 +394,13 @@ def _check_config(c: WsConfig, N: int, K: int) -> None:
     if c.steady and steps % c.stages:
         raise ValueError(f"steady pipeline: stages {c.stages} must divide the {steps} "
                          f"pipeline steps (the slots must line up from tile to tile)")
-    if c.stored_scales and c.column_scales:
-        raise ValueError(f"stored_scales needs tiles within one weight block (block_n "
-                         f"dividing {BLOCK_N}), got {c.block_n}")
-    if c.stored_scales and not _stores_scales_whole(K):
-        raise ValueError(f"stored_scales needs K / {GROUP} a multiple of {STORED_SCALE_GROUPS} "
-                         f"(whole 128-byte copies of a row), got {K // GROUP}")
     if c.consumers not in (1, 2) or (c.consumers == 1 and c.cluster != 1):
         raise ValueError(f"consumers must be 2, or 1 without clusters, got {c.consumers} with "
                          f"cluster {c.cluster}")
     if c.split_parts and (c.consumers != 2 or c.wg_rows != WAVE or c.cluster != 1
-                          or c.step_groups != 1 or c.stored_scales or c.probe):
+                          or c.step_groups != 1 or c.probe):
         raise ValueError(f"split_parts needs 2 consumers of wg_rows={WAVE}, no clusters, one "
-                         f"K group a step, the widened scales and no probe, got {c}")
+                         f"K group a step and no probe, got {c}")
     if c.ctas is not None and c.ctas < c.cluster:
         raise ValueError(f"ctas {c.ctas} must be at least the cluster size {c.cluster}")
 
@@ -450,8 +421,7 @@ def _group(ref, j: int, groups: int):
     return ref if groups == 1 else ref.at[:, pl.ds(j * GROUP, GROUP)]
 
 
-def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
-                  interpret):
+def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, interpret):
     """One pipeline step (`c.step_groups` K groups) on one consumer warpgroup: per 64-row
     wave, each group's FP8 wgmma into a fresh fp32 accumulator, then `sum += acc * (x_scale
     * w_scale)` group by group; with 2 groups both wgmmas are issued first, so the first
@@ -459,9 +429,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
     scales are loaded before the first wave's wgmma (DeepGEMM's order: no shared memory load
     between the second wave's wait and its FFMAs). `column_scales`: the w scales are one per
     column, and the product of a row's and a column's scale is formed per element (the same
-    fp32 product as the row-layout path's, so the same sums). `stored_scales`: each group's w
-    scale is one scalar of the stored row's `STORED_SCALE_GROUPS` (pipeline step `step`'s
-    groups start at `step * step_groups`), broadcast into the same product."""
+    fp32 product as the row-layout path's, so the same sums)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     groups, wg_rows, cols = c.step_groups, c.wg_rows, c.column_scales
 
@@ -471,11 +439,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, step, c: WsConfig,
     # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
     # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
     # scale_b), or each column's in the column layout.
-    if c.stored_scales:
-        first = step * groups % STORED_SCALE_GROUPS
-        w_sc = [ws_smem[0, first + j] for j in range(groups)]
-    else:
-        w_sc = [load(ws_smem.at[j], 0 if cols else 1) for j in range(groups)]
+    w_sc = [load(ws_smem.at[j], 0 if cols else 1) for j in range(groups)]
 
     def wave_scales(h):
         rows = _wave_rows(wg, wg_rows, h)
@@ -525,8 +489,7 @@ def fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     `block_n`-column tiles with a cluster along N. The x scales are passed transposed ([G,
     M]: a group's scales are one TMA row) and the w scales as 64 copies per block ([G, N / 2]:
     one 256-byte TMA row per group and tile, loaded in the accumulator's row layout), or with
-    `column_scales` one per column ([G, N]), or with `stored_scales` as stored (a tile's row,
-    32 groups a 128-byte copy, one scalar a group).
+    `column_scales` one per column ([G, N]).
 
     `interpret`: run in Pallas' Mosaic GPU interpreter (on the CPU: TMA, barriers, clusters
     simulated; the scales read without the row layout, and each wave's product an fp32 dot in
@@ -770,26 +733,18 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
     share_w = ("cluster",) if pair_m else ()
     # A group's w scales a tile reads: 64 copies of its block's ([G, N / 128 * 64]) or one
     # per column ([G, N]), widened here every call (1.5 MB at either FFN GEMM: an XLA
-    # fusion before each call); or, `stored_scales`, the tile's row of them as stored.
-    # (The stored row's copy comes again every step, though its block changes every 32
-    # groups: the warp-specialised pipeline takes no input its steps do not index.)
+    # fusion before each call; read as stored, a scalar a group from shared memory, they
+    # made the step slower: RESULTS.md thirty-eighth session).
     ws_cols = tn if c.column_scales else WAVE
-    if c.stored_scales:
-        ws_G = w_scale
-        ws_spec = plgpu.BlockSpec((1, STORED_SCALE_GROUPS),
-                                  lambda g: (0, g * sg // STORED_SCALE_GROUPS))
-    else:
-        ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
-        ws_spec = plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0),
-                                  collective_axes=() if c.column_scales else share_w)
+    ws_G = jnp.repeat(w_scale.T, BLOCK_N if c.column_scales else WAVE, axis=1)
     in_specs = [
         plgpu.BlockSpec((bm, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_x),
         plgpu.BlockSpec((sg, bm), lambda g: (g, 0), collective_axes=share_x)] + [
         plgpu.BlockSpec((tn, kb), lambda g: (0, g), transforms=tiled, collective_axes=share_w),
-        # column scales and stored rows each CTA loads itself: split between a pair, the
-        # second half of a 96-column row would land 192 bytes in (TMA wants 128-byte aligned
-        # SMEM), and half of a stored row's 128-byte copy is below the least Mosaic GPU copies
-        ws_spec] * parts
+        # column scales each CTA loads itself: split between a pair, the second half of a
+        # 96-column row would land 192 bytes in (TMA wants 128-byte aligned SMEM)
+        plgpu.BlockSpec((sg, ws_cols), lambda g: (g, 0),
+                        collective_axes=() if c.column_scales else share_w)] * parts
 
     def pipeline(body, context, state=None):
         return plgpu.emit_pipeline_warp_specialized(
@@ -809,7 +764,7 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
         wg = jax.lax.axis_index("wg")
         cta = jax.lax.axis_index("cluster")
 
-        def body(step, x_smem, xs_smem, *w_and_sums):
+        def body(_, x_smem, xs_smem, *w_and_sums):
             *w_smems, sums = w_and_sums
             if c.probe == "carry_acc":  # `sums` are the waves' accumulators: no promotion
                 w_smem = w_smems[0]
@@ -822,14 +777,12 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
             if split:  # this warpgroup's part (0 gate, 1 up) over the tile's rows
                 def part(p):
                     return lambda: _promote_step(x_smem, xs_smem, w_smems[2 * p],
-                                                 w_smems[2 * p + 1], sums, 0, step[0], c,
-                                                 interpret)
+                                                 w_smems[2 * p + 1], sums, 0, c, interpret)
                 return jax.lax.cond(wg == 0, part(0), part(1))
             out = ()
             for p in range(parts):  # part p's waves: its weight block's running sums
                 out += _promote_step(x_smem, xs_smem, w_smems[2 * p], w_smems[2 * p + 1],
-                                     sums[p * waves:(p + 1) * waves], wg, step[0], c,
-                                     interpret)
+                                     sums[p * waves:(p + 1) * waves], wg, c, interpret)
             return out
 
         def ignore(*_, **__):
@@ -866,12 +819,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
                     pl.run_scoped(scoped, *[plgpu.ACC((WAVE, tn), jnp.float32)] * waves)
                 w_in = ()
                 for n0 in epilogue.w_cols(ni):
-                    if c.stored_scales:
-                        ws_tile = ws_gmem.at[pl.ds(n0 // BLOCK_N, 1)]
-                    else:
-                        s0 = n0 if c.column_scales else n0 // BLOCK_N * WAVE
-                        ws_tile = ws_gmem.at[:, pl.ds(s0, ws_cols)]
-                    w_in += (w_gmem.at[pl.ds(n0, tn)], ws_tile)
+                    s0 = n0 if c.column_scales else n0 // BLOCK_N * WAVE
+                    w_in += (w_gmem.at[pl.ds(n0, tn)], ws_gmem.at[:, pl.ds(s0, ws_cols)])
                 pipeline(body, context, state)(x_gmem.at[ms], xs_gmem.at[:, ms], *w_in,
                                                allocations=allocations)
 

@@ -273,7 +273,7 @@ def test_benchmark_only_runs_the_chosen_pairs(tmp_path, monkeypatch, capsys):
 
 
 SWITCH = 0  # a module-level switch for `generate --settings` (kernels read theirs while tracing)
-FLAG = False  # and a bool one (e.g. kernels.fp8_matmul_mgpu_ws.STORED_SCALES)
+FLAG = False  # and a bool one
 
 
 def test_benchmark_runs_each_module_setting(tmp_path, monkeypatch):

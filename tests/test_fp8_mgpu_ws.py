@@ -208,8 +208,7 @@ def test_refuses_unsupported_shapes_and_knobs():
                     (dict(step_groups=2, wg_rows=64, steady=False),
                      "step_groups 2 must divide the 3 K groups"),
                     (dict(block_n=80, epi_cols=32), "block_n must be a multiple of 32"),
-                    (dict(block_n=96), "block_n must be a multiple of 32 .* of epi_cols 64"),
-                    (dict(stored_scales=True, stages=3), "K / 128 a multiple of 32 .*got 3")):
+                    (dict(block_n=96), "block_n must be a multiple of 32 .* of epi_cols 64")):
         with pytest.raises(ValueError, match=msg):
             fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(**{"cluster": 1, **kw}))
     with pytest.raises(ValueError, match="multiples of 128"):
@@ -217,56 +216,6 @@ def test_refuses_unsupported_shapes_and_knobs():
     with pytest.raises(ValueError, match="the interpreter has no wgmma accumulator"):
         fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, stages=3,
                                                            probe="carry_acc"), interpret=True)
-    xq, xs, wq, ws = operands(40, 4096, 384)  # 32 K groups: only the tile width is wrong
-    with pytest.raises(ValueError, match="within one weight block .*got 96"):
-        fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig(cluster=1, block_n=96, epi_cols=32,
-                                                           stored_scales=True))
-
-
-def test_stored_scales_are_the_widened_ones(monkeypatch):
-    """`stored_scales` (a tile's row of the stored w scales, one scalar a group) gives the
-    sums of the widened copy bit for bit in the interpreter: the same fp32 product of a row's
-    and the group's scale, only read from elsewhere (a wrong group, copy or block row shows).
-    The plain kernel at 64 K groups (two 128-byte copies a row) two a step, two column tiles
-    on one CTA; the SwiGLU kernel at 32 groups one a step (its gate and up rows); it lowers
-    for CUDA with the knobs the sweep pairs it with."""
-    from kernels import fp8_matmul_mgpu_ws as ws_mod
-    K = 32 * 128
-    for kw in (dict(), dict(wg_rows=64, step_groups=2, stages=2, steady=False),
-               dict(cluster_dim="m")):
-        assert "mosaic_gpu" in export_cuda(1000, K, 512, config=WsConfig(stored_scales=True,
-                                                                           **kw)), kw
-    assert "mosaic_gpu" in export_cuda(1000, K, 512, kernel=gate_up_swiglu_mgpu_ws,
-                                       config=WsConfig(wg_rows=64, stored_scales=True))
-    xq, xs, wq, ws = operands(64, 2 * K, 256, seed=5)
-    c = WsConfig(cluster=1, wg_rows=64, stages=2, snake_dim="n", step_groups=2)
-    widened, stored = (fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.float32, sm_count=1,
-                                          interpret=True,
-                                          config=dataclasses.replace(c, stored_scales=on))
-                       for on in (False, True))
-    assert bool(jnp.isfinite(stored).all())
-    np.testing.assert_array_equal(np.asarray(stored), np.asarray(widened))
-    # and it does read the stored rows: its 2 stages' w-scale buffers hold 32 groups of a
-    # row, not 2 groups' 64 copies
-    def program(on):
-        fn = functools.partial(fp8_matmul_mgpu_ws, config=dataclasses.replace(c, stored_scales=on))
-        return str(jax.make_jaxpr(fn)(xq, xs, wq, ws))
-    assert "f32[2,2,64]" in program(False)
-    assert "f32[2,1,32]" in program(True) and "f32[2,2,64]" not in program(True)
-    xq, xs, wq, ws = operands(64, K, 256, seed=6)
-    c = dataclasses.replace(c, step_groups=1)
-    (q0, s0), (q, s) = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws, sm_count=1, interpret=True,
-                                               config=dataclasses.replace(c, stored_scales=on))
-                        for on in (False, True))
-    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
-                                  np.asarray(q0.astype(jnp.float32)))
-    np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
-    # the dispatch's defaults take it where the groups allow once STORED_SCALES is on
-    assert not WsConfig.get_default_swiglu(768, 12288, 4096).stored_scales
-    monkeypatch.setattr(ws_mod, "STORED_SCALES", True)
-    assert WsConfig.get_default_swiglu(768, 12288, 4096).stored_scales
-    assert WsConfig.get_default(768, 4096, 12288).stored_scales
-    assert not WsConfig.get_default(768, 4096, 1024).stored_scales  # 8 groups
 
 
 def reference_chunked(xq, xs, wq, ws, cols: int = 4096):
@@ -349,30 +298,6 @@ def test_wave_filling_on_gpu(M):
     assert float(jnp.abs(out - ref).max()) <= 2.0 ** -5 * float(jnp.abs(ref).max())
     out16 = fp8_matmul_mgpu_ws(xq, xs, wq, ws, config=WsConfig.get_wave_filling(M, N, K))
     assert rel_err(out16.astype(jnp.float32), ref) <= 2.0 ** -8  # + one bf16 rounding
-
-
-@pytest.mark.gpu
-def test_stored_scales_on_gpu():
-    """`stored_scales` compiled at LLaDA-8B's shapes: the down GEMM (96 groups: three copies
-    a row) at a ragged 1,000 rows and gate/up with SwiGLU at batch 1's 768 rows give the
-    widened scales' outputs bit for bit (the same fp32 products in the same wgmma order)."""
-    K, N = DOWN
-    xq, xs, wq, ws = operands(1000, K, N, seed=7)
-    c = WsConfig.get_default(1000, N, K, out_dtype=jnp.float32)
-    widened, stored = (fp8_matmul_mgpu_ws(xq, xs, wq, ws, jnp.float32,
-                                          config=dataclasses.replace(c, stored_scales=on))
-                       for on in (False, True))
-    print("stored scales down", rel_err(stored, reference_chunked(xq, xs, wq, ws)))
-    np.testing.assert_array_equal(np.asarray(stored), np.asarray(widened))
-    K, N = GATE_UP
-    xq, xs, wq, ws = operands(768, K, N, seed=8)
-    c = WsConfig.get_default_swiglu(768, N // 2, K)
-    (q0, s0), (q, s) = (gate_up_swiglu_mgpu_ws(xq, xs, wq, ws,
-                                               config=dataclasses.replace(c, stored_scales=on))
-                        for on in (False, True))
-    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
-                                  np.asarray(q0.astype(jnp.float32)))
-    np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
 
 
 # --- gate/up with SwiGLU + quantisation in the epilogue (gate_up_swiglu_mgpu_ws) ------------
@@ -560,8 +485,7 @@ def test_swiglu_tail_lowers_for_hopper(monkeypatch):
 
 
 def test_split_parts_refuses_what_it_cannot_share():
-    for kw in (dict(cluster=2), dict(wg_rows=128), dict(consumers=1, cluster=1),
-               dict(stored_scales=True, cluster=1)):
+    for kw in (dict(cluster=2), dict(wg_rows=128), dict(consumers=1, cluster=1)):
         with pytest.raises(ValueError, match="split_parts needs"):
             _check_config(WsConfig(**{"wg_rows": 64, "cluster": 1, "split_parts": True, **kw}),
                           12288, 4096)
