@@ -162,7 +162,7 @@ def floor_ms(flops: float, nbytes: float, ceilings: dict) -> float:
 
 def parse_settings(spec: str) -> list[tuple[object, str, int]]:
     """`module:NAME=int[,module:NAME=int...]` as (module, NAME, value): the module-level
-    switches a kernel reads while tracing (e.g. `kernels.gate_up_swiglu:FUSE=1`); every NAME
+    switches a kernel reads while tracing (e.g. `kernels.gate_up_swiglu:MGPU_MIN_M=0`); every NAME
     must exist and hold an int or a bool (set from 0 / 1 as a bool), so that a typo fails
     before the device time is spent."""
     out = []

@@ -101,7 +101,7 @@
 #  43  issues 20, 23: 41's settings in the batch-1 dual step
 #  42  issue 20: the split-keys attention's merge in the kernel: GPU tests, kernel, dual step
 #  41  issues 20, 23: the fused gate/up + SwiGLU kernel and the in-kernel split-K sum at 32
-#      rows: GPU tests, the FFN
+#      rows: GPU tests, the FFN (41 and 43: the kernels removed since: run them at a5b878e)
 #  40  issues 20, 23: the Triton FP8 decode tiles at 32 rows by device time, the K groups
 #      loaded ahead (TritonTiles.prefetch) among them; the Mosaic GPU ones
 #  39  issue 23: cuBLASLt's configurations searched at the power limit's clocks (batch 8)
@@ -172,10 +172,8 @@ quiet() { grep -v -i "warn" | cut -c1-400; }
 # Module switches timed both ways in one process (the benchmarks' --settings SPEC ...,
 # module:NAME=int[,...], jax's caches cleared between): the FFN's row padding
 # (lacache_jax.quant:ROW_ALIGN=1, each kernel padding its own: the code before 9b88de3), the
-# split-keys attention's rows (kernels.short_attention:MAX_ROWS), the fused gate/up + SwiGLU
-# kernel (kernels.gate_up_swiglu:FUSE), the split-K sum in the Triton GEMM
-# (kernels.fp8_matmul_triton:SUM_IN_KERNEL), the attention's merge in the split-keys kernel
-# (kernels.short_attention:MERGE_IN_KERNEL)
+# split-keys attention's rows (kernels.short_attention:MAX_ROWS), the attention's merge in the
+# split-keys kernel (kernels.short_attention:MERGE_IN_KERNEL)
 # fp8_ffn's printed rows, the device times only
 FFN_ROW="import ast, sys; [print({k: r.get(k) for k in ('M', 'settings', 'ffn_bf16_device_ms', \
 'ffn_fp8_device_ms', 'fp8_speedup_device', 'ffn_fp8_ms')}) for r in (ast.literal_eval( \
@@ -221,11 +219,6 @@ tests_passed() {
   grep -v -i warn "$1" | grep "$2" | tail -12
   [[ $rc == 0 ]] || { echo "GPU tests failed (rc $rc): nothing timed"; return 1; }
 }
-# 41 and 43's settings (or DECODE_SETS'): as now; the fused gate/up kernel; and with the
-# split-K sum in the Triton GEMM too
-DECODE_SETS=${DECODE_SETS:-"kernels.gate_up_swiglu:FUSE=0,kernels.fp8_matmul_triton:\
-SUM_IN_KERNEL=0 kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=0 \
-kernels.gate_up_swiglu:FUSE=1,kernels.fp8_matmul_triton:SUM_IN_KERNEL=1"}
 case "${1:-1}" in
 73)
   # issue 23: stage 72 in a short call (its budget's last minutes): the fused kernel's GPU
@@ -562,14 +555,12 @@ threshold --fp8-ffn ${FP8:-on}" $(alternated kernels.short_attention:PROGRAMS 26
   # (TritonTiles.sum_in_kernel): their GPU tests; the FFN at 32 rows by device time as now
   # (unfused, XLA's sums), fused, and fused with the sums in the kernel (43: the dual step in
   # the same three settings)
-  timeout -k 5 ${TEST_S:-180} python3 -m pytest -q -m gpu tests/test_gpu.py -s -k \
-    "gate_up_swiglu or summed_in_the_kernel or fp8_ffn_scales" -p no:cacheprovider \
-    > "$OUT/pytest_decode_ffn_gpu.log" 2>&1
-  tests_passed "$OUT/pytest_decode_ffn_gpu.log" "passed\|failed\|identical" || exit 1
-  ffn_settings fp8_ffn_fused.log 240 $DECODE_SETS ;;
+  echo "stage 41's kernels removed in the forty-ninth session; run it at commit a5b878e"
+  exit 1 ;;
 43)
   # issues 20, 23: the batch-1 dual step (FP8 FFN) in 41's three settings
-  ITERS=${ITERS:-3} dual_settings generate_dual_fused.log 360 $DECODE_SETS ;;
+  echo "stage 43's kernels removed in the forty-ninth session; run it at commit a5b878e"
+  exit 1 ;;
 40)
   # issues 20, 23: the Triton FP8 kernel's decode tiles at 32 rows by the device's own span
   # per call (the split-K partials' sum included; the sweeps before timed chained wall time):

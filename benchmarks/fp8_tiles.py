@@ -3,7 +3,7 @@ XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
         [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
-        [--stages 3,4] [--warps 4,8] [--sum-in-kernel] [--rounds 5] [--device-time]
+        [--stages 3,4] [--warps 4,8] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
 the kernels' defaults and `fp8_matmul`'s dispatch should pick. `--block-ns` / `--splits`
@@ -49,7 +49,6 @@ class DecodeSweep:
     splits: tuple[int, ...] = ()
     stages: tuple[int, ...] = (3, 4)
     warps: tuple[int, ...] = ()  # empty: the default tiles' warps
-    sum_in_kernel: bool = False  # each split setting also with the sum in the kernel
 
     def __bool__(self) -> bool:
         return bool(self.block_ns or self.splits)
@@ -67,19 +66,18 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
     splits (where the output tiles are fewer than 2 per SM)."""
     if pallas and decode:
         # column tile x K splits (default: k_splits' choice; splits not dividing the K groups
-        # are left out) x stages x warps (x the sum in the kernel); a narrow tile also
+        # are left out) x stages x warps; a narrow tile also
         # untransposed: `swap` puts the weight rows on the MMA's M side, where fewer than 64
         # of them miss wgmma
         d, base, G = decode, TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_n=bn, splits=sp, num_stages=ns, swap=sw,
-                                    sum_in_kernel=sk, num_warps=nw)
+                                    num_warps=nw)
                 for bn in d.block_ns or (base.block_n,) if N % bn == 0
                 for sp in d.splits or (k_splits(-(-M // base.block_m), N // bn, G),)
                 if G % sp == 0
                 for sw in ((base.swap, not base.swap) if bn < GROUP else (base.swap,))
                 for ns in d.stages
-                for nw in d.warps or (base.num_warps,)
-                for sk in ((False, True) if d.sum_in_kernel and sp > 1 else (False,))]
+                for nw in d.warps or (base.num_warps,)]
     if pallas:  # 128 columns, split-K as `k_splits` chooses it for each row tile
         base, G = TritonTiles.get_default(M, N, K), K // GROUP
         return [dataclasses.replace(base, block_m=bm, block_n=GROUP, num_warps=nw,
@@ -190,13 +188,10 @@ def main():
                          "time (which holds each program's dispatch)")
     ap.add_argument("--stages", default="3,4", help="Pallas decode sweep: pipeline stages")
     ap.add_argument("--warps", default="", help="Pallas decode sweep: warps a program")
-    ap.add_argument("--sum-in-kernel", action="store_true",
-                    help="Pallas decode sweep: each split setting also with the split-K sum "
-                         "in the kernel (TritonTiles.sum_in_kernel)")
     args = ap.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(",") if v)
     decode = DecodeSweep(ints(args.block_ns), ints(args.splits), ints(args.stages),
-                         ints(args.warps), args.sum_in_kernel)
+                         ints(args.warps))
     if not decode.stages:
         ap.error("--stages needs at least one value")
     if not decode and (decode.stages, decode.warps) != (DecodeSweep.stages, DecodeSweep.warps):

@@ -22,9 +22,10 @@ fused cache-update kernel (`lacache_jax.cache.dual_update`), side by side.
 `--short-attention split,cudnn` runs every configuration with a few query rows' attention
 (a dual-cache step's block) through the split-keys kernel (the default) and through cuDNN.
 `--settings` runs every configuration under each SPEC of module-level kernel switches
-(`module:NAME=int[,...]`, `common.parse_settings`; e.g. `kernels.gate_up_swiglu:FUSE=0` and
-`kernels.gate_up_swiglu:FUSE=1`), in one process with jax's caches cleared between: a switch
-timed both ways against the same ceilings, weights and prompts.
+(`module:NAME=int[,...]`, `common.parse_settings`; e.g.
+`kernels.gate_up_swiglu:MGPU_MIN_M=0` and `kernels.gate_up_swiglu:MGPU_MIN_M=768`), in one
+process with jax's caches cleared between: a switch timed both ways against the same
+ceilings, weights and prompts.
 `--tiny` runs a tiny random model (lj.tiny, fp32) instead: a CPU check of the harness.
 """
 

@@ -3,12 +3,10 @@ Pallas' Triton backend, with its tile settings (`TritonTiles`).
 
 A program computes `block_m` x `block_n` outputs (`block_n` a multiple of 128, or 16, 32 or 64
 columns inside one 128-wide weight-scale block), M padded to the row tile; at decode shapes K
-is also split over programs (`splits`) and the fp32 partials are summed afterwards by XLA, or
-by each tile's last split program (`sum_in_kernel`: `finish_split`, `split_sum`, which the
-fused gate/up + SwiGLU kernel shares). Each 128-wide K group is one FP8 dot, scaled and
-added to an fp32 accumulator: the result equals the dequantised fp32 matmul up to fp32
-summation order. On Hopper the dispatch gives it up
-to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
+is also split over programs (`splits`) and the fp32 partials are summed afterwards by XLA.
+Each 128-wide K group is one FP8 dot, scaled and added to an fp32 accumulator: the result
+equals the dequantised fp32 matmul up to fp32 summation order. On Hopper the dispatch gives
+it up to 32 rows (cuBLASLt above: RESULTS.md); runs on every GPU with FP8 tensor cores (Ada,
 Hopper).
 
 At 32 rows the kernel reads its weights at 1.4 (down) and 2.1 (gate/up) TB/s on an H100,
@@ -33,6 +31,17 @@ last that has them, with their tests, sweep axes and device_plan.sh stages):
   loop had none, for 3 shared stores and 4 more barriers. Yet on an H200 it changed the
   default tiles' time by 0-1% and the batch-1 dual step not at all (4.44 ms both ways;
   RESULTS.md, thirty-fourth session).
+Two epilogues built on its split-K grid went after commit a5b878e, both slower in the step:
+- `sum_in_kernel`: the last of a tile's split programs to finish (an atomic count a tile)
+  summed the fp32 partials in split order and wrote the output, where XLA sums them after
+  the kernel. The partials at the dual step's 32 rows (down: 12 splits, 6.3 MB written and
+  read again) are a quarter of the down GEMM's weight bytes, yet the FFN at 32 rows took 15%
+  longer on an H100 (85.4 against 74.4 us of device time, RESULTS.md thirty-second session;
+  each tile's last program reads the 12 partials alone, after the others).
+- The gate/up GEMM with SwiGLU + quantisation in that epilogue (`gate_up_swiglu.FUSE`: the
+  bf16 product, its split-K sum and the SwiGLU kernel saved at decode rows): bit for bit the
+  unfused kernels and the FFN alone 1.7% faster at 32 rows, but the batch-1 dual step 1.6%
+  slower (5.48 against 5.39 ms, alternated; RESULTS.md thirty-second session).
 
 `swap` computes each tile transposed, out^T = W @ x^T, so that at decode shapes the 128 weight
 rows of a column block sit on the MMA's M side (Hopper's wgmma takes 64 rows per warpgroup
@@ -88,9 +97,6 @@ class TritonTiles:
     num_warps: int = 4
     num_stages: int = 3
     swap: bool = False     # out^T = W @ x^T per tile: weights on the MMA's wide side (decode)
-    # With splits > 1: the last of a tile's split programs to finish sums the fp32 partials
-    # (in split order) and writes the output (`finish_split`), instead of XLA's sum afterwards
-    sum_in_kernel: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int) -> TritonTiles:
@@ -107,18 +113,8 @@ class TritonTiles:
         H200 (Ada has no wgmma) are unmeasured."""
         bm = row_tile(M)
         splits = k_splits(pl.cdiv(M, bm), N // GROUP, K // GROUP)
-        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=4, swap=swapped(M),
-                   sum_in_kernel=bool(SUM_IN_KERNEL))
+        return cls(block_m=bm, block_n=GROUP, splits=splits, num_warps=4, swap=swapped(M))
 
-
-# Whether the default tiles sum split-K partials in the kernel (`TritonTiles.sum_in_kernel`).
-# The partials at the dual step's 32 rows (down: 12 splits, 6.3 MB written and read again by
-# XLA's sum in the residual add) are a quarter of the down GEMM's weight bytes, but summing
-# them in the kernel made the FFN at 32 rows 15% slower on an H100 (85.4 against 74.4 us of
-# device time, RESULTS.md thirty-second session; likely because each tile's last program
-# reads the 12 partials alone, after the others), so it is off. Read when a caller is
-# traced: set it before the first call.
-SUM_IN_KERNEL = 0
 
 # maxNumImpreciseAcc of the FP8 dots Pallas lowers to Triton (0: unset, as Pallas leaves it).
 # Triton's own `tl.dot` sets 2**30 for FP8; unset, Triton refuses Hopper's wgmma for an FP8
@@ -127,10 +123,10 @@ SUM_IN_KERNEL = 0
 # 282 with 8 wgmma at 32 (187 at 2**30); benchmarks/triton_ptx.py, RESULTS.md thirty-third
 # session). Set, the tensor cores accumulate that many products before each fp32 add: 32
 # (one wgmma's K) is the least that allows wgmma; every 128-wide group is scaled into fp32
-# anyway. Read when a kernel is lowered (a module switch, as SUM_IN_KERNEL). 0: at 32 on an
-# H200 the bits change (relative error 4.5e-5) and the batch-1 dual step does not get
-# faster (4.46 against 4.43-4.44 ms; RESULTS.md, thirty-fourth session): the decode GEMMs
-# wait on their weights, not on the MMA.
+# anyway. Read when a kernel is lowered (a module switch: set it before the first call).
+# 0: at 32 on an H200 the bits change (relative error 4.5e-5) and the batch-1 dual step does
+# not get faster (4.46 against 4.43-4.44 ms; RESULTS.md, thirty-fourth session): the decode
+# GEMMs wait on their weights, not on the MMA.
 IMPRECISE_ACC = 0
 
 
@@ -186,51 +182,6 @@ def accumulate(x_ref, xs_ref, w_ref, ws_ref, first, n_groups: int, swap: bool):
     return jax.lax.fori_loop(0, n_groups, add_group, zeros)
 
 
-def finish_split(part_ref, count_ref, accs, *, r, col, k, slot, arrivals: int, swap: bool,
-                 interpret: bool):
-    """Split-K across programs, finished by the last one: store this program's partials
-    (`accs`, as `accumulate` gives them) at part_ref[k, r, col:], count this program in at
-    count_ref[slot] and return whether it was the last of `arrivals` (then it may read every
-    partial of the slot with `split_sum`)."""
-    from jax.experimental.pallas import triton as plgpu
-    for c, acc in enumerate(accs):
-        width = acc.shape[0] if swap else acc.shape[1]
-        part_ref[k, r, pl.ds(col + c * width, width)] = acc.T if swap else acc
-    if not interpret:  # one program at a time there, and no rule for the barrier
-        plgpu.debug_barrier()  # every thread's partial stored before the count is released
-    return plgpu.atomic_add(count_ref, (slot,), jnp.int32(1)) == arrivals - 1
-
-
-def split_sum(part_ref, r, col, width: int, splits: int):
-    """The [rows, width] fp32 sum of the partials at part_ref[:, r, col:] in split order (the
-    same bits run to run). Volatile loads: read from L2, where the other programs put them."""
-    from jax.experimental.pallas import triton as plgpu
-    cols = pl.ds(col, width)
-    y = plgpu.load(part_ref.at[jnp.int32(0), r, cols], volatile=True)
-    for s in range(1, splits):
-        y = y + plgpu.load(part_ref.at[jnp.int32(s), r, cols], volatile=True)
-    return y
-
-
-def _kernel_summed(x_ref, xs_ref, w_ref, ws_ref, count_in, *refs, n_groups, n_poisoned,
-                   splits, n_col_tiles, swap, interpret):
-    """`_kernel` with the split-K sum in the kernel (`TritonTiles.sum_in_kernel`)."""
-    del count_in  # aliased to count_ref
-    o_ref, count_ref, part_ref = refs[n_poisoned:]
-    i, j, k = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    bm, bn = x_ref.shape[0], w_ref.shape[0]
-    accs = accumulate(x_ref, xs_ref, w_ref, ws_ref, k * n_groups, n_groups, swap)
-    r = pl.ds(i * bm, bm)
-    last = finish_split(part_ref, count_ref, accs, r=r, col=j * bn, k=k,
-                        slot=i * n_col_tiles + j, arrivals=splits, swap=swap,
-                        interpret=interpret)
-
-    @pl.when(last)
-    def _():
-        o_ref[r, pl.ds(j * bn, bn)] = split_sum(part_ref, r, j * bn, bn, splits).astype(
-            o_ref.dtype)
-
-
 def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
     o_ref = refs[n_poisoned]  # poisoned inputs alias the output; never read
     first = pl.program_id(2) * n_groups  # this program's share of K (split-K)
@@ -241,8 +192,7 @@ def _kernel(x_ref, xs_ref, w_ref, ws_ref, *refs, n_groups, n_poisoned, swap):
 
 
 def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
-    """The grid's operands and their blocks for tiles `t`, shared with the kernels that add
-    an epilogue to this GEMM (`kernels/gate_up_swiglu.py`): (x, its scales, w, its scales)
+    """The grid's operands and their blocks for tiles `t`: (x, its scales, w, its scales)
     with M padded to the row tile, the activation scales transposed where `t.swap`; their
     BlockSpecs over the grid (row tile i, column tile j, K split k); Mp."""
     fm._check(xq, x_scale, wq, w_scale)
@@ -288,8 +238,6 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     t = tiles or TritonTiles.get_default(M, N, K)
     args, in_specs, Mp = operands(xq, x_scale, wq, w_scale, t)
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
-    if S > 1 and t.sum_in_kernel:
-        return _summed_call(args, in_specs, Mp, M, N, G, t, out_dtype, interpret, poison)
     out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     out = pl.pallas_call(
@@ -311,26 +259,3 @@ def _split_outputs(S: int, Mp: int, N: int, out_dtype, poison: bool):
 def _split_sum(out, out_dtype, M: int):
     """`_split_outputs`' output summed over the splits (by XLA), its first M rows."""
     return (out[0] if out.shape[0] == 1 else out.sum(0)).astype(out_dtype)[:M]
-
-
-def _summed_call(args, in_specs, Mp: int, M: int, N: int, G: int, t: TritonTiles, out_dtype,
-                 interpret: bool, poison: bool):
-    """`fp8_matmul_pallas` with the split-K sum in the kernel: the output, the partials and a
-    count per output tile are whole-array refs (the tile's last program writes it)."""
-    bm, bn, S = t.block_m, t.block_n, t.splits
-    n_tiles = Mp // bm * (N // bn)
-    out_shape = [jax.ShapeDtypeStruct((Mp, N), out_dtype),
-                 jax.ShapeDtypeStruct((n_tiles,), jnp.int32),
-                 jax.ShapeDtypeStruct((S, Mp, N), jnp.float32)]
-    poisoned = [jnp.full((Mp, N), jnp.nan, out_dtype)] if poison else []
-    whole = pl.no_block_spec
-    out, _, _ = pl.pallas_call(
-        functools.partial(_kernel_summed, n_groups=G // S, n_poisoned=len(poisoned), splits=S,
-                          n_col_tiles=N // bn, swap=t.swap, interpret=interpret),
-        grid=(Mp // bm, N // bn, S), in_specs=in_specs + [whole] * (1 + len(poisoned)),
-        out_specs=[whole] * 3, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
-        input_output_aliases={4: 1, **({5: 0} if poison else {})},
-        compiler_params=compiler_params(t),
-    )(*args, jnp.zeros((n_tiles,), jnp.int32), *poisoned)
-    return out[:M]
-

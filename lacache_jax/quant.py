@@ -5,9 +5,9 @@ read fastest). Activations: one scale per 1 x 128 group along K. `scale = amax /
 clipped to +-448. The per-token and per-tensor activation scalings exist for the paper's
 ablation only. The FFN runs on the kernels of `kernels/fp8_matmul.py` (per-group scaled GEMM)
 and `kernels/fused_quant.py` (RMSNorm / SwiGLU fused with quantisation), and where
-`kernels/gate_up_swiglu.py` takes them (decode rows where `FUSE` is on, Hopper from
-`MGPU_MIN_M` rows) on the gate/up GEMM with SwiGLU + quantisation in its epilogue; they hold
-their pure-jnp references and dispatch (Pallas on GPU, references elsewhere).
+`kernels/gate_up_swiglu.py` takes them (Hopper from `MGPU_MIN_M` rows) on the gate/up GEMM
+with SwiGLU + quantisation in its epilogue; they hold their pure-jnp references and
+dispatch (Pallas on GPU, references elsewhere).
 Under tensor parallelism each device holds and runs its own FFN columns (`ffn_fp8`; the layout
 and the placement are sharding.py's).
 """

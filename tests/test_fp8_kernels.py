@@ -614,10 +614,6 @@ def test_tile_sweep_over_column_tiles_and_k_splits():
     # 32 K groups: 3 does not divide them
     got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 3, 4)))
     assert [(t.block_n, t.splits) for t in got] == [(128, 1), (128, 1), (128, 4), (128, 4)]
-    # --sum-in-kernel: each split setting also with the sum in the kernel (no split: no sum)
-    got = configs(32, 24576, 4096, True, decode=DecodeSweep(splits=(1, 4), sum_in_kernel=True))
-    assert [(t.splits, t.num_stages, t.sum_in_kernel) for t in got] == [
-        (1, 3, False), (1, 4, False), (4, 3, False), (4, 3, True), (4, 4, False), (4, 4, True)]
     # --stages and --warps: each setting at each depth and warp count
     got = configs(32, 4096, 12288, True, decode=DecodeSweep(block_ns=(128,), stages=(1, 3)))
     assert [(t.splits, t.num_stages, t.num_warps) for t in got] == [(12, 1, 4), (12, 3, 4)]
@@ -644,127 +640,61 @@ def test_tile_sweep_ranks_settings_by_their_median_over_rounds():
     assert b["x_read_floor"] == pytest.approx(0.031 / 0.015)
 
 
-@pytest.mark.parametrize("M,tiles,group_major", [
-    (20, TritonTiles(32, 128, 2, swap=True), True),    # the decode default's kind (K split 2)
-    (32, TritonTiles(32, 128, 2, swap=True), False),
-    (9, TritonTiles(16, 256, 1, swap=True), True),     # a tile of two 128-column groups
-    (40, TritonTiles(16, 128, 2, swap=True), True),    # three row tiles: counts per tile
-    (40, TritonTiles(64, 128, 1), False)])             # untransposed, one split
-def test_gate_up_swiglu_is_the_unfused_kernels_bit_for_bit(M, tiles, group_major):
-    """The gate/up GEMM with SwiGLU + quantisation in its epilogue gives the bits of the
-    Triton GEMM followed by the SwiGLU + quantisation kernel at the same tiles: the same
-    per-group sums, at most two K splits summed by one fp32 addition, the same rounding of
-    gate and up to bf16 and the same quantisation; every group written (poisoned outputs),
-    ragged M included. Against the reference composition (another fp32 summation order):
-    within what flips a bf16 rounding of gate or up (2^-8 relative) and, through it, rarely
-    an FP8 code of the activation (2^-4 relative for that element)."""
-    from kernels.fused_quant import swiglu_quant_pallas
-    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas, gate_up_swiglu_quant_ref
-    _, _, (xq, xs), (wq, ws) = operands(M, 512, 512, seed=M)  # F = 256: two 128-column groups
-    q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True,
-                                       poison=True, group_major=group_major)
-    assert q.shape == (M, 256) and s.shape == (M, 2)
-    gu = fp8_matmul_pallas(xq, xs, wq, ws, tiles=tiles, interpret=True)
-    q0, s0 = swiglu_quant_pallas(gu, interpret=True)
-    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
-                                  np.asarray(q0.astype(jnp.float32)))
-    np.testing.assert_array_equal(np.asarray(s), np.asarray(s0))
-    qr, sr = gate_up_swiglu_quant_ref(xq, xs, wq, ws)
-    assert rel_err(dequantize_act(q, s), dequantize_act(qr, sr)) <= 2.0 ** -8
-
-
-def test_gate_up_swiglu_more_splits_and_refusals():
-    """Four K splits (summed in split order in the kernel, by XLA's reduction unfused): within
-    one bf16 rounding's flips of the unfused kernels; the Triton IR verifies (transposed and
-    not, scales group-major); column tiles that do not end in whole groups of gate and of up
-    are refused."""
-    from kernels.fused_quant import swiglu_quant_pallas
-    from kernels.gate_up_swiglu import gate_up_swiglu_quant_pallas
-    _, _, (xq, xs), (wq, ws) = operands(24, 512, 768, seed=7)
-    t = TritonTiles(32, 128, 4, swap=True)
-    q, s = gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=t, interpret=True, poison=True)
-    q0, s0 = swiglu_quant_pallas(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t, interpret=True),
-                                 interpret=True)
-    assert rel_err(dequantize_act(q, s), dequantize_act(q0, s0)) <= 2.0 ** -8
-    for tiles, gm in ((t, True), (TritonTiles(64, 128, 2), False)):
-        assert_valid_triton(lambda *a: gate_up_swiglu_quant_pallas(*a, tiles=tiles,
-                                                                   group_major=gm),
-                            xq, xs, wq, ws)
-    for bad in (TritonTiles(32, 64, 2, swap=True), TritonTiles(32, 256, 2, swap=True)):
-        with pytest.raises(ValueError, match="must be a multiple of 128 dividing F 384"):
-            gate_up_swiglu_quant_pallas(xq, xs, wq, ws, tiles=bad, interpret=True)
-
-
-@pytest.mark.parametrize("cc,M,built,fused", [
-    ("9.0", 32, True, True), ("9.0", 9, True, True), ("9.0", 33, True, False),
-    ("9.0", 32, False, True), ("9.0", 95, False, False), ("9.0", 133, False, False),
-    ("8.9", 32, True, True), ("8.9", 256, True, False), ("8.0", 32, True, False)])
-def test_ffn_fuses_swiglu_into_the_gate_up_gemm_where_triton_runs_it(monkeypatch, cc, M,
-                                                                      built, fused):
-    """`quant.ffn_fp8` takes the fused gate/up kernel exactly where the gate/up GEMM would be
-    the Triton kernel in its transposed decode tiles (up to 32 rows, on Hopper and Ada; not
-    where the Triton kernel runs larger tiles: Ada, or Hopper without the cuBLASLt handler
-    below the Mosaic GPU threshold; not without FP8 tensor cores), and there gives the bits
-    of the unfused kernels (all in interpret mode here, the dispatch made to see a GPU)."""
-    import kernels.fp8_cublaslt as lt
-    from kernels import fused_quant as fq
-    from kernels import gate_up_swiglu as gs
+def test_ffn_runs_the_fused_gate_up_kernel_where_it_takes(monkeypatch):
+    """Where `gate_up_swiglu.takes`, `quant.ffn_fp8` hands the normed, quantised rows (padded
+    once to ROW_ALIGN) and the gate | up weights to `gate_up_swiglu_quant` and feeds its
+    output to the down GEMM (a kernel returning zeros gives zeros). The Mosaic GPU kernel
+    there, in its interpreter (on 2 SMs: its last wave split off too), gives the FFN of the
+    unfused references within what a flipped bf16 rounding of gate or up moves (2^-8
+    relative: `test_swiglu_interpreted_is_the_unfused_kernels` bounds the activation so, and
+    the down GEMM, the same in both, is linear in it)."""
+    from kernels.fp8_matmul_mgpu_ws import gate_up_swiglu_mgpu_ws
     from lacache_jax import quant
-    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
-    monkeypatch.setattr(lt, "available", lambda: built)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert not gs.takes(M, 12288, 4096)  # off (FUSE): slower in the dual step on an H100
-    monkeypatch.setattr(gs, "FUSE", 1)
-    assert gs.takes(M, 12288, 4096) == fused
-    monkeypatch.undo()
-    if (cc, M, built) != ("9.0", 9, True):  # the numbers once: 9 rows, padded to 16
-        return
-    k = jax.random.split(jax.random.key(M), 4)
-    D, F = 256, 384
+    k = jax.random.split(jax.random.key(9), 4)
+    M, D, F = 9, 256, 384
     w = quant.quantize_ffn_layer(jax.random.normal(k[0], (D, 2 * F)) * D ** -0.5,
                                  jax.random.normal(k[1], (F, D)) * F ** -0.5)
     x = jax.random.normal(k[2], (1, M, D)).astype(jnp.bfloat16)
     norm = (1 + 0.1 * jax.random.normal(k[3], (D,))).astype(jnp.bfloat16)
-    monkeypatch.setattr(quant, "fp8_matmul", functools.partial(fp8_matmul_pallas, interpret=True))
-    monkeypatch.setattr(quant, "rmsnorm_quant",
-                        functools.partial(fq.rmsnorm_quant_pallas, interpret=True))
-    monkeypatch.setattr(quant, "swiglu_quant",
-                        functools.partial(fq.swiglu_quant_pallas, interpret=True))
     unfused = quant.ffn_fp8(x, norm, 1e-5, w)
     calls = []
 
-    def fused_kernel(*a):
-        calls.append(a[0].shape)
-        return gs.gate_up_swiglu_quant_pallas(*a, interpret=True)
+    def zeros(xq, xs, wq, ws, act_dtype):
+        calls.append((xq.shape, wq.shape))
+        return (jnp.zeros((xq.shape[0], F), jnp.float8_e4m3fn),
+                jnp.ones((xq.shape[0], F // 128), jnp.float32))
     monkeypatch.setattr(quant, "fuses_gate_up", lambda *a: True)
-    monkeypatch.setattr(quant, "gate_up_swiglu_quant", fused_kernel)
-    out = quant.ffn_fp8(x, norm, 1e-5, w)
-    assert calls == [(16 * -(-M // 16), D)]  # the FFN's rows padded once (ROW_ALIGN)
-    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(unfused, np.float32))
+    monkeypatch.setattr(quant, "gate_up_swiglu_quant", zeros)
+    assert not np.asarray(quant.ffn_fp8(x, norm, 1e-5, w), np.float32).any()
+    assert calls == [((16 * -(-M // 16), D), (2 * F, D))]  # padded once (ROW_ALIGN)
+    monkeypatch.setattr(quant, "gate_up_swiglu_quant", functools.partial(
+        gate_up_swiglu_mgpu_ws, sm_count=2, interpret=True))
+    fused = quant.ffn_fp8(x, norm, 1e-5, w)
+    assert fused.shape == unfused.shape and bool(jnp.isfinite(fused).all())
+    assert rel_err(fused.astype(jnp.float32), unfused.astype(jnp.float32)) <= 2.0 ** -8
 
 
 def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch):
     """`gate_up_swiglu.MGPU_MIN_M`: on as shipped from batch 1's 768 rows (timed faster there
     and at batch 8's 4,608, RESULTS.md thirty-fifth and thirty-sixth sessions), 0 never;
     from that many rows, on Hopper only, F, K and M in whole 128-wide groups;
-    `gate_up_swiglu_quant` then runs `gate_up_swiglu_mgpu_ws` on its operands with the
-    device's SM count (the Triton kernel below the rows)."""
+    `gate_up_swiglu_quant` runs `gate_up_swiglu_mgpu_ws` on its operands with the device's
+    SM count."""
     from kernels import fp8_matmul_mgpu_ws as ws_kernel
     from kernels import gate_up_swiglu as gs
     cc = ["9.0"]
     monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc[0]})])
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert gs.takes_mgpu(768, 12288, 4096) and not gs.takes_mgpu(640, 12288, 4096)
-    assert gs.takes_mgpu(4608, 12288, 4096)
+    assert gs.takes(768, 12288, 4096) and not gs.takes(640, 12288, 4096)
+    assert gs.takes(4608, 12288, 4096)
     monkeypatch.setattr(gs, "MGPU_MIN_M", 0)
-    assert not gs.takes_mgpu(4608, 12288, 4096) and not gs.takes(4608, 12288, 4096)
+    assert not gs.takes(4608, 12288, 4096)
     monkeypatch.setattr(gs, "MGPU_MIN_M", 1024)
-    assert gs.takes_mgpu(4608, 12288, 4096) and gs.takes(4608, 12288, 4096)
-    assert not gs.takes_mgpu(768, 12288, 4096) and not gs.takes(768, 12288, 4096)
-    assert not gs.takes_mgpu(4608, 12288 + 64, 4096) and not gs.takes_mgpu(4608, 12288, 4000)
-    assert not gs.takes_mgpu(4600, 12288, 4096)  # not whole 128-row tiles: padding copies
+    assert gs.takes(4608, 12288, 4096) and not gs.takes(768, 12288, 4096)
+    assert not gs.takes(4608, 12288 + 64, 4096) and not gs.takes(4608, 12288, 4000)
+    assert not gs.takes(4600, 12288, 4096)  # not whole 128-row tiles: padding copies
     cc[0] = "8.9"
-    assert not gs.takes_mgpu(4608, 12288, 4096)
+    assert not gs.takes(4608, 12288, 4096)
     cc[0] = "9.0"
     calls = []
     sm = []
@@ -781,33 +711,3 @@ def test_gate_up_swiglu_takes_the_mosaic_gpu_kernel_from_mgpu_min_m(monkeypatch)
     assert sm == [132]  # the device's SM count (the faked device reports none: 132)
 
 
-def test_gemm_split_k_summed_in_the_kernel(monkeypatch):
-    """`TritonTiles.sum_in_kernel`: the last of a tile's split programs sums the fp32
-    partials in split order and writes the tile (an atomic count per tile), where XLA summed
-    them after the kernel: every tile written (poisoned output), several row tiles, column
-    tiles narrow and wide, transposed and not; at 2 splits the bits of XLA's sum (one fp32
-    addition), at more within fp32 summation order of the dequantised product (as
-    `test_gemm_matches_dequantised_fp32`). The Triton IR verifies; `SUM_IN_KERNEL` makes it
-    the default tiles' choice."""
-    from kernels import fp8_matmul_triton as tr
-    _, _, (xq, xs), (wq, ws) = operands(40, 512, 256, seed=2)
-    ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-    for bm, bn, splits, swap in ((16, 128, 2, True), (32, 256, 4, True), (16, 64, 2, True),
-                                 (64, 128, 4, False), (16, 32, 2, False)):
-        t = TritonTiles(bm, bn, splits, swap=swap)
-        summed = dataclasses.replace(t, sum_in_kernel=True)
-        out = fp8_matmul_pallas(xq, xs, wq, ws, jnp.float32, tiles=summed, interpret=True,
-                                poison=True)
-        assert rel_err(out, ref) <= 1e-5
-        if splits == 2:
-            np.testing.assert_array_equal(
-                np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, tiles=summed, interpret=True),
-                           np.float32),
-                np.asarray(fp8_matmul_pallas(xq, xs, wq, ws, tiles=t, interpret=True),
-                           np.float32))
-    summed = TritonTiles(32, 128, 4, swap=True, sum_in_kernel=True)
-    assert_valid_triton(lambda *a: fp8_matmul_pallas(*a, tiles=summed), xq, xs, wq, ws)
-    assert not TritonTiles.get_default(32, 4096, 12288).sum_in_kernel
-    monkeypatch.setattr(tr, "SUM_IN_KERNEL", 1)
-    assert TritonTiles.get_default(32, 4096, 12288) == TritonTiles(32, 128, 12, 4, 3, swap=True,
-                                                                   sum_in_kernel=True)

@@ -369,7 +369,7 @@ def test_swiglu_interpreted_is_the_unfused_kernels(M, K, F, kw):
     boundary, and a scale by an ulp where the group's largest element moves. Against the
     reference composition (another fp32 summation order): within what flips a bf16 rounding
     of gate or up (2^-8 relative) and, through it, rarely an FP8 code (2^-4 relative for
-    that element), as the Triton kernel's test bounds it."""
+    that element)."""
     from kernels.gate_up_swiglu import gate_up_swiglu_quant_ref
     from lacache_jax.quant import dequantize_act
     xq, xs, wq, ws = operands(M, K, 2 * F, seed=M)

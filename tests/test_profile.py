@@ -160,14 +160,15 @@ def test_ptx_loops_counts_each_loops_instructions(tmp_path, capsys):
 
 def test_triton_ptx_writes_the_fp8_gemms_triton_module(tmp_path):
     """`benchmarks/triton_ptx.py` without a GPU: the FP8 GEMM's Triton module at the down
-    GEMM's decode shape, with `--tiles` changes applied (the split-K sum in the kernel: the
-    module differs), a misspelt field refused."""
+    GEMM's decode shape, with `--tiles` changes applied (a bool and an int field: the
+    untransposed tile's module differs), a misspelt field refused."""
     from benchmarks.triton_ptx import parse_tiles, triton_module
     from kernels.fp8_matmul_triton import TritonTiles
     base = TritonTiles.get_default(32, 4096, 12288)
-    summed = parse_tiles(base, "sum_in_kernel=1,num_stages=4")
-    assert summed == dataclasses.replace(base, sum_in_kernel=True, num_stages=4)
-    texts = [triton_module(32, 12288, 4096, t) for t in (base, summed)]
+    assert base.swap
+    changed = parse_tiles(base, "swap=0,num_stages=4")
+    assert changed == dataclasses.replace(base, swap=False, num_stages=4)
+    texts = [triton_module(32, 12288, 4096, t) for t in (base, changed)]
     assert all("tt.func public @fp8_matmul" in t for t in texts) and texts[0] != texts[1]
     with pytest.raises(SystemExit, match="no field 'stages'"):
         parse_tiles(base, "stages=1")
