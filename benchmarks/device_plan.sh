@@ -46,9 +46,10 @@
 # on an H100 after about 650 s: 70 (no saving goes missing within one run), 71 (whole-row
 # RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed);
 # in the forty-eighth, on an H100 after about 1,350 s: 73 (the residual add in the FFN's
-# RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803).
-# Left, in priority order: 22 (every GPU test at the forty-eighth session's HEAD or later;
-# PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
+# RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803); the
+# forty-ninth had no machine (loans paused, then every start failed).
+# Left, in priority order: 22 (every GPU test, 62 since the forty-ninth session's removals,
+# at its HEAD or later; PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with the last
 # layer on the window's rows), 25 with PROMPT=1024 (batch 1's exact + FP8 step's kernels
 # where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows
 # over 8 warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
