@@ -47,15 +47,15 @@
 # RMSNorm at 768 rows: the step unchanged, off), 22's PART 2 in part (13 passed, none failed);
 # in the forty-eighth, on an H100 after about 1,350 s: 73 (the residual add in the FFN's
 # RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803); the
-# forty-ninth had no machine (loans paused, then every start failed).
-# Left, in priority order: 22 (every GPU test, 62 since the forty-ninth session's removals, at its
-# HEAD or later; PART 2 needs more than 540 s: give it the call's 600), 62 (the flash step with
-# the last layer on the window's rows), 25 with PROMPT=1024 (batch 1's exact + FP8 step's kernels
-# where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles) and at M 768 with whole rows over 8
-# warps (QUANT_MS=768 QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone
-# (SEARCH=down:6144); 40's other axes (stages 1, 8 warps); 44 once it has a PTX source
-# (benchmarks/triton_ptx.py compiles with Triton 3.9 on the CPU instead). 45-48 time tile options
-# removed by 880fb66 (40 swept prefetch too): run them at d4e0970:
+# forty-ninth, on an H100 after about 830 s: 22 (all 62 GPU tests pass at 1714255) and batch
+# 1's headline at P 512 and 1,024 (1.287x, 1.282x).
+# Left, in priority order: 62 (the flash step with the last layer on the window's rows), 25 with
+# PROMPT=1024 (batch 1's exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144
+# (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other
+# axes (stages 1, 8 warps); 44 once it has a PTX source (benchmarks/triton_ptx.py compiles with
+# Triton 3.9 on the CPU instead); 22 again after a kernel change (PART 2 ran 402 s at 1714255).
+# 45-48 time tile options removed by 880fb66 (40 swept prefetch too): run them at d4e0970:
 #  73  issue 23: 72 in a short call: GPU test, the headline's two configurations off / on
 #      (72 and 73: run them at 4d8c803, the switch removed since)
 #  72  issue 23: the residual add in the FP8 FFN's RMSNorm kernel: GPU test, batch 1's step
