@@ -234,9 +234,12 @@ class WsConfig:
         pipeline, and the deepest pipeline that fits in shared memory with the K group count
         a multiple of it (4 stages of 49.25 KiB leave room for one 8 KiB epilogue slot per
         warpgroup: 64 bf16 or 32 f32 columns). With fewer tiles than SMs at 256 rows and at
-        most 128 rows, 128-row tiles (one wave per warpgroup). Unmeasured: the next device
-        session sweeps these (benchmarks/fp8_gemm.py --mgpu-ws-sweep) and replaces this
-        reasoning by its numbers."""
+        most 128 rows, 128-row tiles (one wave per warpgroup). Swept at M 4096 on the H200
+        (`benchmarks/fp8_gemm.py --mgpu-ws-sweep`, RESULTS.md twelfth session): the most
+        gain from two K groups a step on 64-row warpgroups with 3 stages restarted each tile
+        (1,080 / 1,099 TFLOP/s against 1,015 / 1,040 at gate/up / down), every other knob
+        within 3% or slower. Not made the default: the plain kernel is dispatched only with
+        `get_wave_filling`'s tile (`fp8_matmul.WAVE_FILL_MAX_M`, off)."""
         base = cls(cluster=2 if N % (2 * BLOCK_N) == 0 else 1)
         tiles, _ = _waves(M, N, base.block_m, base.block_n, sm_count)
         if tiles < sm_count and M <= WAVE * 2:
