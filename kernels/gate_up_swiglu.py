@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels import fp8_matmul as fm
 from kernels.fp8_matmul import GROUP, fp8_matmul_ref
 from kernels.fused_quant import swiglu_quant_ref
 
@@ -48,7 +49,6 @@ def takes(M: int, F: int, K: int) -> bool:
     output and its scales (56 MB near 4,600 rows) that fuse into no custom call."""
     if not MGPU_MIN_M or M < MGPU_MIN_M or M % GROUP or jax.default_backend() != "gpu":
         return False
-    from kernels import fp8_matmul as fm
     return fm.compute_capability()[0] == 9 and F % GROUP == 0 and K % GROUP == 0
 
 
@@ -59,6 +59,5 @@ def gate_up_swiglu_quant(xq, x_scale, wq, w_scale, act_dtype=jnp.bfloat16):
     one gate | up column group (all gate rows, then all up rows): a layout of several groups
     (`quant.FP8FFN.tp` above the shards running it) must be reordered first, as
     `quant.ffn_fp8` does."""
-    from kernels.fp8_matmul import sm_count
     from kernels.fp8_matmul_mgpu_ws import gate_up_swiglu_mgpu_ws
-    return gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype, sm_count=sm_count())
+    return gate_up_swiglu_mgpu_ws(xq, x_scale, wq, w_scale, act_dtype, sm_count=fm.sm_count())
