@@ -30,8 +30,9 @@ def mosaic_modules(fn, *args) -> list[str]:
     """The text, without locations, of every Mosaic GPU module Pallas builds while lowering
     jitted `fn(*args)` for CUDA, in lowering order (read before serialisation: the bytecode
     Pallas embeds carries each op's file and line)."""
-    import jax
     from jax.experimental.mosaic.gpu import core
+
+    from benchmarks.triton_ptx import lower_for_cuda
     real, seen = core._run_serde_pass, []
 
     def keep(module, *, serialize, **kw):
@@ -39,8 +40,8 @@ def mosaic_modules(fn, *args) -> list[str]:
             seen.append(module.operation.get_asm(enable_debug_info=False))
         return real(module, serialize=serialize, **kw)
     core._run_serde_pass = keep
-    try:  # a fresh function: a lowering cached from an earlier call would build no module
-        jax.jit(lambda *a: fn(*a)).trace(*args).lower(lowering_platforms=("cuda",))
+    try:
+        lower_for_cuda(fn, *args)
     finally:
         core._run_serde_pass = real
     if not seen:

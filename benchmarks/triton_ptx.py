@@ -30,11 +30,17 @@ from pathlib import Path
 from benchmarks.ptx_loops import report
 
 
+def lower_for_cuda(fn, *args) -> None:
+    """Lower jitted `fn(*args)` for CUDA (no GPU needed) through a fresh function: a lowering
+    jax cached from an earlier call on `fn` would build no kernel module to read."""
+    import jax
+    jax.jit(lambda *a: fn(*a)).trace(*args).lower(lowering_platforms=("cuda",))
+
+
 def triton_modules(fn, *args, each=str) -> list:
     """`each(module)` for every Triton module Pallas makes while lowering jitted `fn(*args)`
     for CUDA (no GPU needed), in lowering order: the module lives only inside the lowering,
     so `each` reads it there (its text, or MLIR's verifier: tests/conftest.py)."""
-    import jax
     from jax._src.pallas.triton import pallas_call_registration as registration
     lower = registration.lowering.lower_jaxpr_to_triton_module
     seen = []
@@ -45,7 +51,7 @@ def triton_modules(fn, *args, each=str) -> list:
         return result
     registration.lowering.lower_jaxpr_to_triton_module = keep
     try:
-        jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+        lower_for_cuda(fn, *args)
     finally:
         registration.lowering.lower_jaxpr_to_triton_module = lower
     return seen
