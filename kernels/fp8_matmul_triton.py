@@ -220,11 +220,6 @@ def operands(xq, x_scale, wq, w_scale, t: TritonTiles):
     return (xq, x_scale, wq, w_scale), in_specs, Mp
 
 
-def compiler_params(t: TritonTiles):
-    from jax.experimental.pallas import triton as plgpu
-    return plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages)
-
-
 @functools.partial(jax.jit, static_argnames=("out_dtype", "tiles", "interpret", "poison"))
 def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                       tiles: TritonTiles | None = None, interpret: bool = False,
@@ -233,29 +228,21 @@ def fp8_matmul_pallas(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     xq [M, K] fp8, x_scale [M, K / 128] f32, wq [N, K] fp8, w_scale [N / 128, K / 128] f32
     -> [M, N] `out_dtype`. `tiles` default: `TritonTiles.get_default(M, N, K)`. `poison`
     (tests) makes the output a NaN-filled buffer first, so an unwritten tile shows."""
+    from jax.experimental.pallas import triton as plgpu
     M, K = xq.shape
     N = wq.shape[0]
     t = tiles or TritonTiles.get_default(M, N, K)
     args, in_specs, Mp = operands(xq, x_scale, wq, w_scale, t)
     bm, bn, S, G = t.block_m, t.block_n, t.splits, K // GROUP
-    out_shape, poisoned = _split_outputs(S, Mp, N, out_dtype, poison)
+    # [S, Mp, N]: fp32 partials of the S K splits (summed by XLA below), or the output itself
+    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
+    poisoned = [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
     out_spec = pl.BlockSpec((None, bm, bn), lambda i, j, k: (k, i, j))
     out = pl.pallas_call(
         functools.partial(_kernel, n_groups=G // S, n_poisoned=len(poisoned), swap=t.swap),
         grid=(Mp // bm, N // bn, S), in_specs=in_specs + [out_spec] * len(poisoned),
         out_specs=out_spec, out_shape=out_shape, interpret=interpret, name="fp8_matmul",
-        input_output_aliases={4: 0} if poison else {}, compiler_params=compiler_params(t),
+        input_output_aliases={4: 0} if poison else {},
+        compiler_params=plgpu.CompilerParams(num_warps=t.num_warps, num_stages=t.num_stages),
     )(*args, *poisoned)
-    return _split_sum(out, out_dtype, M)
-
-
-def _split_outputs(S: int, Mp: int, N: int, out_dtype, poison: bool):
-    """The [S, Mp, N] output of S K splits (fp32 partials, or `out_dtype` where S is 1) and,
-    where `poison`, a NaN-filled buffer for it (aliased: an unwritten element shows)."""
-    out_shape = jax.ShapeDtypeStruct((S, Mp, N), out_dtype if S == 1 else jnp.float32)
-    return out_shape, [jnp.full(out_shape.shape, jnp.nan, out_shape.dtype)] if poison else []
-
-
-def _split_sum(out, out_dtype, M: int):
-    """`_split_outputs`' output summed over the splits (by XLA), its first M rows."""
-    return (out[0] if out.shape[0] == 1 else out.sum(0)).astype(out_dtype)[:M]
+    return (out[0] if S == 1 else out.sum(0)).astype(out_dtype)[:M]
