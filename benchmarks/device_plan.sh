@@ -49,9 +49,10 @@
 # RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803); the
 # forty-ninth, on an H100 after about 830 s: 22 (all 62 GPU tests pass at 1714255) and batch
 # 1's headline at P 512 and 1,024 (1.287x, 1.282x).
-# Left, in priority order: 62 (the flash step with the last layer on the window's rows), 25 with
-# PROMPT=1024 (batch 1's exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144
-# (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# Left, in priority order: 74 (the Mosaic GPU kernel with swapped operands at 32 rows), 62
+# (the flash step with the last layer on the window's rows), 25 with PROMPT=1024 (batch 1's
+# exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles)
+# and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other
 # axes (stages 1, 8 warps); 44 once it has a PTX source (benchmarks/triton_ptx.py compiles with
 # Triton 3.9 on the CPU instead); 22 again after a kernel change (PART 2 ran 402 s at 1714255).
@@ -221,6 +222,30 @@ tests_passed() {
   [[ $rc == 0 ]] || { echo "GPU tests failed (rc $rc): nothing timed"; return 1; }
 }
 case "${1:-1}" in
+75)
+  # issues 20, 23: stage 74's kernel in the FFN and the step (kernels.fp8_matmul:
+  # MGPU_SWAP_MAX_M, 0 as shipped; the pipeline's DECODE_* in kernels.fp8_matmul_mgpu): the
+  # FFN at 32 rows by device time, the batch-1 dual step (FP8, threshold) alternated off /
+  # on, then threshold + dual bf16 against FP8 at batches 1 and 8 with it on to 64 rows
+  q=kernels.fp8_matmul:MGPU_SWAP_MAX_M
+  ffn_settings fp8_ffn_swap_32.log ${FFN_BOX:-120} "$q=0" "$q=64" ${MORE_FFN:-}
+  dual_settings generate_dual_swap.log ${DUAL_BOX:-200} $(alternated $q 0 64)
+  step_settings generate_dual_swap_ratio.log ${RATIO_BOX:-240} "--batch 1,8 --prompt 512 \
+--modes dual --decoding threshold --fp8-ffn both" "$q=${SWAP_M:-64}" ;;
+74)
+  # issues 20, 23: the Mosaic GPU FP8 GEMM at decode rows with the weights on wgmma's M side
+  # (MgpuConfig.swap: TMA streams 64- or 128-row weight tiles up to 8 steps deep, x's 32
+  # rows the wgmma's N) against the Triton tiles `fp8_matmul` dispatches at 32 rows (reads
+  # at 1.4-2.1 TB/s), by the device's span per call: its GPU test, then both GEMMs
+  timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k llada_widths \
+    -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_swap_gpu.log" >/dev/null
+  tests_passed "$OUT/pytest_fp8_swap_gpu.log" "mgpu swap\|passed\|failed\|Error" || exit 1
+  for shape in gate_up down; do
+    timeout -k 5 ${TILE_S:-150} python3 -m benchmarks.fp8_tiles --ms 32 --shapes $shape \
+      --kernels pallas_default,mgpu_swap --rounds ${ROUNDS:-2} --device-time 2>&1 \
+      | tee -a "$OUT/fp8_tiles_swap.log" | quiet | grep "^best\|xla\|error\|->"
+  done
+  cp benchmarks/results/fp8_tiles-*.json "$OUT"/ 2>/dev/null ;;
 73)
   # issue 23: stage 72 in a short call (its budget's last minutes): the fused kernel's GPU
   # test, then in one run the headline's two configurations (none bf16, exact + FP8) with the

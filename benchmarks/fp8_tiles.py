@@ -2,7 +2,8 @@
 XLA's FP8 dot (cuBLASLt, one scale per tensor: the ceiling) and XLA's bf16 dot.
 
     python -m benchmarks.fp8_tiles [--ms 32,256,4096,16384] [--shapes gate_up,down]
-        [--kernels pallas,mgpu] [--persistent] [--block-ns 32,64,128] [--splits 1,2,4,12]
+        [--kernels pallas,mgpu,pallas_default,mgpu_swap] [--persistent]
+        [--block-ns 32,64,128] [--splits 1,2,4,12]
         [--stages 3,4] [--warps 4,8] [--rounds 5] [--device-time]
 
 Prints one row per (shape, M, kernel, tiles) and writes them all; the fastest per M is what
@@ -40,6 +41,9 @@ from kernels.fp8_matmul_triton import GROUP, TritonTiles, fp8_matmul_pallas, k_s
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
+# --kernels: Triton's sweep, Mosaic GPU's, Triton's dispatched tiles alone, Mosaic GPU's
+# decode sweep with the weights on wgmma's M side (`swap_configs`)
+KERNELS = ("pallas", "mgpu", "pallas_default", "mgpu_swap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,26 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
                 (True, False) if M > 64 else (False,), (2, 4), (1, 2), splits)]
 
 
+def swap_configs(M: int, N: int, K: int) -> list[MgpuConfig]:
+    """The Mosaic GPU kernel at decode rows with the weights on wgmma's M side (`swap`): 64- or
+    128-row weight tiles, K splits giving about 1-6 CTAs an SM, pipelines up to 8 steps deep
+    (at M 32 the CTA's compute is small: streaming the weights is the work), where they fit
+    in shared memory."""
+    G, out = K // GROUP, []
+    for bn in (64, 128):
+        tiles = N // bn
+        for sp in (1, 2, 3, 4, 6, 8, 12):
+            if G % sp or not 132 <= tiles * sp <= 6 * 132:
+                continue
+            for st, gs in ((4, 1), (8, 1), (4, 2)):
+                stage_bytes = gs * GROUP * (bn + -(-M // 32) * 32)
+                if (G // sp) % gs or st * stage_bytes > 200 * 1024:
+                    continue
+                out.append(MgpuConfig(block_n=bn, stages=st, groups_per_step=gs, splits=sp,
+                                      warp_specialized=False, swap=True))
+    return out
+
+
 def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
           copy_tb_s: float, decode: DecodeSweep = DecodeSweep(), rounds: int = 1,
           device_time: bool = False) -> None:
@@ -124,8 +148,13 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
         rows.append({**base, "kernel": name, "ms": t, "tflops": flops / t / 1e9,
                      "x_read_floor": t / floor})
         print(rows[-1], flush=True)
-    cfgs = [(kernel, cfg) for kernel in kernels
-            for cfg in configs(M, N, K, kernel == "pallas", persistent, decode)]
+    def kernel_configs(kernel):
+        if kernel == "mgpu_swap":
+            return swap_configs(M, N, K)
+        if kernel == "pallas_default":  # what `fp8_matmul` dispatches at this M
+            return [TritonTiles.get_default(M, N, K)]
+        return configs(M, N, K, kernel == "pallas", persistent, decode)
+    cfgs = [(kernel, cfg) for kernel in kernels for cfg in kernel_configs(kernel)]
     # one function object per setting: `time_chained` compiles it once for every round
     fns = {cfg: functools.partial(timed, kernel, cfg, wq, ws) for kernel, cfg in cfgs}
     failed = set()
@@ -146,7 +175,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
 
 
 def timed(kernel: str, cfg, wq, ws, xq, xs):
-    if kernel == "pallas":
+    if kernel.startswith("pallas"):
         return fp8_matmul_pallas(xq, xs, wq, ws, tiles=cfg)
     return fp8_matmul_mgpu(xq, xs, wq, ws, config=cfg)
 
@@ -156,7 +185,7 @@ def best_settings(rows: list) -> dict:
     rounds' spread ("ms" the median, "ms_rounds" every timing)."""
     timings: dict = {}
     for r in rows:
-        if r["kernel"] in ("pallas", "mgpu") and "ms" in r:
+        if r["kernel"] in KERNELS and "ms" in r:
             setting = {k: v for k, v in r.items() if k not in ("round", "ms", "tflops",
                                                                 "x_read_floor")}
             timings.setdefault(repr(sorted(setting.items())), []).append(r)
@@ -177,7 +206,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="32,256,4096,16384")
     ap.add_argument("--shapes", default="gate_up,down")
-    ap.add_argument("--kernels", default="pallas,mgpu")
+    ap.add_argument("--kernels", default="pallas,mgpu", help=", ".join(KERNELS))
     ap.add_argument("--persistent", action="store_true",
                     help="Mosaic GPU: per-tile vs persistent CTAs only")
     ap.add_argument("--block-ns", default="", help="Pallas: column tiles swept (e.g. 32,64,128)")
@@ -197,6 +226,9 @@ def main():
     if not decode and (decode.stages, decode.warps) != (DecodeSweep.stages, DecodeSweep.warps):
         ap.error("--stages and --warps are axes of the decode sweep: "
                  "give --block-ns or --splits too")
+    unknown = set(args.kernels.split(",")) - set(KERNELS)
+    if unknown:
+        ap.error(f"--kernels: unknown {sorted(unknown)}; known: {', '.join(KERNELS)}")
     rows: list = []
     exit_on_sigterm()
     ceilings = measure_ceilings()

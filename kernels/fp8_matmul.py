@@ -84,6 +84,10 @@ CUBLASLT_MIN_M = 33
 # that fill a wave there re-read x (untimed). Read when traced.
 WAVE_FILL_MIN_M = 512
 WAVE_FILL_MAX_M = 0
+# Rows up to which Hopper runs the Mosaic GPU kernel with the weights on wgmma's M side
+# (`MgpuConfig.swap`, `get_decode`'s pipeline) in place of the Triton tiles and cuBLASLt;
+# 0: never (off until timed in the step). Read when traced.
+MGPU_SWAP_MAX_M = 0
 
 
 def _kernel_for(M: int, wave_fill: bool = True) -> str:
@@ -93,6 +97,8 @@ def _kernel_for(M: int, wave_fill: bool = True) -> str:
     cc = compute_capability()
     if wave_fill and cc[0] == 9 and max(MGPU_MIN_M, WAVE_FILL_MIN_M) <= M <= WAVE_FILL_MAX_M:
         return "mgpu_ws"
+    if cc[0] == 9 and M <= MGPU_SWAP_MAX_M:
+        return "mgpu_swap"
     if cc[0] == 9 and M >= CUBLASLT_MIN_M:
         from kernels import fp8_cublaslt as lt
         if lt.available():
@@ -116,6 +122,8 @@ def scales_group_major(M: int) -> bool:
         return M % 8 == 0
     if kernel == "mgpu_ws":  # its TMA reads a group's scales as one row
         return True
+    if kernel == "mgpu_swap":  # so does its, with x's rows padded to 32 (a pad between)
+        return M % 32 == 0
     from kernels import fp8_matmul_triton as tr
     return kernel == "triton" and tr.swapped(M)
 
@@ -127,6 +135,8 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
       kernel at DeepGEMM's recipe, its tile filling the last wave
       (`WsConfig.get_wave_filling`), where that leaves less work a SM than cuBLASLt's
       tiles (`WsConfig.fills_waves_better`); else as below.
+    - Hopper, M <= `MGPU_SWAP_MAX_M` (off as shipped): the Mosaic GPU kernel with the
+      weights on wgmma's M side (`MgpuConfig.get_decode`).
     - Hopper, M >= `CUBLASLT_MIN_M`, the handler built (`fp8_cublaslt.available()`):
       cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU kernel's rate from M 256, ~0.95x
       cuBLASLt's per-tensor FP8 rate at M 768), M padded with zero rows to a multiple of 8.
@@ -155,6 +165,9 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
             return ws.fp8_matmul_mgpu_ws(xq, x_scale, wq, w_scale, out_dtype, config=config,
                                          sm_count=sm_count())
         kernel = _kernel_for(M, wave_fill=False)
+    if kernel == "mgpu_swap":
+        return mg.fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype,
+                                  config=mg.MgpuConfig.get_decode(M, N, K, sm_count()))
     if kernel == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)

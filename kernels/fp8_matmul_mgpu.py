@@ -24,6 +24,14 @@ from kernels import hopper
 GROUP = fm.GROUP
 
 
+# `MgpuConfig.get_decode`'s pipeline (read when traced, so that benchmarks can set them): the
+# weight rows a CTA, the TMA steps in flight (fewer where they do not fit), and the K splits:
+# the fewest giving `DECODE_WAVES` CTAs an SM.
+DECODE_BLOCK_N = 128
+DECODE_STAGES = 8
+DECODE_WAVES = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class MgpuConfig:
     """Pipeline settings of `fp8_matmul_mgpu` (hashable: a static jit argument)."""
@@ -33,6 +41,10 @@ class MgpuConfig:
     groups_per_step: int = 1       # 128-wide K groups per TMA step
     splits: int = 1                # CTAs over K (fp32 partials summed afterwards)
     ctas: int | None = None        # persistent CTAs looping over the output tiles
+    # Decode rows: the weight tile on wgmma's M side (`block_n` rows, 64 a wgmma) and x's rows,
+    # padded to a multiple of 32, on its N side, so that few rows pad to 32, not 64 (one
+    # warpgroup, no persistent CTAs). The output is written transposed and turned by XLA.
+    swap: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int, sms: int = 132) -> MgpuConfig:
@@ -50,35 +62,70 @@ class MgpuConfig:
             return cls(stages=2, groups_per_step=2)
         return cls(stages=2, groups_per_step=2, ctas=sms)
 
+    @classmethod
+    def get_decode(cls, M: int, N: int, K: int, sms: int = 132) -> MgpuConfig:
+        """`swap` at decode rows (M <= 256), by the module's DECODE_* settings."""
+        G = K // GROUP
+        block_n = DECODE_BLOCK_N if N % DECODE_BLOCK_N == 0 else 64
+        tiles = N // block_n
+        splits = next(s for s in range(1, G + 1)
+                      if G % s == 0 and (tiles * s >= DECODE_WAVES * sms or s == G))
+        stage_bytes = GROUP * (block_n + pl.cdiv(M, 32) * 32)
+        stages = max(2, min(DECODE_STAGES, 200 * 1024 // stage_bytes))
+        return cls(block_n=block_n, stages=stages, warp_specialized=False, splits=splits,
+                   swap=True)
 
-def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows):
-    """One pipeline step on one warpgroup's 64 rows: per 128-wide K group of the step an FP8
-    wgmma into a fresh fp32 accumulator, all issued first; then each group, once done, is
-    scaled (row x column) into the running register sum while later groups' wgmmas run."""
+
+def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpret=False):
+    """One pipeline step on one warpgroup's 64 rows (`swap`: its weight rows, x's rows as the
+    columns): per 128-wide K group of the step an FP8 wgmma into a fresh fp32 accumulator, all
+    issued first; then each group, once done, is scaled (row x column) into the running
+    register sum while later groups' wgmmas run. `interpret`: the same products in fp32 in
+    place of the wgmma (the interpreter has no transposed wgmma operand and no layouts)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
-    tm, tn = acc.shape
+    shape = acc.shape
     n_groups = xs_smem.shape[0]
+
+    def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
+        return ref[...] if interpret else hopper.load_whole(ref, plgpu.Layout.WGMMA.reduce(axis))
+
+    def operands(c):  # group c's (a, b) of a @ b.T
+        x, w = x_smem.at[rows], w_smem
+        if n_groups > 1:
+            x, w = x.at[:, pl.ds(c * GROUP, GROUP)], w.at[:, pl.ds(c * GROUP, GROUP)]
+        return (w, x) if swap else (x, w)
+
+    def promote(out, c, done):
+        if swap:  # the weight tile lies in one 128 x 128 block: one scale a group
+            scale = jax.lax.broadcast_in_dim(load(xs_smem.at[c, rows], 0) * ws_smem[c, 0],
+                                             shape, [1])
+        else:
+            scale = (jax.lax.broadcast_in_dim(load(xs_smem.at[c, rows], 1), shape, [0])
+                     * jax.lax.broadcast_in_dim(load(ws_smem.at[c], 0), shape, [1]))
+        return out + done * scale
+
+    if interpret:
+        out = acc
+        for c in range(n_groups):
+            a, b = operands(c)
+            out = promote(out, c, jax.lax.dot_general(
+                a[...].astype(jnp.float32), b[...].astype(jnp.float32), (((1,), (1,)), ((), ()))))
+        return out
 
     def run(*parts):
         for c, part in enumerate(parts):
-            x, w = x_smem.at[rows], w_smem
-            if n_groups > 1:
-                x, w = x.at[:, pl.ds(c * GROUP, GROUP)], w.at[:, pl.ds(c * GROUP, GROUP)]
-            plgpu.wgmma(part, x, w.transpose((1, 0)))
+            a, b = operands(c)
+            plgpu.wgmma(part, a, b.transpose((1, 0)))
         out = acc
         for c, part in enumerate(parts):
-            done = plgpu.wgmma_accumulator_load(part, wait_n=n_groups - 1 - c)
-            xs = hopper.load_whole(xs_smem.at[c, rows], plgpu.Layout.WGMMA.reduce(1))
-            ws = hopper.load_whole(ws_smem.at[c], plgpu.Layout.WGMMA.reduce(0))
-            out = out + done * (jax.lax.broadcast_in_dim(xs, (tm, tn), [0])
-                                * jax.lax.broadcast_in_dim(ws, (tm, tn), [1]))
+            out = promote(out, c, plgpu.wgmma_accumulator_load(part, wait_n=n_groups - 1 - c))
         return out
-    return pl.run_scoped(run, *[plgpu.ACC((tm, tn), jnp.float32)] * n_groups)
+    return pl.run_scoped(run, *[plgpu.ACC(shape, jnp.float32)] * n_groups)
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "config"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "config", "interpret"))
 def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
-                    config: MgpuConfig | None = None):
+                    config: MgpuConfig | None = None, interpret: bool = False):
     """The Mosaic GPU (Hopper wgmma + TMA) kernel; same contract as `fp8_matmul_ref`;
     `config` default: `MgpuConfig.get_default(M, N, K)` at 132 SMs.
 
@@ -92,8 +139,11 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     partials, summed afterwards) when the output tiles alone are too few for the SMs. `ctas`
     (warp-specialised, no split): that many persistent CTAs (one per SM) loop over the output
     tiles, so a tile's output store overlaps the next tile's loads and no CTA is launched per
-    tile. Scales are passed transposed ([G, M]) and the weight scale expanded per column
-    ([G, N]) so each group's are one TMA row each."""
+    tile. `swap` (decode rows): each warpgroup owns `block_n` weight rows x all of x's rows
+    (padded to 32), the output computed transposed. Scales are passed transposed ([G, M]) and
+    the weight scale expanded per column ([G, N]; swap: 32 copies a block) so each group's are
+    one TMA row each. `interpret`: in Pallas' Mosaic GPU interpreter (on the CPU), the wgmmas
+    as fp32 products."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
@@ -107,22 +157,31 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         raise ValueError(f"splits {splits} x groups_per_step {gs} must divide the {G} K groups")
     if ctas and (splits > 1 or not warp_specialized):
         raise ValueError("persistent CTAs (ctas) need warp_specialized and splits 1")
-    bm = 2 * tm if warp_specialized else tm
+    if c.swap and (warp_specialized or ctas or M > 256):
+        raise ValueError("swap (decode rows) needs warp_specialized False, no ctas, M <= 256")
+    # swap: x's rows padded so that a group's scales (a TMA row) are 128 bytes or more
+    bm = pl.cdiv(M, 32) * 32 if c.swap else 2 * tm if warp_specialized else tm
     Mp = pl.cdiv(M, bm) * bm
     xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
     xs_GM = jnp.pad(x_scale, [(0, Mp - M), (0, 0)]).T
-    ws_GN = jnp.repeat(w_scale.T, GROUP, axis=1)
+    # The w scales a TMA row a group: each block's per column, or (swap: a CTA's weight rows
+    # lie in one block) 32 copies of it, the fewest that make a 128-byte row
+    ws_reps = 32 if c.swap else GROUP
+    ws_GN = jnp.repeat(w_scale.T, ws_reps, axis=1)
     swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
     tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
     in_specs = [plgpu.BlockSpec((bm, gs * GROUP), lambda g: (0, g), transforms=tiled),
                 plgpu.BlockSpec((gs, bm), lambda g: (g, 0)),
                 plgpu.BlockSpec((tn, gs * GROUP), lambda g: (0, g), transforms=tiled),
-                plgpu.BlockSpec((gs, tn), lambda g: (g, 0))]
+                plgpu.BlockSpec((gs, 32 if c.swap else tn), lambda g: (g, 0))]
     share = G // splits  # K groups per CTA
     steps = (share // gs,)
 
+    acc_shape = (tn, bm) if c.swap else (tm, tn)  # one warpgroup's outputs
+
     def zeros():  # built inside the kernel: kernels capture no constants
-        return plgpu.layout_cast(jnp.zeros((tm, tn), jnp.float32), plgpu.Layout.WGMMA)
+        z = jnp.zeros(acc_shape, jnp.float32)
+        return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
 
     def ws_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
@@ -131,10 +190,10 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
 
     def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem2):
         wg = jax.lax.axis_index("wg") if warp_specialized else 0
-        rows = pl.ds(wg * tm, tm)
+        rows = pl.ds(0, bm) if c.swap else pl.ds(wg * tm, tm)
 
         def body(_, *refs):
-            return _mgpu_step(*refs, rows)
+            return _mgpu_step(*refs, rows, c.swap, interpret)
 
         def tile(m, n, allocations=None):  # one output tile: its K loop, then its store
             ms, ns = pl.ds(m * bm, bm), pl.ds(n * tn, tn)
@@ -143,14 +202,15 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                 k = jax.lax.axis_index("k")
                 ks, gk = pl.ds(k * share * GROUP, share * GROUP), pl.ds(k * share, share)
                 x, xs, w, ws, o = x.at[:, ks], xs.at[gk], w.at[:, ks], ws.at[gk], o.at[k]
-            operands = (x.at[ms], xs.at[:, ms], w.at[ns], ws.at[:, ns])
+            ws_cols = pl.ds(n * tn // GROUP * 32, 32) if c.swap else ns
+            operands = (x.at[ms], xs.at[:, ms], w.at[ns], ws.at[:, ws_cols])
 
             def store(acc):
                 o_smem = o_smem2.at[wg]
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the last tile's store read it
                 o_smem[...] = acc.astype(o_smem.dtype)
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_smem, o.at[ms, ns].at[rows])
+                plgpu.copy_smem_to_gmem(o_smem, o.at[ns, ms] if c.swap else o.at[ms, ns].at[rows])
 
             if warp_specialized:
                 ws_pipeline(body, lambda pipeline: store(pipeline(zeros())))(
@@ -183,8 +243,12 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         grid = dict(grid=(Mp // bm, N // tn, splits), grid_names=("m", "n", "k"))
     else:
         grid = dict(grid=(Mp // bm, N // tn), grid_names=("m", "n"))
+    out_shape = (N, Mp) if c.swap else (Mp, N)
     out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(
-                           (splits, Mp, N)[splits == 1:], part_dtype),
-                       scratch_types=[plgpu.SMEM((bm // tm, tm, tn), part_dtype)],
+                           (splits, *out_shape)[splits == 1:], part_dtype),
+                       scratch_types=[plgpu.SMEM((1, *acc_shape) if c.swap else
+                                                 (bm // tm, tm, tn), part_dtype)],
+                       interpret=hopper.interpret_params() if interpret else None,
                        **grid, **threads)(xq, xs_GM, wq, ws_GN)
-    return (out if splits == 1 else out.sum(0)).astype(out_dtype)[:M]
+    out = out if splits == 1 else out.sum(0)
+    return (out.T if c.swap else out).astype(out_dtype)[:M]

@@ -308,6 +308,23 @@ def test_ffn_kernels_see_rows_padded_once(monkeypatch):
                                              np.float32))
 
 
+@pytest.mark.parametrize("M,K,N,kw", [
+    (9, 512, 256, dict(swap=True, block_n=64, splits=2)),        # x's rows padded to 32
+    (32, 512, 256, dict(swap=True, groups_per_step=2)),          # two groups a step
+    (40, 1024, 384, dict(swap=True, block_n=64, stages=2)),      # two tiles a weight block
+    (70, 512, 256, dict(block_n=64, splits=2))])                 # x on wgmma's M side
+def test_mgpu_gemm_in_the_interpreter(M, K, N, kw):
+    """The one-warpgroup Mosaic GPU kernel in Pallas' interpreter (its wgmmas as fp32
+    products): tiles, K splits and each group's row and column scales, `swap`'s weight block
+    scale and transposed output among them. The wgmma's own precision: tests/test_gpu.py."""
+    _, _, (xq, xs), (wq, ws) = operands(M, K, N)
+    out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, interpret=True,
+                          config=MgpuConfig(warp_specialized=False, **kw))
+    with jax.default_matmul_precision("highest"):
+        ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+    assert rel_err(out, ref) <= 1e-6  # fp32 summation order only (~K * 2^-24)
+
+
 def test_mgpu_gemm_lowers_for_hopper():
     """The Mosaic GPU kernel cannot run here (TMA has no interpreter); lowering it for CUDA
     still checks its layouts, wgmma operand shapes and shared-memory budget. Numerics:
@@ -328,8 +345,18 @@ def test_mgpu_gemm_lowers_for_hopper():
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(splits=2, groups_per_step=4))
     with pytest.raises(ValueError, match="persistent CTAs"):
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(ctas=132, splits=2))
+    with pytest.raises(ValueError, match="swap"):
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True))
     _, _, (xq, xs), (wq, ws) = operands(32, 1024, 256)  # the decode sweep's deepest K split
-    fn = functools.partial(fp8_matmul_mgpu, config=MgpuConfig(splits=8, warp_specialized=False))
+    for kw in (dict(splits=8), dict(swap=True, block_n=64, stages=8, splits=4),
+               dict(swap=True, groups_per_step=2, splits=2)):
+        fn = functools.partial(fp8_matmul_mgpu, config=MgpuConfig(warp_specialized=False, **kw))
+        assert "mosaic_gpu" in jax.jit(fn).trace(xq, xs, wq, ws).lower(
+            lowering_platforms=("cuda",)).as_text()
+    # swap pads x's rows to 32: a group's scales, one TMA row, must be 128 bytes or more
+    _, _, (xq, xs), (wq, ws) = operands(9, 512, 128)
+    fn = functools.partial(fp8_matmul_mgpu, config=MgpuConfig(warp_specialized=False, swap=True,
+                                                              block_n=64))
     assert "mosaic_gpu" in jax.jit(fn).trace(xq, xs, wq, ws).lower(
         lowering_platforms=("cuda",)).as_text()
 
@@ -381,6 +408,41 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     assert fm.scales_group_major(M) == ((kernel == "cublaslt" and M % 8 == 0) or swapped)
     # The dispatch's thresholds are what these cases assume.
     assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133 and fm.WAVE_FILL_MAX_M == 0
+    assert fm.MGPU_SWAP_MAX_M == 0
+
+
+@pytest.mark.parametrize("M,swapped", [(32, True), (9, True), (64, True), (65, False)])
+def test_dispatch_swaps_operands_up_to_mgpu_swap_max_m(monkeypatch, M, swapped):
+    """`MGPU_SWAP_MAX_M` on (64): Hopper's rows up to it go to the Mosaic GPU kernel with the
+    weights on wgmma's M side at `MgpuConfig.get_decode`'s pipeline (LLaDA-8B's down GEMM:
+    128 weight rows a CTA, K split until two CTAs an SM), its scales read group-major where
+    no padding row comes between; more rows: as before (cuBLASLt)."""
+    import kernels.fp8_cublaslt as lt
+    import kernels.fp8_matmul as fm
+    import kernels.fp8_matmul_mgpu as mg
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": "9.0"})])
+    monkeypatch.setattr(lt, "available", lambda: True)
+    monkeypatch.setattr(fm, "MGPU_SWAP_MAX_M", 64)
+    picked = []
+
+    def fake(name):
+        def run(xq, xs, wq, ws, *a, **kw):
+            picked.append((name, kw.get("config")))
+            return jnp.zeros((xq.shape[0], wq.shape[0]))
+        return run
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
+    monkeypatch.setattr(mg, "fp8_matmul_mgpu", fake("mgpu"))
+    S = jax.ShapeDtypeStruct
+    args = (S((M, 12288), jnp.float8_e4m3fn), S((M, 96), jnp.float32),
+            S((4096, 12288), jnp.float8_e4m3fn), S((32, 96), jnp.float32))
+    jax.eval_shape(fm.fp8_matmul, *args)
+    if not swapped:
+        assert [name for name, _ in picked] == ["cublaslt"]
+        return
+    assert picked == [("mgpu", MgpuConfig(block_n=128, stages=8, warp_specialized=False,
+                                          splits=12, swap=True))]
+    assert fm.scales_group_major(M) == (M % 32 == 0)
 
 
 def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):

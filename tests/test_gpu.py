@@ -235,6 +235,19 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
             # group): about 2^-13 relative per group, bounded here by 2^-12 and measured.
             print("mgpu", M, K, kw, rel_err(out, ref))
             assert rel_err(out, ref) <= 2.0 ** -12
+    # The Mosaic GPU kernel at decode rows with the weights on wgmma's M side (`swap`): x's
+    # rows padded to 32 (9, 33), 64- and 128-row weight tiles, deep pipelines, K splits
+    for M, K in [(9, 4096), (32, 12288), (33, 4096), (64, 12288)]:
+        xq, xs = quantize_act(jax.random.normal(k[0], (M, K)))
+        wq, ws = quantize_weight(jax.random.normal(k[1], (K, 1024)) * K ** -0.5)
+        with jax.default_matmul_precision("highest"):
+            ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
+        for kw in (dict(block_n=64), dict(block_n=128, stages=8, splits=4),
+                   dict(block_n=64, groups_per_step=2, splits=2)):
+            config = MgpuConfig(warp_specialized=False, swap=True, **kw)
+            out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, config=config)
+            print("mgpu swap", M, K, kw, rel_err(out, ref))
+            assert rel_err(out, ref) <= 2.0 ** -12  # wgmma's ~14-bit group sums, as above
     # The default tiles at LLaDA-8B's full down shape (decode rows: K split 12 ways)
     wq, ws = quantize_weight(jax.random.normal(k[1], (12288, 4096)) * 12288 ** -0.5)
     for M in (9, 32):
