@@ -241,7 +241,7 @@ case "${1:-1}" in
     -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_swap_gpu.log" >/dev/null
   tests_passed "$OUT/pytest_fp8_swap_gpu.log" "mgpu swap\|passed\|failed\|Error" || exit 1
   for shape in gate_up down; do
-    timeout -k 5 ${TILE_S:-150} python3 -m benchmarks.fp8_tiles --ms 32 --shapes $shape \
+    timeout -k 5 ${TILE_S:-170} python3 -m benchmarks.fp8_tiles --ms 32 --shapes $shape \
       --kernels pallas_default,mgpu_swap --rounds ${ROUNDS:-2} --device-time 2>&1 \
       | tee -a "$OUT/fp8_tiles_swap.log" | quiet | grep "^best\|xla\|error\|->"
   done

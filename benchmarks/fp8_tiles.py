@@ -102,14 +102,14 @@ def configs(M: int, N: int, K: int, pallas: bool, persistent: bool = False,
 
 def swap_configs(M: int, N: int, K: int) -> list[MgpuConfig]:
     """The Mosaic GPU kernel at decode rows with the weights on wgmma's M side (`swap`): 64- or
-    128-row weight tiles, K splits giving about 1-6 CTAs an SM, pipelines up to 8 steps deep
+    128-row weight tiles, K splits giving 1-3 CTAs an SM, pipelines up to 8 steps deep
     (at M 32 the CTA's compute is small: streaming the weights is the work), where they fit
     in shared memory."""
     G, out = K // GROUP, []
     for bn in (64, 128):
         tiles = N // bn
         for sp in (1, 2, 3, 4, 6, 8, 12):
-            if G % sp or not 132 <= tiles * sp <= 6 * 132:
+            if G % sp or not 132 <= tiles * sp <= 3 * 132:
                 continue
             for st, gs in ((4, 1), (8, 1), (4, 2)):
                 stage_bytes = gs * GROUP * (bn + -(-M // 32) * 32)
