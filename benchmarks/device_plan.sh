@@ -49,7 +49,10 @@
 # RMSNorm kernel correct and no faster: removed by 042c19d; 72 and 73 run at 4d8c803); the
 # forty-ninth, on an H100 after about 830 s: 22 (all 62 GPU tests pass at 1714255) and batch
 # 1's headline at P 512 and 1,024 (1.287x, 1.282x).
-# Left, in priority order: 74 (the Mosaic GPU kernel with swapped operands at 32 rows), 62
+# the fiftieth, on an H100 after about 700 s: 74 (swap's GPU test, then its sweep: faster
+# than the Triton tiles at 32 rows) and 75 (the FFN and the dual step faster with it: on to
+# 32 rows).
+# Left, in priority order: 62
 # (the flash step with the last layer on the window's rows), 25 with PROMPT=1024 (batch 1's
 # exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles)
 # and at M 768 with whole rows over 8 warps (QUANT_MS=768
@@ -231,7 +234,9 @@ case "${1:-1}" in
   ffn_settings fp8_ffn_swap_32.log ${FFN_BOX:-120} "$q=0" "$q=64" ${MORE_FFN:-}
   dual_settings generate_dual_swap.log ${DUAL_BOX:-200} $(alternated $q 0 64)
   step_settings generate_dual_swap_ratio.log ${RATIO_BOX:-240} "--batch 1,8 --prompt 512 \
---modes dual --decoding threshold --fp8-ffn both" "$q=${SWAP_M:-64}" ;;
+--modes dual --decoding threshold --fp8-ffn both" "$q=${SWAP_M:-64}"
+  ls -t benchmarks/results/fp8_ffn-*.json | head -1 | xargs -I{} cp {} "$OUT"/
+  ls -t benchmarks/results/generate-*.json | head -2 | xargs -I{} cp {} "$OUT"/ ;;
 74)
   # issues 20, 23: the Mosaic GPU FP8 GEMM at decode rows with the weights on wgmma's M side
   # (MgpuConfig.swap: TMA streams 64- or 128-row weight tiles up to 8 steps deep, x's 32
@@ -245,7 +250,8 @@ case "${1:-1}" in
       --kernels pallas_default,mgpu_swap --rounds ${ROUNDS:-2} --device-time 2>&1 \
       | tee -a "$OUT/fp8_tiles_swap.log" | quiet | grep "^best\|xla\|error\|->"
   done
-  cp benchmarks/results/fp8_tiles-*.json "$OUT"/ 2>/dev/null ;;
+  # the two sweeps' JSON only (a call returns at most eight files)
+  ls -t benchmarks/results/fp8_tiles-*.json | head -2 | xargs -I{} cp {} "$OUT"/ ;;
 73)
   # issue 23: stage 72 in a short call (its budget's last minutes): the fused kernel's GPU
   # test, then in one run the headline's two configurations (none bf16, exact + FP8) with the

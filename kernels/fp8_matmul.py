@@ -63,7 +63,9 @@ def sm_count() -> int:
 
 
 # From `benchmarks/fp8_tiles.py` on the H200 (RESULTS.md): at M 32 the Triton kernel with
-# split-K is faster (0.043 vs 0.048 ms for gate/up), from M 256 the Mosaic GPU one (2x).
+# split-K is faster (0.043 vs 0.048 ms for gate/up) than the Mosaic GPU one with x on
+# wgmma's M side (with the weights there, `MGPU_SWAP_MAX_M`, it is not), from M 256 the
+# Mosaic GPU one (2x).
 MGPU_MIN_M = 128
 # From `benchmarks/fp8_gemm.py` on the H200, 2026-12-03 (benchmarks/RESULTS.md, fourteenth
 # session), LLaDA-8B's GEMMs, ms, Triton kernel against cuBLASLt's block-scaled GEMM in one
@@ -85,9 +87,12 @@ CUBLASLT_MIN_M = 33
 WAVE_FILL_MIN_M = 512
 WAVE_FILL_MAX_M = 0
 # Rows up to which Hopper runs the Mosaic GPU kernel with the weights on wgmma's M side
-# (`MgpuConfig.swap`, `get_decode`'s pipeline) in place of the Triton tiles and cuBLASLt;
-# 0: never (off until timed in the step). Read when traced.
-MGPU_SWAP_MAX_M = 0
+# (`MgpuConfig.swap`, `get_decode`'s pipeline) in place of the Triton tiles; 0: never. At 32
+# rows on an H100 by device time (fiftieth session, RESULTS.md): gate/up 38.3 us against
+# Triton's 42.7 (XLA's per-tensor FP8 dot 40.7), down 22.1 against 24.7 (23.2); the FFN
+# 0.0666 ms against 0.0717, batch 1's dual step 5.27-5.28 ms against 5.35-5.36 (alternated).
+# Rows between 33 and 64 stay on cuBLASLt (untimed there). Read when traced.
+MGPU_SWAP_MAX_M = 32
 
 
 def _kernel_for(M: int, wave_fill: bool = True) -> str:
@@ -135,8 +140,8 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
       kernel at DeepGEMM's recipe, its tile filling the last wave
       (`WsConfig.get_wave_filling`), where that leaves less work a SM than cuBLASLt's
       tiles (`WsConfig.fills_waves_better`); else as below.
-    - Hopper, M <= `MGPU_SWAP_MAX_M` (off as shipped): the Mosaic GPU kernel with the
-      weights on wgmma's M side (`MgpuConfig.get_decode`).
+    - Hopper, M <= `MGPU_SWAP_MAX_M` (32): the Mosaic GPU kernel with the weights on
+      wgmma's M side (`MgpuConfig.get_decode`).
     - Hopper, M >= `CUBLASLT_MIN_M`, the handler built (`fp8_cublaslt.available()`):
       cuBLASLt's block-scaled GEMM (1.6x the Mosaic GPU kernel's rate from M 256, ~0.95x
       cuBLASLt's per-tensor FP8 rate at M 768), M padded with zero rows to a multiple of 8.

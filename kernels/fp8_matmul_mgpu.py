@@ -26,10 +26,12 @@ GROUP = fm.GROUP
 
 # `MgpuConfig.get_decode`'s pipeline (read when traced, so that benchmarks can set them): the
 # weight rows a CTA, the TMA steps in flight (fewer where they do not fit), and the K splits:
-# the fewest giving `DECODE_WAVES` CTAs an SM.
-DECODE_BLOCK_N = 128
-DECODE_STAGES = 8
-DECODE_WAVES = 2
+# the fewest giving at least `DECODE_CTAS` CTAs. The fastest at 32 rows on an H100
+# (`fp8_tiles --kernels mgpu_swap`, fiftieth session): 64 rows, 4 steps, 384 CTAs for
+# gate/up (no split), 256 for down (K split 4 ways).
+DECODE_BLOCK_N = 64
+DECODE_STAGES = 4
+DECODE_CTAS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +71,10 @@ class MgpuConfig:
         block_n = DECODE_BLOCK_N if N % DECODE_BLOCK_N == 0 else 64
         tiles = N // block_n
         splits = next(s for s in range(1, G + 1)
-                      if G % s == 0 and (tiles * s >= DECODE_WAVES * sms or s == G))
-        stage_bytes = GROUP * (block_n + pl.cdiv(M, 32) * 32)
-        stages = max(2, min(DECODE_STAGES, 200 * 1024 // stage_bytes))
+                      if G % s == 0 and (tiles * s >= DECODE_CTAS or s == G))
+        rows = pl.cdiv(M, 32) * 32
+        room = hopper.SMEM_BYTES - hopper.SMEM_RESERVE - 4 * block_n * rows  # the out tile
+        stages = max(2, min(DECODE_STAGES, room // (GROUP * (block_n + rows))))
         return cls(block_n=block_n, stages=stages, warp_specialized=False, splits=splits,
                    swap=True)
 

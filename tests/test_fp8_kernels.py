@@ -362,10 +362,10 @@ def test_mgpu_gemm_lowers_for_hopper():
 
 
 @pytest.mark.parametrize("cc,M,built,kernel", [
-    ("9.0", 32, True, "pallas"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
+    ("9.0", 32, True, "mgpu"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
     ("9.0", 133, True, "cublaslt"), ("9.0", 121, True, "cublaslt"), ("9.0", 33, True, "cublaslt"),
-    ("9.0", 133, False, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "pallas"),
-    ("9.0", 95, False, "pallas"),
+    ("9.0", 133, False, "mgpu"), ("9.0", 136, False, "mgpu"), ("9.0", 32, False, "mgpu"),
+    ("9.0", 95, False, "pallas"), ("8.9", 32, True, "pallas"),
     ("8.9", 256, True, "pallas"), ("10.0", 256, True, "pallas"), ("8.0", 32, True, None)])
 def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     """Which kernel `fp8_matmul` picks per GPU, M and whether the cuBLASLt handler could be
@@ -398,25 +398,28 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     # cuBLASLt takes M in multiples of 8: the others get zero rows added (133 -> 136, 33 -> 40)
     rows = -(-M // 8) * 8 if kernel == "cublaslt" else M
     assert picked == [(kernel, rows, rows)]
-    # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline.
-    assert mgpu_settings == ([dict(config=MgpuConfig(stages=2, groups_per_step=2))]
-                             if kernel == "mgpu" else [])
+    # Mosaic GPU: two output tiles (< 132 SMs) and 2 K groups: the deep-step pipeline; up to
+    # 32 rows the weights on wgmma's M side (two 64-row tiles, K split in its 2 groups).
+    decode = MgpuConfig(block_n=64, stages=4, warp_specialized=False, splits=2, swap=True)
+    assert mgpu_settings == ([] if kernel != "mgpu" else [dict(config=decode)] if M <= 32
+                             else [dict(config=MgpuConfig(stages=2, groups_per_step=2))])
     # The quantisation kernels write the scales group-major exactly where the GEMM reads them
     # so: cuBLASLt unpadded, Triton's transposed (decode) tiles; a wrong guess costs a
     # transpose, not a wrong result.
     swapped = kernel == "pallas" and tr.TritonTiles.get_default(M, 128, 256).swap
-    assert fm.scales_group_major(M) == ((kernel == "cublaslt" and M % 8 == 0) or swapped)
+    assert fm.scales_group_major(M) == ((kernel == "cublaslt" and M % 8 == 0) or swapped
+                                        or (kernel == "mgpu" and M == 32))
     # The dispatch's thresholds are what these cases assume.
     assert fm.CUBLASLT_MIN_M == 33 and 95 < fm.MGPU_MIN_M <= 133 and fm.WAVE_FILL_MAX_M == 0
-    assert fm.MGPU_SWAP_MAX_M == 0
+    assert fm.MGPU_SWAP_MAX_M == 32
 
 
 @pytest.mark.parametrize("M,swapped", [(32, True), (9, True), (64, True), (65, False)])
 def test_dispatch_swaps_operands_up_to_mgpu_swap_max_m(monkeypatch, M, swapped):
-    """`MGPU_SWAP_MAX_M` on (64): Hopper's rows up to it go to the Mosaic GPU kernel with the
+    """`MGPU_SWAP_MAX_M` at 64: Hopper's rows up to it go to the Mosaic GPU kernel with the
     weights on wgmma's M side at `MgpuConfig.get_decode`'s pipeline (LLaDA-8B's down GEMM:
-    128 weight rows a CTA, K split until two CTAs an SM), its scales read group-major where
-    no padding row comes between; more rows: as before (cuBLASLt)."""
+    64 weight rows a CTA, K split until 256 CTAs), its scales read group-major where no
+    padding row comes between; more rows: as before (cuBLASLt)."""
     import kernels.fp8_cublaslt as lt
     import kernels.fp8_matmul as fm
     import kernels.fp8_matmul_mgpu as mg
@@ -440,8 +443,8 @@ def test_dispatch_swaps_operands_up_to_mgpu_swap_max_m(monkeypatch, M, swapped):
     if not swapped:
         assert [name for name, _ in picked] == ["cublaslt"]
         return
-    assert picked == [("mgpu", MgpuConfig(block_n=128, stages=8, warp_specialized=False,
-                                          splits=12, swap=True))]
+    assert picked == [("mgpu", MgpuConfig(block_n=64, stages=4, warp_specialized=False,
+                                          splits=4, swap=True))]
     assert fm.scales_group_major(M) == (M % 32 == 0)
 
 
