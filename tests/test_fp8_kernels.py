@@ -361,6 +361,23 @@ def test_mgpu_gemm_lowers_for_hopper():
         lowering_platforms=("cuda",)).as_text()
 
 
+def pretend_gpu(monkeypatch, cc: str = "9.0", built: bool = True):
+    """jax sees one GPU of compute capability `cc`; the cuBLASLt handler `built` or not."""
+    import kernels.fp8_cublaslt as lt
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
+    monkeypatch.setattr(lt, "available", lambda: built)
+
+
+def recording(picked: list, name: str, entry):
+    """A stand-in kernel that appends `entry(xq, kwargs)` under `name` to `picked` and returns
+    zeros of the output's shape."""
+    def run(xq, xs, wq, ws, *a, **kw):
+        picked.append((name, *entry(xq, kw)))
+        return jnp.zeros((xq.shape[0], wq.shape[0]))
+    return run
+
+
 @pytest.mark.parametrize("cc,M,built,kernel", [
     ("9.0", 32, True, "mgpu"), ("9.0", 1024, True, "cublaslt"), ("9.0", 136, True, "cublaslt"),
     ("9.0", 133, True, "cublaslt"), ("9.0", 121, True, "cublaslt"), ("9.0", 33, True, "cublaslt"),
@@ -375,9 +392,7 @@ def test_dispatch_on_gpus(monkeypatch, cc, M, built, kernel):
     import kernels.fp8_matmul_mgpu as mg
     import kernels.fp8_matmul_triton as tr
     _, _, (xq, xs), (wq, ws) = operands(M, 256, 128)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": cc})])
-    monkeypatch.setattr(lt, "available", lambda: built)
+    pretend_gpu(monkeypatch, cc, built)
     picked, mgpu_settings = [], []
 
     def fake(name):
@@ -423,19 +438,14 @@ def test_dispatch_swaps_operands_up_to_mgpu_swap_max_m(monkeypatch, M, swapped):
     import kernels.fp8_cublaslt as lt
     import kernels.fp8_matmul as fm
     import kernels.fp8_matmul_mgpu as mg
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": "9.0"})])
-    monkeypatch.setattr(lt, "available", lambda: True)
+    pretend_gpu(monkeypatch)
     monkeypatch.setattr(fm, "MGPU_SWAP_MAX_M", 64)
     picked = []
 
-    def fake(name):
-        def run(xq, xs, wq, ws, *a, **kw):
-            picked.append((name, kw.get("config")))
-            return jnp.zeros((xq.shape[0], wq.shape[0]))
-        return run
-    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
-    monkeypatch.setattr(mg, "fp8_matmul_mgpu", fake("mgpu"))
+    def config(xq, kw):
+        return (kw.get("config"),)
+    monkeypatch.setattr(lt, "fp8_matmul_cublaslt", recording(picked, "cublaslt", config))
+    monkeypatch.setattr(mg, "fp8_matmul_mgpu", recording(picked, "mgpu", config))
     S = jax.ShapeDtypeStruct
     args = (S((M, 12288), jnp.float8_e4m3fn), S((M, 96), jnp.float32),
             S((4096, 12288), jnp.float8_e4m3fn), S((32, 96), jnp.float32))
@@ -459,17 +469,12 @@ def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):
     import kernels.fp8_matmul as fm
     import kernels.fp8_matmul_mgpu_ws as ws
     import kernels.fp8_matmul_triton as tr
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(jax, "devices", lambda: [type("Gpu", (), {"compute_capability": "9.0"})])
-    monkeypatch.setattr(lt, "available", lambda: True)
+    pretend_gpu(monkeypatch)
     monkeypatch.setattr(fm, "WAVE_FILL_MAX_M", 1280)
     picked = []
 
     def fake(name):
-        def run(xq, xs, wq, ws_, *a, **kw):
-            picked.append((name, xq.shape[0], kw))
-            return jnp.zeros((xq.shape[0], wq.shape[0]))
-        return run
+        return recording(picked, name, lambda xq, kw: (xq.shape[0], kw))
     monkeypatch.setattr(lt, "fp8_matmul_cublaslt", fake("cublaslt"))
     monkeypatch.setattr(tr, "fp8_matmul_pallas", fake("pallas"))
     monkeypatch.setattr(ws, "fp8_matmul_mgpu_ws", fake("mgpu_ws"))
