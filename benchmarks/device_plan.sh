@@ -227,9 +227,10 @@ tests_passed() {
 case "${1:-1}" in
 75)
   # issues 20, 23: stage 74's kernel in the FFN and the step (kernels.fp8_matmul:
-  # MGPU_SWAP_MAX_M, 0 as shipped; the pipeline's DECODE_* in kernels.fp8_matmul_mgpu): the
-  # FFN at 32 rows by device time, the batch-1 dual step (FP8, threshold) alternated off /
-  # on, then threshold + dual bf16 against FP8 at batches 1 and 8 with it on to 64 rows
+  # MGPU_SWAP_MAX_M, 0 when this ran, 32 since; the pipeline's DECODE_* in
+  # kernels.fp8_matmul_mgpu): the FFN at 32 rows by device time, the batch-1 dual step (FP8,
+  # threshold) alternated off / on, then threshold + dual bf16 against FP8 at batches 1 and
+  # 8 with it on to 64 rows
   q=kernels.fp8_matmul:MGPU_SWAP_MAX_M
   ffn_settings fp8_ffn_swap_32.log ${FFN_BOX:-120} "$q=0" "$q=64" ${MORE_FFN:-}
   dual_settings generate_dual_swap.log ${DUAL_BOX:-200} $(alternated $q 0 64)
@@ -240,7 +241,7 @@ case "${1:-1}" in
 74)
   # issues 20, 23: the Mosaic GPU FP8 GEMM at decode rows with the weights on wgmma's M side
   # (MgpuConfig.swap: TMA streams 64- or 128-row weight tiles up to 8 steps deep, x's 32
-  # rows the wgmma's N) against the Triton tiles `fp8_matmul` dispatches at 32 rows (reads
+  # rows the wgmma's N) against the Triton tiles `fp8_matmul` dispatched at 32 rows (reads
   # at 1.4-2.1 TB/s), by the device's span per call: its GPU test, then both GEMMs
   timeout -k 5 ${TEST_S:-150} python3 -m pytest -q -m gpu tests/test_gpu.py -k llada_widths \
     -s -p no:cacheprovider 2>&1 | tee "$OUT/pytest_fp8_swap_gpu.log" >/dev/null

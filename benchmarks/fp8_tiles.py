@@ -41,7 +41,7 @@ from kernels.fp8_matmul_triton import GROUP, TritonTiles, fp8_matmul_pallas, k_s
 from lacache_jax.quant import quantize_act, quantize_weight
 
 SHAPES = {"gate_up": (4096, 2 * 12288), "down": (12288, 4096)}  # (K, N)
-# --kernels: Triton's sweep, Mosaic GPU's, Triton's dispatched tiles alone, Mosaic GPU's
+# --kernels: Triton's sweep, Mosaic GPU's, Triton's default tiles alone, Mosaic GPU's
 # decode sweep with the weights on wgmma's M side (`swap_configs`)
 KERNELS = ("pallas", "mgpu", "pallas_default", "mgpu_swap")
 
@@ -151,7 +151,7 @@ def sweep(shape: str, M: int, rows: list, kernels: list[str], persistent: bool,
     def kernel_configs(kernel):
         if kernel == "mgpu_swap":
             return swap_configs(M, N, K)
-        if kernel == "pallas_default":  # what `fp8_matmul` dispatches at this M
+        if kernel == "pallas_default":  # Triton's default tiles (dispatched off Hopper)
             return [TritonTiles.get_default(M, N, K)]
         return configs(M, N, K, kernel == "pallas", persistent, decode)
     cfgs = [(kernel, cfg) for kernel in kernels for cfg in kernel_configs(kernel)]

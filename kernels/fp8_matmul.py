@@ -89,8 +89,9 @@ WAVE_FILL_MAX_M = 0
 # Rows up to which Hopper runs the Mosaic GPU kernel with the weights on wgmma's M side
 # (`MgpuConfig.swap`, `get_decode`'s pipeline) in place of the Triton tiles; 0: never. At 32
 # rows on an H100 by device time (fiftieth session, RESULTS.md): gate/up 38.3 us against
-# Triton's 42.7 (XLA's per-tensor FP8 dot 40.7), down 22.1 against 24.7 (23.2); the FFN
-# 0.0666 ms against 0.0717, batch 1's dual step 5.27-5.28 ms against 5.35-5.36 (alternated).
+# Triton's 42.7 (XLA's per-tensor FP8 dot 40.7), down's best setting 22.1 against 24.7
+# (23.2); with `get_decode`'s the FFN 0.0666 ms against 0.0717, batch 1's dual step
+# 5.27-5.28 ms against 5.35-5.36 (alternated).
 # Rows between 33 and 64 stay on cuBLASLt (untimed there). Read when traced.
 MGPU_SWAP_MAX_M = 32
 
@@ -114,7 +115,8 @@ def _kernel_for(M: int, wave_fill: bool = True) -> str:
 def scales_group_major(M: int) -> bool:
     """Whether `fp8_matmul` reads the activation scales of M rows K-group-major ([K/128, M]):
     cuBLASLt's layout (M a multiple of 8, so no padding comes between), and the Triton
-    kernel's transposed tiles (decode rows: `fp8_matmul_triton.swapped`). The quantisation
+    kernel's transposed tiles (decode rows: `fp8_matmul_triton.swapped`), and the Mosaic GPU
+    kernel with swapped operands (up to `MGPU_SWAP_MAX_M` rows). The quantisation
     kernels then write them so, handed out as the [M, K/128] transpose, and XLA cancels it
     against the GEMM's own (each was a kernel launch a layer: 3.2 us of a 768-row FP8 layer's
     ~260 us, 2.3 us of a 32-row one's ~62 us, twenty-second session's traces). The Mosaic GPU
@@ -172,7 +174,7 @@ def fp8_matmul(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16):
         kernel = _kernel_for(M, wave_fill=False)
     if kernel == "mgpu_swap":
         return mg.fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype,
-                                  config=mg.MgpuConfig.get_decode(M, N, K, sm_count()))
+                                  config=mg.MgpuConfig.get_decode(M, N, K))
     if kernel == "cublaslt" and lt.supports(M8, N, K, out_dtype):
         if M8 == M:
             return lt.fp8_matmul_cublaslt(xq, x_scale, wq, w_scale, out_dtype)

@@ -28,7 +28,9 @@ GROUP = fm.GROUP
 # weight rows a CTA, the TMA steps in flight (fewer where they do not fit), and the K splits:
 # the fewest giving at least `DECODE_CTAS` CTAs. The fastest at 32 rows on an H100
 # (`fp8_tiles --kernels mgpu_swap`, fiftieth session): 64 rows, 4 steps, 384 CTAs for
-# gate/up (no split), 256 for down (K split 4 ways).
+# gate/up (no split); for down 64 rows, 4 steps of 2 K groups, 256 CTAs (K split 4 ways).
+# One group a step here (the FFN's and the step's timings ran so; down's sweep printed its
+# best only).
 DECODE_BLOCK_N = 64
 DECODE_STAGES = 4
 DECODE_CTAS = 256
@@ -37,7 +39,8 @@ DECODE_CTAS = 256
 @dataclasses.dataclass(frozen=True)
 class MgpuConfig:
     """Pipeline settings of `fp8_matmul_mgpu` (hashable: a static jit argument)."""
-    block_n: int = 128             # output columns per CTA: a multiple of 64, <= 256, dividing N
+    block_n: int = 128             # output columns per CTA: a multiple of 64, <= 256, dividing
+    #                                N (swap: 64 or 128 weight rows)
     stages: int = 4                # TMA steps in flight
     warp_specialized: bool = True  # two compute warpgroups + one TMA warpgroup per CTA
     groups_per_step: int = 1       # 128-wide K groups per TMA step
@@ -65,25 +68,37 @@ class MgpuConfig:
         return cls(stages=2, groups_per_step=2, ctas=sms)
 
     @classmethod
-    def get_decode(cls, M: int, N: int, K: int, sms: int = 132) -> MgpuConfig:
-        """`swap` at decode rows (M <= 256), by the module's DECODE_* settings."""
-        G = K // GROUP
-        block_n = DECODE_BLOCK_N if N % DECODE_BLOCK_N == 0 else 64
+    def get_decode(cls, M: int, N: int, K: int) -> MgpuConfig:
+        """`swap` at decode rows by the module's DECODE_* settings: up to `DECODE_STAGES`
+        steps, as many as shared memory holds beside the output tile (64 weight rows where
+        `DECODE_BLOCK_N`'s leave room for fewer than 2)."""
+        G, rows = K // GROUP, pl.cdiv(M, 32) * 32
+        for block_n in dict.fromkeys((DECODE_BLOCK_N, 64)):
+            stages = min(DECODE_STAGES, swap_stages_that_fit(block_n, rows))
+            if stages >= 2:
+                break
+        else:
+            raise ValueError(f"swap at {M} rows: no room for 2 pipeline steps")
         tiles = N // block_n
         splits = next(s for s in range(1, G + 1)
                       if G % s == 0 and (tiles * s >= DECODE_CTAS or s == G))
-        rows = pl.cdiv(M, 32) * 32
-        room = hopper.SMEM_BYTES - hopper.SMEM_RESERVE - 4 * block_n * rows  # the out tile
-        stages = max(2, min(DECODE_STAGES, room // (GROUP * (block_n + rows))))
         return cls(block_n=block_n, stages=stages, warp_specialized=False, splits=splits,
                    swap=True)
 
 
+def swap_stages_that_fit(block_n: int, rows: int) -> int:
+    """Pipeline steps of `swap` (one K group a step) that fit shared memory: a step's FP8
+    tiles, x's scale row and the w scales' 32 copies, beside the fp32 output tile."""
+    step = GROUP * (block_n + rows) + 4 * rows + 4 * 32
+    return (hopper.SMEM_BYTES - hopper.SMEM_RESERVE - 4 * block_n * rows) // step
+
+
 def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpret=False):
-    """One pipeline step on one warpgroup's 64 rows (`swap`: its weight rows, x's rows as the
-    columns): per 128-wide K group of the step an FP8 wgmma into a fresh fp32 accumulator, all
-    issued first; then each group, once done, is scaled (row x column) into the running
-    register sum while later groups' wgmmas run. `interpret`: the same products in fp32 in
+    """One pipeline step on one warpgroup's 64 rows (`swap`: its 64 or 128 weight rows, x's
+    rows as the columns): per 128-wide K group of the step an FP8 wgmma into a fresh fp32
+    accumulator, all issued first; then each group, once done, is scaled (row x column scale;
+    swap: x's column scale x the tile's one w scale) into the running register sum while
+    later groups' wgmmas run. `interpret`: the same products in fp32 in
     place of the wgmma (the interpreter has no transposed wgmma operand and no layouts)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     shape = acc.shape
@@ -160,8 +175,10 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         raise ValueError(f"splits {splits} x groups_per_step {gs} must divide the {G} K groups")
     if ctas and (splits > 1 or not warp_specialized):
         raise ValueError("persistent CTAs (ctas) need warp_specialized and splits 1")
-    if c.swap and (warp_specialized or ctas or M > 256):
-        raise ValueError("swap (decode rows) needs warp_specialized False, no ctas, M <= 256")
+    if c.swap and (warp_specialized or ctas or M > 256 or tn not in (64, 128)):
+        # a swap tile reads one w scale a group: its rows must lie in one 128-row block
+        raise ValueError("swap (decode rows) needs warp_specialized False, no ctas, "
+                         f"M <= 256 and block_n 64 or 128; got {c}, M {M}")
     # swap: x's rows padded so that a group's scales (a TMA row) are 128 bytes or more
     bm = pl.cdiv(M, 32) * 32 if c.swap else 2 * tm if warp_specialized else tm
     Mp = pl.cdiv(M, bm) * bm

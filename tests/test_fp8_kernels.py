@@ -308,27 +308,40 @@ def test_ffn_kernels_see_rows_padded_once(monkeypatch):
                                              np.float32))
 
 
-@pytest.mark.parametrize("M,K,N,kw", [
-    (9, 512, 256, dict(swap=True, block_n=64, splits=2)),        # x's rows padded to 32
-    (32, 512, 256, dict(swap=True, groups_per_step=2)),          # two groups a step
-    (40, 1024, 384, dict(swap=True, block_n=64, stages=2)),      # two tiles a weight block
-    (70, 512, 256, dict(block_n=64, splits=2))])                 # x on wgmma's M side
-def test_mgpu_gemm_in_the_interpreter(M, K, N, kw):
+@pytest.mark.parametrize("M,K,N,kw,out_dtype", [
+    (9, 512, 256, dict(swap=True, block_n=64, splits=2), jnp.float32),  # rows padded to 32
+    (32, 512, 256, dict(swap=True, groups_per_step=2), jnp.float32),    # two groups a step
+    (40, 1024, 384, dict(swap=True, block_n=64, stages=2), jnp.float32),  # two tiles a block
+    (32, 512, 512, dict(swap=True, block_n=64), jnp.bfloat16),  # as dispatched for gate/up
+    (70, 512, 256, dict(block_n=64, splits=2), jnp.float32)])   # x on wgmma's M side
+def test_mgpu_gemm_in_the_interpreter(M, K, N, kw, out_dtype):
     """The one-warpgroup Mosaic GPU kernel in Pallas' interpreter (its wgmmas as fp32
     products): tiles, K splits and each group's row and column scales, `swap`'s weight block
     scale and transposed output among them. The wgmma's own precision: tests/test_gpu.py."""
     _, _, (xq, xs), (wq, ws) = operands(M, K, N)
-    out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, interpret=True,
-                          config=MgpuConfig(warp_specialized=False, **kw))
+    config = MgpuConfig(warp_specialized=False, **kw)
+    out = fp8_matmul_mgpu(xq, xs, wq, ws, out_dtype, interpret=True, config=config)
     with jax.default_matmul_precision("highest"):
         ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
-    assert rel_err(out, ref) <= 1e-6  # fp32 summation order only (~K * 2^-24)
+    assert out.dtype == out_dtype
+    # fp32: summation order only; K products summed in fp32 err by about sqrt(K) * 2^-24
+    # (2e-6 at K 1024; measured 1e-7), where a misplaced scale errs by ~1e-2. bf16 out: one
+    # rounding of the result, at most 2^-9 relative.
+    assert rel_err(out, ref) <= (1e-5 if out_dtype == jnp.float32 else 2.0 ** -8)
+    # swap writes the kernel's output transposed ([N, M padded to 32]): the kernel took it
+    text = jax.jit(functools.partial(fp8_matmul_mgpu, config=config)).trace(
+        xq, xs, wq, ws).lower(lowering_platforms=("cuda",)).as_text()
+    rows = -(-M // 32) * 32 if config.swap else -(-M // 64) * 64
+    dims = (N, rows) if config.swap else (rows, N)
+    kernel_out = f"tensor<{'' if config.splits == 1 else f'{config.splits}x'}{dims[0]}x{dims[1]}x"
+    assert any("mosaic_gpu" in line and kernel_out in line.split("->")[-1]
+               for line in text.splitlines()), kernel_out
 
 
 def test_mgpu_gemm_lowers_for_hopper():
-    """The Mosaic GPU kernel cannot run here (TMA has no interpreter); lowering it for CUDA
-    still checks its layouts, wgmma operand shapes and shared-memory budget. Numerics:
-    tests/test_gpu.py on the H200."""
+    """Pallas' Mosaic GPU interpreter has no layouts and no wgmma (the kernel's arithmetic
+    there: `test_mgpu_gemm_in_the_interpreter`); lowering it for CUDA checks its layouts,
+    wgmma operand shapes and shared-memory budget. The wgmma's numerics: tests/test_gpu.py."""
     _, _, (xq, xs), (wq, ws) = operands(100, 512, 256)
     for kw in (dict(), dict(block_n=256, stages=3), dict(warp_specialized=False),
                dict(groups_per_step=2), dict(splits=2), dict(splits=4, warp_specialized=False),
@@ -347,6 +360,9 @@ def test_mgpu_gemm_lowers_for_hopper():
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(ctas=132, splits=2))
     with pytest.raises(ValueError, match="swap"):
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True))
+    with pytest.raises(ValueError, match="block_n 64 or 128"):  # one w scale a tile
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True, warp_specialized=False,
+                                                          block_n=256))
     _, _, (xq, xs), (wq, ws) = operands(32, 1024, 256)  # the decode sweep's deepest K split
     for kw in (dict(splits=8), dict(swap=True, block_n=64, stages=8, splits=4),
                dict(swap=True, groups_per_step=2, splits=2)):
@@ -456,6 +472,24 @@ def test_dispatch_swaps_operands_up_to_mgpu_swap_max_m(monkeypatch, M, swapped):
     assert picked == [("mgpu", MgpuConfig(block_n=64, stages=4, warp_specialized=False,
                                           splits=4, swap=True))]
     assert fm.scales_group_major(M) == (M % 32 == 0)
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_decode_pipeline_fits_shared_memory(monkeypatch, block_n):
+    """`MgpuConfig.get_decode` at LLaDA-8B's down GEMM up to 256 rows lowers for CUDA (whose
+    lowering checks the shared memory): its stages leave room for the output tile, and 128
+    weight rows drop to 64 where they would leave room for fewer than 2 steps."""
+    import kernels.fp8_matmul_mgpu as mg
+    monkeypatch.setattr(mg, "DECODE_BLOCK_N", block_n)
+    monkeypatch.setattr(mg, "DECODE_STAGES", 8)
+    S = jax.ShapeDtypeStruct
+    for M in (32, 160, 256):
+        config = MgpuConfig.get_decode(M, 4096, 12288)
+        assert config.stages >= 2 and config.block_n <= block_n and config.swap
+        args = (S((M, 12288), jnp.float8_e4m3fn), S((M, 96), jnp.float32),
+                S((4096, 12288), jnp.float8_e4m3fn), S((32, 96), jnp.float32))
+        jax.jit(functools.partial(fp8_matmul_mgpu, config=config)).trace(*args).lower(
+            lowering_platforms=("cuda",))
 
 
 def test_dispatch_fills_waves_up_to_wave_fill_max_m(monkeypatch):

@@ -306,9 +306,9 @@ def test_fp8_gemm_with_imprecise_acc_on_gpu(monkeypatch):
 
 def test_fp8_ffn_scales_written_where_the_gemm_reads_them():
     """Hopper with the cuBLASLt handler: the FFN's quantisation kernels write the activation
-    scales group-major, the layout cuBLASLt (768 rows) and Triton's transposed decode tiles
-    (32 rows) read, so the compiled FFN holds no transpose of them (two launches a layer
-    before); those scales are the row-major ones bit for bit, also at a row count that is
+    scales group-major, the layout cuBLASLt (768 rows) and the Mosaic GPU kernel's swapped
+    decode tiles (32 rows) read, so the compiled FFN holds no transpose of them (two launches
+    a layer before); those scales are the row-major ones bit for bit, also at a row count that is
     padded (77)."""
     from kernels import fp8_matmul as fm
     from kernels.fused_quant import rmsnorm_quant_pallas, swiglu_quant_pallas
