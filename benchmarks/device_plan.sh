@@ -54,8 +54,8 @@
 # 32 rows).
 # Left, in priority order: 22 (all GPU tests with swap on at 32 rows; its own and the scales
 # test passed), 62 (the flash step with the last layer on the window's rows), 25 with
-# PROMPT=1024 (batch 1's exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles)
-# and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# PROMPT=1024 (batch 1's exact + FP8 step's kernels where its 1.3x is furthest), 26 at M
+# 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other
 # axes (stages 1, 8 warps); 44 once it has a PTX source (benchmarks/triton_ptx.py compiles with
 # Triton 3.9 on the CPU instead); 22 again after a kernel change (PART 2 ran 402 s at 1714255).
