@@ -53,9 +53,10 @@
 # than the Triton tiles at 32 rows) and 75 (the FFN and the dual step faster with it: on to
 # 32 rows).
 # Left, in priority order: 22 (all GPU tests with swap on at 32 rows; its own and the scales
-# test passed), 62 (the flash step with the last layer on the window's rows), 25 with
-# PROMPT=1024 (batch 1's exact + FP8 step's kernels where its 1.3x is furthest), 26 at M
-# 6144 (batch 8's tiles) and at M 768 with whole rows over 8 warps (QUANT_MS=768
+# test passed), 76 (swap's w scales as one row a CTA: built after the fiftieth's calls), 62
+# (the flash step with the last layer on the window's rows), 25 with PROMPT=1024 (batch 1's
+# exact + FP8 step's kernels where its 1.3x is furthest), 26 at M 6144 (batch 8's tiles) and
+# at M 768 with whole rows over 8 warps (QUANT_MS=768
 # QUANT_TILES=16x1x4,1x32x8,2x32x8), 24, 3, 5; 39 for down alone (SEARCH=down:6144); 40's other
 # axes (stages 1, 8 warps); 44 once it has a PTX source (benchmarks/triton_ptx.py compiles with
 # Triton 3.9 on the CPU instead); 22 again after a kernel change (PART 2 ran 402 s at 1714255).
@@ -225,6 +226,21 @@ tests_passed() {
   [[ $rc == 0 ]] || { echo "GPU tests failed (rc $rc): nothing timed"; return 1; }
 }
 case "${1:-1}" in
+76)
+  # issues 20, 23: swap's w scales as one row a CTA, copied before its pipeline
+  # (MgpuConfig.scale_row; kernels.fp8_matmul_mgpu:DECODE_SCALE_ROW, 0 as shipped) instead of
+  # XLA's 32 copies a block each call: the FP8 GPU tests (its settings among them), the FFN
+  # at 32 rows by device time off / on, the batch-1 dual step (FP8, threshold) alternated
+  timeout -k 5 ${TEST_S:-200} python3 -m pytest -q -m gpu tests/test_gpu.py -k \
+    "llada_widths or scales_written" -s -p no:cacheprovider 2>&1 \
+    | tee "$OUT/pytest_fp8_scale_row_gpu.log" >/dev/null
+  tests_passed "$OUT/pytest_fp8_scale_row_gpu.log" "mgpu swap\|passed\|failed\|Error" \
+    || exit 1
+  q=kernels.fp8_matmul_mgpu:DECODE_SCALE_ROW
+  ffn_settings fp8_ffn_scale_row_32.log ${FFN_BOX:-100} "$q=0" "$q=1"
+  dual_settings generate_dual_scale_row.log ${DUAL_BOX:-170} $(alternated $q 0 1)
+  ls -t benchmarks/results/fp8_ffn-*.json | head -1 | xargs -I{} cp {} "$OUT"/
+  ls -t benchmarks/results/generate-*.json | head -1 | xargs -I{} cp {} "$OUT"/ ;;
 75)
   # issues 20, 23: stage 74's kernel in the FFN and the step (kernels.fp8_matmul:
   # MGPU_SWAP_MAX_M, 0 when this ran, 32 since; the pipeline's DECODE_* in

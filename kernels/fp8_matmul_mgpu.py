@@ -34,6 +34,8 @@ GROUP = fm.GROUP
 DECODE_BLOCK_N = 64
 DECODE_STAGES = 4
 DECODE_CTAS = 256
+# 1: `MgpuConfig.scale_row` where K allows it (off: not yet timed on a GPU)
+DECODE_SCALE_ROW = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,9 @@ class MgpuConfig:
     # padded to a multiple of 32, on its N side, so that few rows pad to 32, not 64 (one
     # warpgroup, no persistent CTAs). The output is written transposed and turned by XLA.
     swap: bool = False
+    # swap: the CTA's block of w scales (one row of G) copied to shared memory once, before
+    # its pipeline, instead of 32 copies a block made by XLA each call (off until timed)
+    scale_row: bool = False
 
     @classmethod
     def get_default(cls, M: int, N: int, K: int, sms: int = 132) -> MgpuConfig:
@@ -83,26 +88,31 @@ class MgpuConfig:
         splits = next(s for s in range(1, G + 1)
                       if G % s == 0 and (tiles * s >= DECODE_CTAS or s == G))
         return cls(block_n=block_n, stages=stages, warp_specialized=False, splits=splits,
-                   swap=True)
+                   swap=True, scale_row=bool(DECODE_SCALE_ROW) and G % 32 == 0)
 
 
 def swap_stages_that_fit(block_n: int, rows: int) -> int:
     """Pipeline steps of `swap` (one K group a step) that fit shared memory: a step's FP8
-    tiles, x's scale row and the w scales' 32 copies, beside the fp32 output tile."""
+    tiles, x's scale row and the w scales' 32 copies, beside the fp32 output tile (and, with
+    `scale_row`, a row of at most 96 w scales: within the 4 KB reserve's spare)."""
     step = GROUP * (block_n + rows) + 4 * rows + 4 * 32
     return (hopper.SMEM_BYTES - hopper.SMEM_RESERVE - 4 * block_n * rows) // step
 
 
-def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpret=False):
+def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpret=False,
+               w_scale=None):
     """One pipeline step on one warpgroup's 64 rows (`swap`: its 64 or 128 weight rows, x's
     rows as the columns): per 128-wide K group of the step an FP8 wgmma into a fresh fp32
     accumulator, all issued first; then each group, once done, is scaled (row x column scale;
     swap: x's column scale x the tile's one w scale) into the running register sum while
     later groups' wgmmas run. `interpret`: the same products in fp32 in
-    place of the wgmma (the interpreter has no transposed wgmma operand and no layouts)."""
+    place of the wgmma (the interpreter has no transposed wgmma operand and no layouts).
+    `w_scale(c)` (swap): group c's w scale, where `ws_smem` is None."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     shape = acc.shape
     n_groups = xs_smem.shape[0]
+    if w_scale is None:
+        w_scale = lambda c: ws_smem[c, 0]  # noqa: E731 (32 copies of the block's scale)
 
     def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
         return ref[...] if interpret else hopper.load_whole(ref, plgpu.Layout.WGMMA.reduce(axis))
@@ -115,7 +125,7 @@ def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpre
 
     def promote(out, c, done):
         if swap:  # the weight tile lies in one 128 x 128 block: one scale a group
-            scale = jax.lax.broadcast_in_dim(load(xs_smem.at[c, rows], 0) * ws_smem[c, 0],
+            scale = jax.lax.broadcast_in_dim(load(xs_smem.at[c, rows], 0) * w_scale(c),
                                              shape, [1])
         else:
             scale = (jax.lax.broadcast_in_dim(load(xs_smem.at[c, rows], 1), shape, [0])
@@ -160,8 +170,9 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     tile. `swap` (decode rows): each warpgroup owns `block_n` weight rows x all of x's rows
     (padded to 32), the output computed transposed. Scales are passed transposed ([G, M]) and
     the weight scale expanded per column ([G, N]; swap: 32 copies a block) so each group's are
-    one TMA row each. `interpret`: in Pallas' Mosaic GPU interpreter (on the CPU), the wgmmas
-    as fp32 products."""
+    one TMA row each (`scale_row`: swap's CTA copies its block's row of w scales once).
+    `interpret`: in Pallas' Mosaic GPU interpreter (on the CPU), the wgmmas as fp32
+    products."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
     fm._check(xq, x_scale, wq, w_scale)
     M, K = xq.shape
@@ -179,6 +190,9 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         # a swap tile reads one w scale a group: its rows must lie in one 128-row block
         raise ValueError("swap (decode rows) needs warp_specialized False, no ctas, "
                          f"M <= 256 and block_n 64 or 128; got {c}, M {M}")
+    if c.scale_row and (not c.swap or G % 32):
+        # a copy of whole 128-byte lines (the compiled kernel's copies need them)
+        raise ValueError(f"scale_row needs swap and K / 128 a multiple of 32; got {c}, K {K}")
     # swap: x's rows padded so that a group's scales (a TMA row) are 128 bytes or more
     bm = pl.cdiv(M, 32) * 32 if c.swap else 2 * tm if warp_specialized else tm
     Mp = pl.cdiv(M, bm) * bm
@@ -187,13 +201,15 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     # The w scales a TMA row a group: each block's per column, or (swap: a CTA's weight rows
     # lie in one block) 32 copies of it, the fewest that make a 128-byte row
     ws_reps = 32 if c.swap else GROUP
-    ws_GN = jnp.repeat(w_scale.T, ws_reps, axis=1)
+    ws_GN = w_scale if c.scale_row else jnp.repeat(w_scale.T, ws_reps, axis=1)
     swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
     tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
     in_specs = [plgpu.BlockSpec((bm, gs * GROUP), lambda g: (0, g), transforms=tiled),
                 plgpu.BlockSpec((gs, bm), lambda g: (g, 0)),
                 plgpu.BlockSpec((tn, gs * GROUP), lambda g: (0, g), transforms=tiled),
                 plgpu.BlockSpec((gs, 32 if c.swap else tn), lambda g: (g, 0))]
+    if c.scale_row:  # the w scales come once a CTA, not a block a step
+        in_specs = in_specs[:3]
     share = G // splits  # K groups per CTA
     steps = (share // gs,)
 
@@ -208,12 +224,17 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
             body, grid=steps, memory_registers=40, max_concurrent_steps=stages, wg_axis="wg",
             num_compute_wgs=2, in_specs=in_specs, compute_context=compute_context)
 
-    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem2):
+    def kernel(x_gmem, xs_gmem, w_gmem, ws_gmem, o_gmem, o_smem2, *row):
         wg = jax.lax.axis_index("wg") if warp_specialized else 0
         rows = pl.ds(0, bm) if c.swap else pl.ds(wg * tm, tm)
 
-        def body(_, *refs):
-            return _mgpu_step(*refs, rows, c.swap, interpret)
+        def body(idx, *refs):
+            if not c.scale_row:
+                return _mgpu_step(*refs, rows, c.swap, interpret)
+            (x, xs, w, acc), row_smem = refs, row[0]
+            first = jax.lax.axis_index("k") * share if splits > 1 else 0  # the CTA's 1st group
+            return _mgpu_step(x, xs, w, None, acc, rows, c.swap, interpret,
+                              lambda j: row_smem[first + idx[0] * gs + j])
 
         def tile(m, n, allocations=None):  # one output tile: its K loop, then its store
             ms, ns = pl.ds(m * bm, bm), pl.ds(n * tn, tn)
@@ -221,9 +242,16 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
             if splits > 1:  # this CTA's share of K; its fp32 partial goes to o[k]
                 k = jax.lax.axis_index("k")
                 ks, gk = pl.ds(k * share * GROUP, share * GROUP), pl.ds(k * share, share)
-                x, xs, w, ws, o = x.at[:, ks], xs.at[gk], w.at[:, ks], ws.at[gk], o.at[k]
-            ws_cols = pl.ds(n * tn // GROUP * 32, 32) if c.swap else ns
-            operands = (x.at[ms], xs.at[:, ms], w.at[ns], ws.at[:, ws_cols])
+                x, xs, w, o = x.at[:, ks], xs.at[gk], w.at[:, ks], o.at[k]
+                ws = ws if c.scale_row else ws.at[gk]
+            operands = (x.at[ms], xs.at[:, ms], w.at[ns])
+            if c.scale_row:  # the block's G scales, before the pipeline's first step
+                row_smem, row_barrier = row
+                plgpu.copy_gmem_to_smem(ws.at[n * tn // GROUP], row_smem, row_barrier)
+                plgpu.barrier_wait(row_barrier)
+            else:
+                ws_cols = pl.ds(n * tn // GROUP * 32, 32) if c.swap else ns
+                operands += (ws.at[:, ws_cols],)
 
             def store(acc):
                 o_smem = o_smem2.at[wg]
@@ -256,6 +284,8 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
         plgpu.wait_smem_to_gmem(0)
 
     part_dtype = out_dtype if splits == 1 else jnp.float32
+    row_scratch = ((plgpu.SMEM((G,), jnp.float32), plgpu.Barrier(num_arrivals=1))
+                   if c.scale_row else ())
     threads = dict(num_threads=3, thread_name="wg") if warp_specialized else {}
     if ctas:
         grid = dict(grid=(ctas,), grid_names=("cta",))
@@ -267,7 +297,8 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     out = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct(
                            (splits, *out_shape)[splits == 1:], part_dtype),
                        scratch_types=[plgpu.SMEM((1, *acc_shape) if c.swap else
-                                                 (bm // tm, tm, tn), part_dtype)],
+                                                 (bm // tm, tm, tn), part_dtype),
+                                      *row_scratch],
                        interpret=hopper.interpret_params() if interpret else None,
                        **grid, **threads)(xq, xs_GM, wq, ws_GN)
     out = out if splits == 1 else out.sum(0)

@@ -313,6 +313,7 @@ def test_ffn_kernels_see_rows_padded_once(monkeypatch):
     (32, 512, 256, dict(swap=True, groups_per_step=2), jnp.float32),    # two groups a step
     (40, 1024, 384, dict(swap=True, block_n=64, stages=2), jnp.float32),  # two tiles a block
     (32, 512, 512, dict(swap=True, block_n=64), jnp.bfloat16),  # as dispatched for gate/up
+    (32, 4096, 256, dict(swap=True, block_n=64, splits=2, scale_row=True), jnp.float32),
     (70, 512, 256, dict(block_n=64, splits=2), jnp.float32)])   # x on wgmma's M side
 def test_mgpu_gemm_in_the_interpreter(M, K, N, kw, out_dtype):
     """The one-warpgroup Mosaic GPU kernel in Pallas' interpreter (its wgmmas as fp32
@@ -360,6 +361,9 @@ def test_mgpu_gemm_lowers_for_hopper():
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(ctas=132, splits=2))
     with pytest.raises(ValueError, match="swap"):
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True))
+    with pytest.raises(ValueError, match="scale_row needs swap"):  # K / 128 = 4 here
+        fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True, warp_specialized=False,
+                                                          scale_row=True))
     with pytest.raises(ValueError, match="block_n 64 or 128"):  # one w scale a tile
         fp8_matmul_mgpu(xq, xs, wq, ws, config=MgpuConfig(swap=True, warp_specialized=False,
                                                           block_n=256))

@@ -243,7 +243,8 @@ def test_fp8_kernels_on_gpu_at_llada_widths():
         with jax.default_matmul_precision("highest"):
             ref = fp8_matmul_ref(xq, xs, wq, ws, jnp.float32)
         for kw in (dict(block_n=64), dict(block_n=128, stages=6, splits=4),  # 8: > smem at 64
-                   dict(block_n=64, groups_per_step=2, splits=2)):
+                   dict(block_n=64, groups_per_step=2, splits=2),
+                   dict(block_n=64, splits=2, scale_row=True)):  # the w scales' row copied
             config = MgpuConfig(warp_specialized=False, swap=True, **kw)
             out = fp8_matmul_mgpu(xq, xs, wq, ws, jnp.float32, config=config)
             print("mgpu swap", M, K, kw, rel_err(out, ref))
