@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from benchmarks.common import (device_chained, exit_on_sigterm, measure_ceilings, time_chained,
                                write_result)
 from kernels.fp8_matmul import sm_count
-from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu
+from kernels.fp8_matmul_mgpu import MgpuConfig, fp8_matmul_mgpu, swap_stages_that_fit
 from kernels.fp8_matmul_triton import GROUP, TritonTiles, fp8_matmul_pallas, k_splits, row_tile
 from lacache_jax.quant import quantize_act, quantize_weight
 
@@ -104,7 +104,7 @@ def swap_configs(M: int, N: int, K: int) -> list[MgpuConfig]:
     """The Mosaic GPU kernel at decode rows with the weights on wgmma's M side (`swap`): 64- or
     128-row weight tiles, K splits giving 1-3 CTAs an SM, pipelines up to 8 steps deep
     (at M 32 the CTA's compute is small: streaming the weights is the work), where they fit
-    in shared memory."""
+    in shared memory (`swap_stages_that_fit`)."""
     G, out = K // GROUP, []
     for bn in (64, 128):
         tiles = N // bn
@@ -112,8 +112,7 @@ def swap_configs(M: int, N: int, K: int) -> list[MgpuConfig]:
             if G % sp or not 132 <= tiles * sp <= 3 * 132:
                 continue
             for st, gs in ((4, 1), (8, 1), (4, 2)):
-                stage_bytes = gs * GROUP * (bn + -(-M // 32) * 32)
-                if (G // sp) % gs or st * stage_bytes > 200 * 1024:
+                if (G // sp) % gs or st > swap_stages_that_fit(bn, -(-M // 32) * 32, gs):
                     continue
                 out.append(MgpuConfig(block_n=bn, stages=st, groups_per_step=gs, splits=sp,
                                       warp_specialized=False, swap=True))

@@ -181,14 +181,12 @@ def cached_attention_mgpu(q, k, v, key_mask, s, e, state: FAState | None = None,
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], qo_smem, q_bars.at[wg])
             plgpu.barrier_wait(q_bars.at[wg])
 
-            def layout(x, lay):
-                return x if interpret else plgpu.layout_cast(x, lay)
-            m_i = layout(jnp.full((BLOCK_Q,), MASKED, jnp.float32),
-                         None if interpret else plgpu.Layout.WGMMA.reduce(1))
-            l_i = layout(jnp.zeros((BLOCK_Q,), jnp.float32),
-                         None if interpret else plgpu.Layout.WGMMA.reduce(1))
-            acc = layout(jnp.zeros((BLOCK_Q, K), jnp.float32),
-                         None if interpret else plgpu.Layout.WGMMA)
+            rows_layout = plgpu.Layout.WGMMA.reduce(1)
+            m_i = hopper.layout_cast(jnp.full((BLOCK_Q,), MASKED, jnp.float32), rows_layout,
+                                     interpret)
+            l_i = hopper.layout_cast(jnp.zeros((BLOCK_Q,), jnp.float32), rows_layout, interpret)
+            acc = hopper.layout_cast(jnp.zeros((BLOCK_Q, K), jnp.float32), plgpu.Layout.WGMMA,
+                                     interpret)
             plgpu.barrier_wait(k_bars.at[0])
             pl.when(wg == 1)(schedule)
 

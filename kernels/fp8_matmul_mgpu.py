@@ -91,11 +91,11 @@ class MgpuConfig:
                    swap=True, scale_row=bool(DECODE_SCALE_ROW) and G % 32 == 0)
 
 
-def swap_stages_that_fit(block_n: int, rows: int) -> int:
-    """Pipeline steps of `swap` (one K group a step) that fit shared memory: a step's FP8
-    tiles, x's scale row and the w scales' 32 copies, beside the fp32 output tile (and, with
-    `scale_row`, a row of at most 96 w scales: within the 4 KB reserve's spare)."""
-    step = GROUP * (block_n + rows) + 4 * rows + 4 * 32
+def swap_stages_that_fit(block_n: int, rows: int, groups: int = 1) -> int:
+    """Pipeline steps of `swap` (`groups` K groups a step) that fit shared memory: a step's
+    FP8 tiles, x's scale rows and the w scales' 32 copies, beside the fp32 output tile (and,
+    with `scale_row`, a row of at most 96 w scales: within the 4 KB reserve's spare)."""
+    step = groups * (GROUP * (block_n + rows) + 4 * rows + 4 * 32)
     return (hopper.SMEM_BYTES - hopper.SMEM_RESERVE - 4 * block_n * rows) // step
 
 
@@ -115,7 +115,7 @@ def _mgpu_step(x_smem, xs_smem, w_smem, ws_smem, acc, rows, swap=False, interpre
         w_scale = lambda c: ws_smem[c, 0]  # noqa: E731 (32 copies of the block's scale)
 
     def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
-        return ref[...] if interpret else hopper.load_whole(ref, plgpu.Layout.WGMMA.reduce(axis))
+        return hopper.load(ref, plgpu.Layout.WGMMA.reduce(axis), interpret)
 
     def operands(c):  # group c's (a, b) of a @ b.T
         x, w = x_smem.at[rows], w_smem
@@ -198,10 +198,10 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     Mp = pl.cdiv(M, bm) * bm
     xq = jnp.pad(xq, [(0, Mp - M), (0, 0)])
     xs_GM = jnp.pad(x_scale, [(0, Mp - M), (0, 0)]).T
-    # The w scales a TMA row a group: each block's per column, or (swap: a CTA's weight rows
-    # lie in one block) 32 copies of it, the fewest that make a 128-byte row
-    ws_reps = 32 if c.swap else GROUP
-    ws_GN = w_scale if c.scale_row else jnp.repeat(w_scale.T, ws_reps, axis=1)
+    # The w scales a TMA row a group ([G, N / 128 * reps]): each block's per column, or (swap:
+    # a CTA's weight rows lie in one block) 32 copies of it, the fewest that make a 128-byte
+    # row; with scale_row as stored ([N / 128, G]), a CTA copying its block's row
+    ws_arg = w_scale if c.scale_row else jnp.repeat(w_scale.T, 32 if c.swap else GROUP, axis=1)
     swizzle = plgpu.find_swizzle(GROUP * 8)  # a 128-byte FP8 row
     tiled = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
     in_specs = [plgpu.BlockSpec((bm, gs * GROUP), lambda g: (0, g), transforms=tiled),
@@ -216,8 +216,8 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
     acc_shape = (tn, bm) if c.swap else (tm, tn)  # one warpgroup's outputs
 
     def zeros():  # built inside the kernel: kernels capture no constants
-        z = jnp.zeros(acc_shape, jnp.float32)
-        return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
+        return hopper.layout_cast(jnp.zeros(acc_shape, jnp.float32), plgpu.Layout.WGMMA,
+                                  interpret)
 
     def ws_pipeline(body, compute_context):
         return plgpu.emit_pipeline_warp_specialized(
@@ -300,6 +300,6 @@ def fp8_matmul_mgpu(xq, x_scale, wq, w_scale, out_dtype=jnp.bfloat16, *,
                                                  (bm // tm, tm, tn), part_dtype),
                                       *row_scratch],
                        interpret=hopper.interpret_params() if interpret else None,
-                       **grid, **threads)(xq, xs_GM, wq, ws_GN)
+                       **grid, **threads)(xq, xs_GM, wq, ws_arg)
     out = out if splits == 1 else out.sum(0)
     return (out.T if c.swap else out).astype(out_dtype)[:M]

@@ -413,11 +413,6 @@ def _wave_rows(wg, wg_rows: int, h: int):
     return pl.ds(wg * wg_rows + h * WAVE, WAVE)
 
 
-def _load(ref, layout, interpret: bool):
-    """All of `ref`, in `layout` where compiled (the interpreter has no layouts)."""
-    return ref[...] if interpret else hopper.load_whole(ref, layout)
-
-
 def _group(ref, j: int, groups: int):
     """K group j of a pipeline step's [rows, groups * 128] tile (the tile itself when the step
     is one group: the default kernel's refs stay unsliced)."""
@@ -437,7 +432,7 @@ def _promote_step(x_smem, xs_smem, w_smem, ws_smem, sums, wg, c: WsConfig, inter
     groups, wg_rows, cols = c.step_groups, c.wg_rows, c.column_scales
 
     def load(ref, axis):  # one value per accumulator row (axis 1) or column (0)
-        return _load(ref, plgpu.Layout.WGMMA.reduce(axis), interpret)
+        return hopper.load(ref, plgpu.Layout.WGMMA.reduce(axis), interpret)
     # The w scales, loaded before the wgmmas are issued (used only after they are waited
     # for): 64 copies of the tile's one scale in the row layout, multiplied into the row
     # scales (the promotion is then one multiply-add per element: DeepGEMM's scale_a *
@@ -661,7 +656,7 @@ class _SwiGLU:
         @pl.when(wg == 0)
         def _():
             plgpu.barrier_wait(full)
-            up = _load(up_smem, plgpu.Layout.WGMMA, self.interpret)
+            up = hopper.load(up_smem, plgpu.Layout.WGMMA, self.interpret)
             plgpu.barrier_arrive(free)
             self._store(refs[:4], acc, up, 0, ms, ni)
 
@@ -758,8 +753,8 @@ def _ws_call(xq, x_scale, wq, w_scale, c: WsConfig, epilogue, sm_count: int,
             pipeline_state=state)
 
     def zeros():  # built inside the kernel: kernels capture no constants
-        z = jnp.zeros((WAVE, tn), jnp.float32)
-        return z if interpret else plgpu.layout_cast(z, plgpu.Layout.WGMMA)
+        return hopper.layout_cast(jnp.zeros((WAVE, tn), jnp.float32), plgpu.Layout.WGMMA,
+                                  interpret)
 
     out_types, scratch_types = epilogue.outputs(Mp, N)
 

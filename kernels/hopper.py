@@ -1,6 +1,7 @@
 """What the Mosaic GPU kernels share: Hopper's shared memory per block, the parameters of
-Pallas' Mosaic GPU interpreter (their CPU tests' way of running them) and a whole-ref load
-that works on the jax versions the project runs on (0.10 here, 0.11 on the GPU machines)."""
+Pallas' Mosaic GPU interpreter (their CPU tests' way of running them), a whole-ref load
+that works on the jax versions the project runs on (0.10 here, 0.11 on the GPU machines), and
+a load and a layout cast that the interpreter skips the layout of."""
 
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def load_whole(ref, layout):
     if _load_needs_index():
         return plgpu.load(ref, (), layout=layout)
     return plgpu.load(ref, layout=layout)
+
+
+def load(ref, layout, interpret: bool = False):
+    """All of `ref`, in `layout` where compiled (Pallas' interpreter has no layouts)."""
+    return ref[...] if interpret else load_whole(ref, layout)
+
+
+def layout_cast(x, layout, interpret: bool = False):
+    """`x` in `layout` where compiled (Pallas' interpreter has no layouts)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    return x if interpret else plgpu.layout_cast(x, layout)
 
 
 @functools.cache
